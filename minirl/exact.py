@@ -1,0 +1,103 @@
+"""The model's reductions, each in two flavours: fast (XLA's choice) and exact (fixed order).
+
+Why this file exists: training-inference mismatch (VeXact; RLAX §5.1) is born in reductions.
+XLA's CPU matmul picks its blocking from the row count M, so a decode step (M = slots) and a
+training forward (M = B*T) sum the same products in different orders and disagree in the last
+bits; those bits compound through layers into |Δlogp| > 0 even when the weights are identical.
+
+Exact mode removes the freedom: every reduction is split into fixed chunks of `CHUNK` elements
+along the contraction axis (zero-padded), each chunk is one small dot product, and the partial
+results are added in a fixed pairwise tree over a power-of-two number of chunks. The order of
+additions then depends only on the contraction length, never on M, batch or slot, and trailing
+zero padding adds exact zeros — so a length-37 attention row gives the same bits whether it
+lives in a 64- or a 512-slot cache. Elementwise reductions (norms, softmax sums) use the same
+pairwise tree directly. Cost: more, smaller kernels; measured in benchmarks/.
+
+Every function takes `exact: bool` (a Python bool, static under jit).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+CHUNK = 32  # contraction elements per partial dot product in exact mode
+_NEG = -1e30  # mask value: finite, so a fully masked row cannot produce nan
+
+
+def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
+    pad = size - x.shape[axis]
+    if pad == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
+    """Sum over `axis` in a fixed pairwise order (zero-padded to a power of two)."""
+    axis = axis % x.ndim
+    x = _pad_axis(x, axis, _next_pow2(x.shape[axis]))
+    while x.shape[axis] > 1:
+        half = x.shape[axis] // 2
+        x = jax.lax.slice_in_dim(x, 0, half, axis=axis) + jax.lax.slice_in_dim(x, half, 2 * half, axis=axis)
+    return jnp.squeeze(x, axis)
+
+
+def dense(x: jax.Array, w: jax.Array, exact: bool = False) -> jax.Array:
+    """x [..., I] @ w [I, O] -> [..., O] in x's dtype."""
+    if not exact:
+        return jnp.einsum("...i,io->...o", x, w)
+    i = x.shape[-1]
+    n = _next_pow2(-(-i // CHUNK))
+    xc = _pad_axis(x, -1, n * CHUNK).reshape(*x.shape[:-1], n, CHUNK)  # [..., n, C]
+    wc = _pad_axis(w, 0, n * CHUNK).reshape(n, CHUNK, w.shape[-1])  # [n, C, O]
+    # bf16 inputs are upcast: a bf16 x bf16 product is exact in float32, sums accumulate in fp32.
+    parts = jnp.einsum("...nc,nco->...no", xc.astype(jnp.float32), wc.astype(jnp.float32))
+    return tree_sum(parts, axis=-2).astype(x.dtype)
+
+
+def mean_last(x: jax.Array, exact: bool = False) -> jax.Array:
+    """Mean over the last axis, keeping it: [..., N] -> [..., 1]."""
+    if not exact:
+        return jnp.mean(x, axis=-1, keepdims=True)
+    return (tree_sum(x, -1) / x.shape[-1])[..., None]
+
+
+def log_softmax(x: jax.Array, exact: bool = False) -> jax.Array:
+    """log softmax over the last axis (float32 in, float32 out)."""
+    if not exact:
+        return jax.nn.log_softmax(x, axis=-1)
+    m = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+    shifted = x - m
+    return shifted - jnp.log(tree_sum(jnp.exp(shifted), -1))[..., None]
+
+
+def attention(q, k, v, visible, exact: bool = False):
+    """Grouped-query attention.
+
+    q [B, T, K, G, Dh] (G query heads per key head), k and v [B, S, K, Dh], visible [B, T, S]
+    bool. Returns [B, T, K, G, Dh] in q's dtype; scores and softmax in float32.
+    """
+    scale = q.shape[-1] ** -0.5
+    if not exact:
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+        scores = jnp.where(visible[:, None, None], scores, _NEG)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        return jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    # Exact: small-axis dot products on XLA CPU are NOT shape-invariant (a [1, S] query row takes
+    # a different kernel than a [T, S] block), so attention multiplies elementwise and sums with
+    # the fixed tree: over Dh for the scores, over S for the weighted values.
+    scores = tree_sum(q.transpose(0, 2, 3, 1, 4)[:, :, :, :, None].astype(jnp.float32)
+                      * k.transpose(0, 2, 1, 3)[:, :, None, None].astype(jnp.float32), -1)
+    scores = jnp.where(visible[:, None, None], scores * scale, _NEG)  # [B, K, G, T, S]
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    e = jnp.exp(scores - m)
+    probs = (e / tree_sum(e, -1)[..., None]).astype(v.dtype)
+    vt = v.transpose(0, 2, 1, 3)[:, :, None, None].astype(jnp.float32)  # [B, K, 1, 1, S, Dh]
+    out = tree_sum(probs[..., None].astype(jnp.float32) * vt, -2)  # [B, K, G, T, Dh]
+    return out.transpose(0, 3, 1, 2, 4).astype(q.dtype)
