@@ -80,7 +80,6 @@ class Batch:
     """
 
     tokens: np.ndarray  # [B, T] int32 model input
-    positions: np.ndarray  # [B, T] int32 RoPE positions (0.. on real tokens)
     targets: np.ndarray  # [B, T] int32 next token at each position
     mask: np.ndarray  # [B, T] float32 1.0 on completion targets
     behaviour_logprobs: np.ndarray  # [B, T] float32 log mu (0 where mask == 0)
