@@ -14,8 +14,6 @@ recompute (`prox_logp`). Per token, Delta = log pi - log mu and rho = pi / mu = 
 - `lag_buckets`        PipelineRL §5.2: ratio statistics per lag bucket (Table 3, §7.3).
 - `snis_baseline_proxy` PipelineRL Eq. 7-8: plain vs self-normalised IS group baseline by lag.
 - `batch_diagnostics`  all of the above from a `Batch`, nested the way metrics.jsonl names them.
-- `flatten_metrics`, `MetricsWriter`, `read_metrics`: the metrics.jsonl file (one JSON object per
-  line per step, flat "a/b/c" keys, non-finite values written as null).
 
 KL direction. Tokens are sampled from mu, so with rho = pi / mu the estimators of Schulman's note
 "Approximating KL divergence" (2020) estimate KL(mu || pi) = E_mu[-log rho]:
@@ -31,19 +29,13 @@ counted (`nonfinite_tokens`); percentiles use numpy's default linear interpolati
 
 from __future__ import annotations
 
-import json
 import math
-import time
-import warnings
-from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 CLAMP = 20.0  # |log-ratio| cap applied before exp, in every diagnostic
 LAG_EDGES = (0, 1, 3, 8, 20, 50, 200, math.inf)  # PipelineRL §5.2; lower edge inclusive
-METRICS_FILE = "metrics.jsonl"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -392,112 +384,3 @@ def batch_diagnostics(
         c = np.exp(np.clip(log_ratio, -clamp, clamp))  # [B, T]
         out["zero_centred"] = zero_centred_contributions(advantages, c, valid)
     return out
-
-
-# ----------------------------------------------------------------------------- metrics.jsonl
-
-
-def _scalar(value) -> float | None:
-    if isinstance(value, (bool, int, float, np.number)):
-        return float(value)
-    if isinstance(value, np.ndarray) or hasattr(value, "__array__"):
-        arr = np.asarray(value)
-        if arr.size == 1 and arr.dtype.kind in "biuf":
-            return float(arr.reshape(()))
-    return None
-
-
-def flatten_metrics(nested: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """{"lag": {"[1,3)": {"mean_rho": 1.0}}} -> {"lag/[1,3)/mean_rho": 1.0}.
-
-    Leaves that are numbers (Python, numpy or JAX scalars, size-1 arrays) become floats,
-    non-finite ones included; anything else (longer arrays, strings, None) is left out.
-    """
-    flat: dict[str, float] = {}
-    for key, value in nested.items():
-        name = f"{prefix}/{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            flat |= flatten_metrics(value, name)
-        elif (x := _scalar(value)) is not None:
-            flat[name] = x
-    return flat
-
-
-class MetricsWriter:
-    """Appends one JSON object per step to `run_dir/metrics.jsonl`, flushed line by line.
-
-    Each line holds "step" (when given), "wall_time" (`clock()`, seconds) and the flattened
-    metrics; nan and inf are written as null. The file is opened on the first write (nothing
-    happens in the constructor). If a crash left a torn last line, the first write starts a new
-    line, so the fragment stays one skippable line. An OSError while writing is turned into a
-    warning: metrics never stop a run.
-    """
-
-    def __init__(
-        self, run_dir, filename: str = METRICS_FILE, clock: Callable[[], float] = time.time
-    ):
-        self.path = Path(run_dir) / filename
-        self._clock = clock
-        self._file = None
-
-    def _open(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        torn = False
-        if self.path.exists() and self.path.stat().st_size > 0:
-            with open(self.path, "rb") as f:
-                f.seek(-1, 2)
-                torn = f.read(1) != b"\n"
-        self._file = open(self.path, "a", encoding="utf-8")  # closed in close()
-        if torn:
-            self._file.write("\n")
-
-    def write(self, metrics: Mapping[str, Any], step: int | None = None) -> dict[str, Any]:
-        """Write one line; returns the record as written (None for non-finite values)."""
-        record: dict[str, Any] = {} if step is None else {"step": int(step)}
-        record["wall_time"] = float(self._clock())
-        for k, v in flatten_metrics(metrics).items():
-            record[k] = v if math.isfinite(v) else None
-        try:
-            if self._file is None:
-                self._open()
-            self._file.write(json.dumps(record, allow_nan=False) + "\n")
-            self._file.flush()
-        except OSError as err:
-            warnings.warn(f"MetricsWriter: could not write {self.path}: {err}", stacklevel=2)
-        return record
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def __enter__(self) -> MetricsWriter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def read_metrics(run_dir, filename: str = METRICS_FILE) -> list[dict[str, Any]]:
-    """The records of `run_dir/metrics.jsonl`, in file order ([] if there is no file).
-
-    Null values come back as None. A last line that is not a JSON object (a write torn by a
-    crash) is skipped silently; a bad line elsewhere is skipped with a warning.
-    """
-    path = Path(run_dir) / filename
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            rec = None
-        if isinstance(rec, dict):
-            records.append(rec)
-        elif i < len(lines) - 1:
-            warnings.warn(f"{path}:{i + 1}: skipped a line that is not a JSON object", stacklevel=2)
-    return records

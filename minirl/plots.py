@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.diagnostics import METRICS_FILE, read_metrics
+from minirl.metrics_log import METRICS_FILE, read_metrics
 
 MAX_LINES = 8  # per panel; more keys than this are left out (and said so in the title)
 TIME_PARTS = ("generate", "verify", "train", "other")  # keys "time/<part>", seconds per step

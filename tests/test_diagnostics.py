@@ -8,17 +8,15 @@ import pytest
 
 from minirl.diagnostics import (
     LAG_EDGES,
-    MetricsWriter,
     batch_diagnostics,
     bucket_labels,
-    flatten_metrics,
     group_baselines,
     lag_buckets,
     mismatch_metrics,
-    read_metrics,
     snis_baseline_proxy,
     zero_centred_contributions,
 )
+from minirl.metrics_log import MetricsWriter, flatten_metrics, read_metrics
 from minirl.types import Batch
 
 INF, NAN = math.inf, math.nan

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from minirl.diagnostics import (
-    MetricsWriter,
     lag_buckets,
     mismatch_metrics,
     snis_baseline_proxy,
     zero_centred_contributions,
 )
+from minirl.metrics_log import MetricsWriter
 from minirl.plots import (
     lag_table,
     plot_all,
@@ -125,7 +125,7 @@ def test_series_skips_absent_keys_and_reads_null_as_nan(tmp_path):
         w.write({"a": 1.0}, step=5)
         w.write({"b": 2.0}, step=6)
         w.write({"a": math.nan}, step=7)
-    from minirl.diagnostics import read_metrics
+    from minirl.metrics_log import read_metrics
 
     recs = read_metrics(tmp_path)
     xs, ys = series(recs, "a")

@@ -1,0 +1,127 @@
+"""metrics.jsonl: one JSON object per training step, flat "a/b/c" keys.
+
+The controller writes a record per step (`MetricsWriter`), `minirl plot` and the tutorials read
+them back (`read_metrics`). Non-finite values are written as null, a torn last line (a crash in
+mid-write) is skipped, and an I/O error becomes a warning: metrics never stop a run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+
+
+
+def _scalar(value) -> float | None:
+    if isinstance(value, (bool, int, float, np.number)):
+        return float(value)
+    if isinstance(value, np.ndarray) or hasattr(value, "__array__"):
+        arr = np.asarray(value)
+        if arr.size == 1 and arr.dtype.kind in "biuf":
+            return float(arr.reshape(()))
+    return None
+
+
+def flatten_metrics(nested: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """{"lag": {"[1,3)": {"mean_rho": 1.0}}} -> {"lag/[1,3)/mean_rho": 1.0}.
+
+    Leaves that are numbers (Python, numpy or JAX scalars, size-1 arrays) become floats,
+    non-finite ones included; anything else (longer arrays, strings, None) is left out.
+    """
+    flat: dict[str, float] = {}
+    for key, value in nested.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat |= flatten_metrics(value, name)
+        elif (x := _scalar(value)) is not None:
+            flat[name] = x
+    return flat
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to `run_dir/metrics.jsonl`, flushed line by line.
+
+    Each line holds "step" (when given), "wall_time" (`clock()`, seconds) and the flattened
+    metrics; nan and inf are written as null. The file is opened on the first write (nothing
+    happens in the constructor). If a crash left a torn last line, the first write starts a new
+    line, so the fragment stays one skippable line. An OSError while writing is turned into a
+    warning: metrics never stop a run.
+    """
+
+    def __init__(
+        self, run_dir, filename: str = METRICS_FILE, clock: Callable[[], float] = time.time
+    ):
+        self.path = Path(run_dir) / filename
+        self._clock = clock
+        self._file = None
+
+    def _open(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        torn = False
+        if self.path.exists() and self.path.stat().st_size > 0:
+            with open(self.path, "rb") as f:
+                f.seek(-1, 2)
+                torn = f.read(1) != b"\n"
+        self._file = open(self.path, "a", encoding="utf-8")  # closed in close()
+        if torn:
+            self._file.write("\n")
+
+    def write(self, metrics: Mapping[str, Any], step: int | None = None) -> dict[str, Any]:
+        """Write one line; returns the record as written (None for non-finite values)."""
+        record: dict[str, Any] = {} if step is None else {"step": int(step)}
+        record["wall_time"] = float(self._clock())
+        for k, v in flatten_metrics(metrics).items():
+            record[k] = v if math.isfinite(v) else None
+        try:
+            if self._file is None:
+                self._open()
+            self._file.write(json.dumps(record, allow_nan=False) + "\n")
+            self._file.flush()
+        except OSError as err:
+            warnings.warn(f"MetricsWriter: could not write {self.path}: {err}", stacklevel=2)
+        return record
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(run_dir, filename: str = METRICS_FILE) -> list[dict[str, Any]]:
+    """The records of `run_dir/metrics.jsonl`, in file order ([] if there is no file).
+
+    Null values come back as None. A last line that is not a JSON object (a write torn by a
+    crash) is skipped silently; a bad line elsewhere is skipped with a warning.
+    """
+    path = Path(run_dir) / filename
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = None
+        if isinstance(rec, dict):
+            records.append(rec)
+        elif i < len(lines) - 1:
+            warnings.warn(f"{path}:{i + 1}: skipped a line that is not a JSON object", stacklevel=2)
+    return records
