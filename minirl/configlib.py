@@ -1,0 +1,176 @@
+"""Nested frozen-dataclass configs: overrides from the command line, dicts, and a stable hash.
+
+Every component of minirl has a small frozen dataclass config; `minirl.config.RunConfig` nests
+them. This module holds the three generic operations on such trees:
+
+  override(cfg, "engine.temperature=0.8")   a new config with one field changed; the value
+                                            string is parsed by the field's declared type, and an
+                                            unknown key names the valid ones
+  to_dict(cfg) / from_dict(cls, d)          plain JSON-able dicts (run directories keep one)
+  config_hash(cfg)                          a short stable hash (a resumed run must match it)
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import inspect
+import json
+import re
+import types
+import typing
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad key or value in a config override or file."""
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _parse(text: str, tp: Any, key: str) -> Any:
+    """Parse a command-line string as type `tp` (bool, int, float, str, tuples, Optional)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if text.lower() in ("none", "null") and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _parse(text, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError("; ".join(errors))
+    if tp is bool:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: expected true/false, got {text!r}")
+    if tp in (int, float):
+        try:
+            value = float(text) if tp is float else int(text)
+        except ValueError:
+            raise ConfigError(f"{key}: expected {tp.__name__}, got {text!r}") from None
+        return value
+    if tp is str:
+        return text
+    if origin is tuple or tp is tuple or origin is dict or tp is dict or tp is Any:
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            if tp is Any:
+                return text
+            raise ConfigError(f"{key}: expected a Python literal like (1, 2), got {text!r}") from None
+        if origin is tuple or tp is tuple:
+            value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+        return value
+    raise ConfigError(f"{key}: cannot parse a value of type {tp}")
+
+
+def override(cfg, assignment: str):
+    """Apply one "a.b.c=value" assignment to a nested frozen dataclass, returning a new one."""
+    if "=" not in assignment:
+        raise ConfigError(f"override {assignment!r} must look like key=value (e.g. engine.temperature=0.8)")
+    key, text = assignment.split("=", 1)
+    return _set(cfg, key.strip().split("."), text.strip(), key.strip())
+
+
+def _set(cfg, path: list[str], text: str, full_key: str):
+    if not dataclasses.is_dataclass(cfg):
+        raise ConfigError(f"{full_key}: {type(cfg).__name__} has no sub-keys")
+    names = [f.name for f in dataclasses.fields(cfg)]
+    head = path[0]
+    if head not in names:
+        raise ConfigError(f"unknown key {full_key!r}: {type(cfg).__name__} has {', '.join(names)}")
+    current = getattr(cfg, head)
+    if len(path) > 1:
+        if isinstance(current, dict):
+            value = dict(current)
+            value[path[1]] = _parse(text, Any, full_key) if len(path) == 2 else None
+            if len(path) > 2:
+                raise ConfigError(f"{full_key}: dict values cannot be nested")
+        else:
+            value = _set(current, path[1:], text, full_key)
+    elif dataclasses.is_dataclass(current):
+        raise ConfigError(f"{full_key} is a group of settings; set one of its keys, e.g. {full_key}.<name>=...")
+    else:
+        value = _parse(text, _hints(type(cfg))[head], full_key)
+    try:
+        return dataclasses.replace(cfg, **{head: value})
+    except (ValueError, TypeError) as e:  # __post_init__ validation
+        raise ConfigError(f"{full_key}={text}: {e}") from None
+
+
+def to_dict(cfg) -> dict[str, Any]:
+    """A nested dataclass -> JSON-able nested dict (tuples become lists)."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        out[f.name] = to_dict(v) if dataclasses.is_dataclass(v) else _jsonable(v)
+    return out
+
+
+def _jsonable(v):
+    if isinstance(v, tuple):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return v
+
+
+def from_dict(cls, data: dict[str, Any]):
+    """Rebuild a nested dataclass from `to_dict` output; unknown keys are a ConfigError."""
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"unknown keys for {cls.__name__}: {sorted(unknown)}")
+    kwargs = {}
+    for name, value in data.items():
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = from_dict(tp, value)
+        elif isinstance(value, list):
+            kwargs[name] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def config_hash(cfg) -> str:
+    """A short hash of the config's content (stable across processes and runs)."""
+    blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _field_comments(cls) -> dict[str, str]:
+    """The trailing `# comment` of each field line in the class source: the knob's help text."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    found = {}
+    for match in re.finditer(r"^\s+(\w+)\s*:[^=\n]*=[^#\n]*#\s*(.+)$", source, re.M):
+        found.setdefault(match.group(1), match.group(2).strip())
+    return found
+
+
+def describe(cls, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, help) for every leaf field of a nested config class, for `--help`."""
+    rows = []
+    defaults, comments = cls(), _field_comments(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        value = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(value):
+            rows += describe(type(value), key + ".")
+        else:
+            rows.append((key, repr(value), f.metadata.get("help", comments.get(f.name, ""))))
+    return rows

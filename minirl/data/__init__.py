@@ -1,0 +1,30 @@
+"""minirl's data layer: built-in tasks, JSONL datasets, the prompt mixture and filters.
+
+    from minirl.data import get_task, list_tasks, Mixture, load_jsonl
+    task = get_task("countdown")
+    prompt = task.prompt(0, "train")          # deterministic from (task, split, index)
+    scores = task.verifier.score(rollouts)    # reads rollout.text
+
+See docs/tasks.md for what each task's demonstrations teach and what only the reward teaches.
+"""
+
+from minirl.data.filters import FillStats, PrefilterReport, dynamic_filter, fill_batch, prefilter
+from minirl.data.jsonl import JsonlReport, load_jsonl
+from minirl.data.mixture import Mixture
+from minirl.data.tasks import Task, TaskRouter, Verifier, get_task, list_tasks
+
+__all__ = [
+    "FillStats",
+    "JsonlReport",
+    "Mixture",
+    "PrefilterReport",
+    "Task",
+    "TaskRouter",
+    "Verifier",
+    "dynamic_filter",
+    "fill_batch",
+    "get_task",
+    "list_tasks",
+    "load_jsonl",
+    "prefilter",
+]
