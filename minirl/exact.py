@@ -83,6 +83,8 @@ def attention(q, k, v, visible, exact: bool = False):
     q [B, T, K, G, Dh] (G query heads per key head), k and v [B, S, K, Dh], visible [B, T, S]
     bool. Returns [B, T, K, G, Dh] in q's dtype; scores and softmax in float32.
     """
+    if q.shape[1] == 1:
+        return _decode_attention(q, k, v, visible, exact)
     scale = q.shape[-1] ** -0.5
     if not exact:
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
@@ -101,3 +103,26 @@ def attention(q, k, v, visible, exact: bool = False):
     vt = v.transpose(0, 2, 1, 3)[:, :, None, None].astype(jnp.float32)  # [B, K, 1, 1, S, Dh]
     out = tree_sum(probs[..., None].astype(jnp.float32) * vt, -2)  # [B, K, G, T, Dh]
     return out.transpose(0, 3, 1, 2, 4).astype(q.dtype)
+
+
+def _decode_attention(q, k, v, visible, exact: bool):
+    """`attention` for one query per row (T == 1: a decode step), in the cache's own layout.
+
+    Same maths, but the [B, S, K, Dh] cache is never transposed (that would copy the whole cache
+    per layer per step) and no small batched dot is used: scores reduce over Dh with the pairwise
+    tree in both modes (XLA CPU vectorises it over the major axes; its own minor-axis reduce and
+    the batched dot were ~3x slower), the softmax and weighted sum reduce over S with the tree
+    (exact) or jnp.sum (fast). In exact mode every addition happens in the same order as in the
+    general path, so the two are bitwise equal (tests/test_engine.py checks it).
+    """
+    scale = q.shape[-1] ** -0.5
+    q1 = q[:, 0].astype(jnp.float32)  # [B, K, G, Dh]
+    scores = tree_sum(k.astype(jnp.float32)[:, :, :, None, :] * q1[:, None], -1)  # [B, S, K, G]
+    scores = jnp.where(visible[:, 0, :, None, None], scores * scale, _NEG)
+    m = jnp.max(scores, axis=1, keepdims=True)
+    e = jnp.exp(scores - m)
+    total = tree_sum(e, 1)[:, None] if exact else jnp.sum(e, axis=1, keepdims=True)
+    probs = (e / total).astype(v.dtype)
+    weighted = probs[..., None].astype(jnp.float32) * v.astype(jnp.float32)[:, :, :, None, :]
+    out = tree_sum(weighted, 1) if exact else jnp.sum(weighted, axis=1)  # [B, K, G, Dh]
+    return out[:, None].astype(q.dtype)  # [B, 1, K, G, Dh]

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from minirl import exact as X
+from minirl.sampling import truncate_logits
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -301,12 +302,18 @@ class Transformer(nnx.Module):
         return logits, KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
 
 
-def token_logprobs(logits, targets, temperature: float = 1.0, exact: bool = False):
+def token_logprobs(logits, targets, temperature: float = 1.0, exact: bool = False,
+                   top_k: int = 0, top_p: float = 1.0):
     """log softmax(logits / temperature)[targets]: logits [B, T, V], targets [B, T] -> [B, T].
 
     The one log-prob function shared by the rollout engine (behaviour log-probs log mu) and the
-    trainer (log pi_theta, log pi_prox). The behaviour policy IS the tempered distribution."""
-    logp = X.log_softmax(logits.astype(jnp.float32) / temperature, exact)
+    trainer (log pi_theta, log pi_prox). The behaviour policy IS the tempered distribution.
+    With `top_k` / `top_p` set (defaults: off), it is the tempered distribution truncated and
+    renormalised exactly as the engine samples (`minirl.sampling.truncate_logits`)."""
+    z = logits.astype(jnp.float32) / temperature
+    if top_k or top_p < 1.0:
+        z = truncate_logits(z, top_k, top_p, exact)
+    logp = X.log_softmax(z, exact)
     return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 

@@ -56,16 +56,16 @@ for _cls in (Prompt, Rollout, Score, Batch):
     register_message_type(_cls)
 
 
-def _to_plain(x: Any) -> Any:
+def to_plain(x: Any) -> Any:
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         name = type(x).__name__
         if _TYPES.get(name) is not type(x):
             raise TypeError(f"{name} cannot be sent to a worker: register it with register_message_type")
-        return {_TAG: name, **{f.name: _to_plain(getattr(x, f.name)) for f in dataclasses.fields(x)}}
+        return {_TAG: name, **{f.name: to_plain(getattr(x, f.name)) for f in dataclasses.fields(x)}}
     if isinstance(x, dict):
-        return {k: _to_plain(v) for k, v in x.items()}
+        return {k: to_plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return type(x)(_to_plain(v) for v in x)
+        return type(x)(to_plain(v) for v in x)
     if isinstance(x, np.generic):
         return x.item()
     if hasattr(x, "__array__") and not isinstance(x, np.ndarray):  # jax arrays -> host numpy
@@ -73,14 +73,14 @@ def _to_plain(x: Any) -> Any:
     return x
 
 
-def _from_plain(x: Any) -> Any:
+def from_plain(x: Any) -> Any:
     if isinstance(x, dict):
         if _TAG in x:
             cls = _TYPES[x[_TAG]]
-            return cls(**{k: _from_plain(v) for k, v in x.items() if k != _TAG})
-        return {k: _from_plain(v) for k, v in x.items()}
+            return cls(**{k: from_plain(v) for k, v in x.items() if k != _TAG})
+        return {k: from_plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return type(x)(_from_plain(v) for v in x)
+        return type(x)(from_plain(v) for v in x)
     if isinstance(x, np.ndarray) and not x.flags.writeable:
         return x.copy()
     return x
@@ -88,11 +88,11 @@ def _from_plain(x: Any) -> Any:
 
 def encode(message: Any) -> bytes:
     """A message (nested Python values, numpy arrays, registered dataclasses) -> bytes."""
-    return serialization.to_bytes(_to_plain(message))
+    return serialization.to_bytes(to_plain(message))
 
 
 def decode(data: bytes) -> Any:
-    return _from_plain(serialization.from_bytes(data))
+    return from_plain(serialization.from_bytes(data))
 
 
 class InProcessWorker:

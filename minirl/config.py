@@ -1,0 +1,178 @@
+"""One place for every knob: `RunConfig` nests each component's own config, plus named presets.
+
+    RunConfig
+      task      which built-in task (and its difficulty knobs)
+      model     shapes of the decoder (minirl.model.ModelConfig)
+      engine    rollout engine: slots, sampling, exact mode (minirl.engine.EngineConfig)
+      trainer   optimiser and micro-batching (minirl.trainer.TrainerConfig)
+      rl        the controller: loss preset, batch shape, staleness knobs (j, k, eta), schedule
+      sft       the supervised warm start that teaches the task's format
+      eval      held-out pass@k measurement
+
+`minirl train --preset NAME --set rl.steps=50 --set engine.temperature=0.8` builds one; every
+key and its meaning is listed by `minirl train --help`. Values the trainer must share with the
+engine (temperature, top-k/p, exact mode) are set once, on the engine, and copied — never
+stored twice. Defaults run on a 2-core laptop CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from minirl.configlib import ConfigError, override
+from minirl.engine import EngineConfig
+from minirl.model import ModelConfig
+from minirl.tokenizer import CharTokenizer
+from minirl.trainer import TrainerConfig
+
+SCHEDULERS = ("lockstep", "async")
+RELOAD_POLICIES = ("discard", "continue")
+VOCAB = CharTokenizer().vocab_size  # the built-in tasks' character tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    name: str = "countdown"  # a built-in task (minirl.data.list_tasks())
+    args: dict = dataclasses.field(default_factory=dict)  # the task's difficulty knobs
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """The controller's knobs (RLAX §3; AReaL §5; LOSSES.md for the loss presets)."""
+
+    loss: str = "grpo"  # loss preset (minirl.losses.list_presets()), e.g. grpo, dapo, decoupled_ppo
+    steps: int = 200  # train steps (weight versions) to run
+    time_budget: float = 0.0  # stop RL after this many seconds (0 = no limit)
+    prompts_per_step: int = 32  # prompts per train batch
+    group_size: int = 8  # G: samples per prompt
+    reload_every: int = 1  # j: the engine loads every j-th weight version
+    max_lag: int = 0  # k: accept a rollout whose oldest token is <= k versions behind the version the step produces; 0 = unbounded
+    eta: int = 0  # AReaL: generation may run at most eta batches ahead of training (0 = synchronous)
+    scheduler: str = "lockstep"  # lockstep (bitwise reproducible) | async (free-running threads)
+    reload_policy: str = "discard"  # in-flight requests at a reload: discard (re-queue) | continue
+    dynamic_filter: bool = False  # DAPO: drop groups whose rewards are all equal, sample more
+    seed: int = 0  # keys the prompt mixture and every sampling draw
+    checkpoint_every: int = 10  # write a checkpoint every N steps (at reload boundaries)
+    keep_checkpoints: int = 2  # checkpoints kept on disk
+
+    def __post_init__(self):
+        for name in ("steps", "prompts_per_step", "group_size", "reload_every", "checkpoint_every",
+                     "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_lag < 0 or self.eta < 0 or self.time_budget < 0:
+            raise ValueError("rl.max_lag, rl.eta and rl.time_budget must be >= 0")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"rl.scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.reload_policy not in RELOAD_POLICIES:
+            raise ValueError(f"rl.reload_policy must be one of {RELOAD_POLICIES}, got {self.reload_policy!r}")
+        if self.max_lag and self.max_lag < self.reload_every:
+            raise ValueError(f"rl.max_lag={self.max_lag} < rl.reload_every={self.reload_every}: "
+                             "every rollout would be too stale to train on")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm start on the task's demonstrations (format only, for countdown)."""
+
+    steps: int = 300  # supervised updates
+    batch_size: int = 64  # demonstrations per update
+    learning_rate: float = 3e-3  # peak learning rate (warm-up then cosine)
+    seed: int = 0  # keys the demonstration stream
+    cache: bool = True  # reuse a warm start with the same config from the cache directory
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    prompts: int = 256  # held-out prompts (test split)
+    samples: int = 8  # samples per prompt: pass@1 is their mean, pass@k uses all of them
+    every: int = 0  # evaluate every N RL steps as well (0 = only before and after)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    task: TaskSpec = TaskSpec()
+    model: ModelConfig = ModelConfig(vocab_size=VOCAB)
+    engine: EngineConfig = EngineConfig(slots=64, cache_len=64, prefill_buckets=(16, 32),
+                                        prefill_rows=16, decode_chunk=8)
+    trainer: TrainerConfig = TrainerConfig(learning_rate=1e-4)
+    rl: RLConfig = RLConfig()
+    sft: SFTConfig = SFTConfig()
+    eval: EvalConfig = EvalConfig()
+
+    def __post_init__(self):
+        for name in ("exact", "temperature", "top_k", "top_p"):
+            if getattr(self.trainer, name) != getattr(TrainerConfig(), name):
+                raise ConfigError(f"trainer.{name} is copied from engine.{name}; set engine.{name} instead")
+
+    def trainer_config(self) -> TrainerConfig:
+        """The trainer's config with the engine's sampling numerics copied in (one source)."""
+        e = self.engine
+        return dataclasses.replace(self.trainer, exact=e.exact, temperature=e.logprob_temperature,
+                                   top_k=e.top_k, top_p=e.top_p)
+
+
+def _countdown() -> RunConfig:
+    return RunConfig()
+
+
+def _arithmetic() -> RunConfig:
+    # The long-tailed scratchpad task: completions from ~13 to ~260 tokens.
+    return RunConfig(
+        task=TaskSpec("arithmetic"),
+        model=ModelConfig(vocab_size=VOCAB, max_seq_len=512),
+        engine=EngineConfig(slots=64, cache_len=384, prefill_buckets=(32, 64), prefill_rows=16),
+    )
+
+
+def _program_synthesis() -> RunConfig:
+    return RunConfig(task=TaskSpec("program_synthesis"))
+
+
+def _fixture() -> RunConfig:
+    # Seconds-long runs for tests: a 2-token task on a very small model.
+    return RunConfig(
+        task=TaskSpec("fixture"),
+        model=ModelConfig(vocab_size=VOCAB, dim=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, mlp_dim=128),
+        engine=EngineConfig(slots=32, cache_len=32, prefill_buckets=(16,), prefill_rows=8, decode_chunk=4),
+        trainer=TrainerConfig(learning_rate=3e-3),
+        rl=RLConfig(steps=20, prompts_per_step=8, group_size=4, checkpoint_every=5),
+        sft=SFTConfig(steps=0),
+        eval=EvalConfig(prompts=32, samples=4),
+    )
+
+
+PRESETS = {
+    "countdown": _countdown,
+    "arithmetic": _arithmetic,
+    "program_synthesis": _program_synthesis,
+    "fixture": _fixture,
+}
+DEFAULT_PRESET = "countdown"
+
+# Staleness presets (RLAX §3.1): (reload_every j, max_lag k, eta).
+STALENESS = {
+    "on_policy": dict(reload_every=1, max_lag=1, eta=0),
+    "one_step_off": dict(reload_every=1, max_lag=2, eta=1),
+    "bounded": dict(reload_every=4, max_lag=8, eta=4),
+    "off_policy": dict(reload_every=1, max_lag=0, eta=8),
+}
+
+
+def make_config(preset: str = DEFAULT_PRESET, overrides: list[str] = (), staleness: str | None = None) -> RunConfig:
+    """A preset, then a staleness preset, then `--set key=value` overrides, in that order."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    cfg = PRESETS[preset]()
+    if staleness is not None:
+        if staleness not in STALENESS:
+            raise ConfigError(f"unknown staleness preset {staleness!r}; known: {', '.join(STALENESS)}")
+        cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, **STALENESS[staleness]))
+    for item in overrides:
+        cfg = override(cfg, item)
+    return cfg
+
+
+def task_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    return dict(cfg.task.args)

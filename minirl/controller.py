@@ -1,0 +1,218 @@
+"""The controller: the only active part of minirl (RLAX §3).
+
+One train step reads like the pseudocode of every RL system for LLMs:
+
+    fill the buffer   prompts -> engine -> verifier -> version-tagged groups   (_generate)
+    take a batch      the freshest groups the staleness bound k accepts        (_take_batch)
+    train             trainer.train_step(batch)                                (trainer)
+    publish           weight store <- new version; engine reloads every j-th   (_publish)
+    record            metrics.jsonl; a snapshot at reload boundaries            (_record)
+
+Scheduling is `lockstep`: every decision depends only on logical counts (versions, groups
+produced), never on timing, so a run is bitwise reproducible and resumes exactly. The three
+staleness knobs act as follows (RLAX §3.1; AReaL §5.1):
+
+  j = rl.reload_every   the engine loads version v only when v - (its version) >= j
+  k = rl.max_lag        a group is accepted for the step that produces version v+1 only if
+                        (v + 1) - (its oldest token's version) <= k; 0 means unbounded. So
+                        on-policy data has lag 1, one-step-off data lag 2
+  eta = rl.eta          the engine may have produced at most (v + eta + 1) batches' worth of
+                        groups while the trainer is at version v (0 = synchronous). In lockstep
+                        it runs ahead exactly that far, generating the next batches with the
+                        weights it has while the trainer trains (logically in parallel).
+
+The trainer prefers the freshest groups (ties: first produced first); groups that can no
+longer be accepted are discarded and counted.
+
+Workers are called through `minirl.workers` futures, so the same code drives in-process parts
+or parts in other processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from minirl.batching import make_batch
+from minirl.data.filters import dynamic_filter
+from minirl.data.mixture import Mixture
+from minirl.diagnostics import batch_diagnostics
+from minirl.evaluation import decode_rollouts
+from minirl.metrics_log import flatten_metrics
+from minirl.scheduler import Request
+from minirl.types import Rollout
+
+
+@dataclasses.dataclass
+class Group:
+    """The G scored rollouts of one prompt, tagged with when they were produced."""
+
+    rollouts: list[Rollout]
+    produced: int  # sequence number: the order groups entered the buffer
+
+    @property
+    def version(self) -> int:
+        return min(r.oldest_version for r in self.rollouts)
+
+
+@dataclasses.dataclass
+class Counters:
+    """What the controller has done so far: part of every snapshot."""
+
+    version: int = 0  # weight version the trainer holds (= train steps that updated weights)
+    engine_version: int = 0  # version the engine has loaded
+    steps: int = 0  # train steps attempted (skipped non-finite steps included)
+    groups_produced: int = 0  # groups that entered the buffer
+    groups_trained: int = 0
+    groups_stale: int = 0  # discarded: too old for the bound k
+    groups_filtered: int = 0  # dropped by the dynamic filter (all rewards equal)
+    rollouts_generated: int = 0
+    skipped_steps: int = 0  # non-finite guard: update skipped, nothing published
+
+
+class Controller:
+    """Drives engine, verifier, trainer and weight store through worker futures."""
+
+    def __init__(self, cfg, *, engine, trainer, verifier, store, mixture: Mixture, tokenizer,
+                 max_new_tokens: int, clock: Callable[[], float] = time.perf_counter):
+        self.cfg, self.rl = cfg, cfg.rl
+        self.engine, self.trainer, self.verifier, self.store = engine, trainer, verifier, store
+        self.mixture, self.tokenizer, self.max_new_tokens = mixture, tokenizer, max_new_tokens
+        self.clock = clock
+        self.counters = Counters()
+        self.buffer: list[Group] = []
+        self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def step(self) -> dict[str, float]:
+        t_start = self.clock()
+        self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
+        c, rl = self.counters, self.rl
+        self._generate(upto=(c.version + 1) * rl.prompts_per_step)  # what this step needs
+        groups = self._take_batch()
+        self._generate(upto=(c.version + rl.eta + 1) * rl.prompts_per_step)  # run ahead (eta)
+        t_train = self.clock()
+        batch = make_batch([r for g in groups for r in g.rollouts], self.tokenizer.pad_id,
+                           self.cfg.trainer.bucket_minimum)
+        prox = self.trainer.call("recompute_logprobs", batch).result()
+        metrics = self.trainer.call("train_step", batch, prox).result()
+        t_publish = self.clock()
+        published = self._publish(metrics)
+        t_end = self.clock()
+        c.steps += 1
+        c.groups_trained += len(groups)
+        metrics = {f"train/{k}": v for k, v in metrics.items()}
+        metrics.update(self._batch_metrics(batch, prox, groups))
+        metrics.update({
+            "time/generate": self.times["generate"], "time/verify": self.times["verify"],
+            "time/train": t_publish - t_train, "time/publish": t_end - t_publish,
+            "time/step": t_end - t_start, "version": c.version, "published": float(published),
+            "generate/tokens": float(self.times["tokens"]),
+            "generate/tokens_per_s": self.times["tokens"] / max(self.times["generate"], 1e-9),
+        })
+        metrics["time/other"] = max(0.0, metrics["time/step"] - self.times["generate"]
+                                    - self.times["verify"] - metrics["time/train"])
+        metrics.update({f"count/{k}": float(v) for k, v in dataclasses.asdict(c).items()})
+        return metrics
+
+    # ---- the parts of a step -----------------------------------------------------------------
+
+    def _generate(self, upto: int) -> None:
+        """Produce groups until `upto` have entered the buffer since the run began."""
+        c, rl = self.counters, self.rl
+        rounds = 0
+        while c.groups_produced < upto:
+            need = upto - c.groups_produced
+            prompts = self.mixture.next_prompts(need)
+            requests = [Request(p, i, self.max_new_tokens) for p in prompts for i in range(rl.group_size)]
+            t0 = self.clock()
+            rollouts = self.engine.call("generate", requests).result()
+            decode_rollouts(rollouts, self.tokenizer)
+            t1 = self.clock()
+            scores = self.verifier.call("score", rollouts).result()
+            self.times["generate"] += t1 - t0
+            self.times["verify"] += self.clock() - t1
+            for r, s in zip(rollouts, scores, strict=True):
+                r.score = s
+            c.rollouts_generated += len(rollouts)
+            self.times["tokens"] += sum(len(r.tokens) for r in rollouts)
+            groups = [rollouts[i:i + rl.group_size] for i in range(0, len(rollouts), rl.group_size)]
+            if rl.dynamic_filter:
+                groups, dropped = dynamic_filter(groups)
+                c.groups_filtered += dropped
+            for g in groups:
+                self.buffer.append(Group(list(g), c.groups_produced))
+                c.groups_produced += 1
+            rounds += 1
+            if rl.dynamic_filter and rounds >= 32 and c.groups_produced < upto:
+                raise RuntimeError(f"dynamic filtering dropped {c.groups_filtered} groups and could not "
+                                   "fill a batch in 32 rounds: every group has equal rewards (the task is "
+                                   "too easy or too hard for the current model)")
+
+    def _lag(self, group: Group) -> int:
+        return self.counters.version + 1 - group.version
+
+    def _take_batch(self) -> list[Group]:
+        """The freshest `prompts_per_step` acceptable groups; discard those beyond the bound."""
+        k = self.rl.max_lag
+        if k:
+            stale = [g for g in self.buffer if self._lag(g) > k]
+            self.counters.groups_stale += len(stale)
+            self.buffer = [g for g in self.buffer if self._lag(g) <= k]
+        order = sorted(self.buffer, key=lambda g: (-g.version, g.produced))
+        taken = order[: self.rl.prompts_per_step]
+        if len(taken) < self.rl.prompts_per_step:
+            raise RuntimeError("not enough acceptable groups in the buffer: check rl.max_lag / rl.eta")
+        ids = {id(g) for g in taken}
+        self.buffer = [g for g in self.buffer if id(g) not in ids]
+        return sorted(taken, key=lambda g: g.produced)
+
+    def _publish(self, metrics: dict) -> bool:
+        """Store the new version and reload the engine every j-th version; never publish the
+        weights of a skipped (non-finite) step."""
+        c = self.counters
+        if metrics.get("skipped_nonfinite", 0.0) > 0:
+            c.skipped_steps += 1
+            return False
+        c.version += 1
+        params = self.trainer.call("params", True).result()
+        self.store.put(c.version, params)
+        if c.version - c.engine_version >= self.rl.reload_every:
+            self.engine.call("load_weights", c.version, params).result()
+            c.engine_version = c.version
+            oldest_needed = min([c.engine_version] + [g.version for g in self.buffer])
+            self.store.release(oldest_needed)
+        return True
+
+    def _batch_metrics(self, batch, prox, groups) -> dict[str, float]:
+        rewards = batch.rewards.reshape(len(groups), -1)
+        lens = batch.mask.sum(axis=1)
+        out = {
+            "reward/mean": float(rewards.mean()),
+            "reward/mixed_groups": float(np.mean(rewards.std(axis=1) > 0)),
+            "length/mean": float(lens.mean()), "length/max": float(lens.max()),
+            "lag/mean": float(np.mean([self._lag(g) - 1 for g in groups])),
+            "buffer/groups": float(len(self.buffer)),
+        }
+        out.update(flatten_metrics(batch_diagnostics(batch, np.asarray(prox), self.counters.version)))
+        return out
+
+    # ---- snapshot / restore (RLAX §3.2 preemption) ---------------------------------------------
+
+    def snapshot(self) -> dict:
+        """The controller's whole state as plain data (weights travel separately)."""
+        return {
+            "counters": dataclasses.asdict(self.counters),
+            "mixture": self.mixture.state(),
+            "buffer": [{"produced": g.produced, "rollouts": g.rollouts} for g in self.buffer],
+        }
+
+    def restore(self, snap: dict) -> None:
+        self.counters = Counters(**snap["counters"])
+        self.mixture.load_state(snap["mixture"])
+        self.buffer = [Group(list(g["rollouts"]), int(g["produced"])) for g in snap["buffer"]]
+

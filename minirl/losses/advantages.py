@@ -1,0 +1,169 @@
+"""Advantage estimators `Adv_it` of RLAX Eq. 3, computed once per train batch, from all of it.
+
+    group_norm(eps)   (R_i - mean_g) / (std_g + eps), std with Bessel's correction   GRPO
+    group_mean        R_i - mean_g                                                   Dr. GRPO
+    leave_one_out     R_i - mean_{j != i in g} R_j                                   RLOO
+    batch_whiten      group_mean, then whitened over the counted tokens of the batch REINFORCE++
+    gae(gamma, lam)   generalised advantage estimation from token rewards and values PPO
+
+Group rules (LOSSES.md): a group with one member, or whose rewards are all equal, carries no
+signal and gets advantage exactly 0 (not a rounding residue divided by eps). Groups are
+contiguous runs of equal `group_ids` (any int32 values); they are renumbered 0.. with a cumsum,
+so the segment sums below need no host-side bookkeeping and stay jittable.
+
+`whiten=True` on any estimator subtracts the token-weighted mean and divides by the token-weighted
+(population) std over all completion tokens of the batch: REINFORCE++-baseline's batch
+normalisation, and AReaL's "advantage normalisation across the global batch".
+
+Advantages never see rejection: they describe the rewards, rejection only decides which tokens
+the loss trusts. Each estimator returns (adv [B, T] zeroed off the completion mask, returns
+[B, T] or None); only GAE has returns (value targets).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from minirl.losses.inputs import LossInputs, last_token_mask, masked
+
+WHITEN_EPS = 1e-6
+
+
+class GroupStats(NamedTuple):
+    """Per-row statistics of the row's group.  All [B]."""
+
+    size: jax.Array  # G, members of the group
+    mean: jax.Array  # mean_g R
+    std: jax.Array  # std_g R with Bessel's correction (0 for a singleton)
+    informative: jax.Array  # bool: G > 1 and the rewards are not all equal
+
+
+def group_statistics(rewards: jax.Array, group_ids: jax.Array) -> GroupStats:
+    """Group size, mean, Bessel std and whether the group carries any signal, per row."""
+    b = rewards.shape[0]
+    starts = jnp.concatenate(
+        [jnp.zeros((1,), jnp.int32), (group_ids[1:] != group_ids[:-1]).astype(jnp.int32)]
+    )
+    seg = jnp.cumsum(starts)  # [B] dense group index 0..
+    gsum = lambda x: jax.ops.segment_sum(x, seg, num_segments=b)[seg]
+    size = gsum(jnp.ones_like(rewards))
+    mean = gsum(rewards) / size
+    var = gsum((rewards - mean) ** 2) / jnp.maximum(size - 1.0, 1.0)
+    spread = (
+        jax.ops.segment_max(rewards, seg, num_segments=b)[seg]
+        - jax.ops.segment_min(rewards, seg, num_segments=b)[seg]
+    )
+    return GroupStats(size, mean, jnp.sqrt(var), (size > 1) & (spread > 0))
+
+
+def whiten(adv: jax.Array, valid: jax.Array) -> jax.Array:
+    """(A - mean) / (std + eps) over the completion tokens of the batch (population std).  # [B, T]"""
+    count = jnp.maximum(valid.sum(), 1.0)
+    mean = masked(adv, valid).sum() / count
+    var = masked((adv - mean) ** 2, valid).sum() / count
+    return masked((adv - mean) / (jnp.sqrt(var) + WHITEN_EPS), valid)
+
+
+def _per_token(adv_i: jax.Array, valid: jax.Array, whiten_: bool) -> jax.Array:
+    adv = masked(jnp.broadcast_to(adv_i[:, None], valid.shape), valid)
+    return whiten(adv, valid) if whiten_ else adv
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupNorm:
+    """(R_i - mean_g) / (std_g + eps), Bessel std; 0 for singleton or zero-spread groups."""
+
+    eps: float = 1e-6
+    whiten: bool = False
+
+    def __post_init__(self):
+        if self.eps <= 0.0:
+            raise ValueError(f"GroupNorm.eps must be > 0, got {self.eps}")
+
+    def __call__(self, inputs: LossInputs, valid: jax.Array):
+        g = group_statistics(inputs.rewards, inputs.group_ids)
+        adv = jnp.where(g.informative, (inputs.rewards - g.mean) / (g.std + self.eps), 0.0)
+        return _per_token(adv, valid, self.whiten), None
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupMean:
+    """R_i - mean_g (Dr. GRPO; REINFORCE with the group mean as baseline)."""
+
+    whiten: bool = False
+
+    def __call__(self, inputs: LossInputs, valid: jax.Array):
+        g = group_statistics(inputs.rewards, inputs.group_ids)
+        adv = jnp.where(g.informative, inputs.rewards - g.mean, 0.0)
+        return _per_token(adv, valid, self.whiten), None
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaveOneOut:
+    """R_i - mean of the OTHER members of the group = G/(G-1) (R_i - mean_g) (RLOO)."""
+
+    whiten: bool = False
+
+    def __call__(self, inputs: LossInputs, valid: jax.Array):
+        g = group_statistics(inputs.rewards, inputs.group_ids)
+        others = (g.size * g.mean - inputs.rewards) / jnp.maximum(g.size - 1.0, 1.0)
+        adv = jnp.where(g.informative, inputs.rewards - others, 0.0)
+        return _per_token(adv, valid, self.whiten), None
+
+
+def batch_whiten() -> GroupMean:
+    """REINFORCE++-baseline: group mean subtracted, then whitened over the batch's tokens."""
+    return GroupMean(whiten=True)
+
+
+def gae(token_rewards, values, valid, gamma: float, lam: float):
+    """Generalised advantage estimation (Schulman et al. 2016) along the completion tokens.
+
+    delta_t = r_t + gamma V_next - V_t;  A_t = delta_t + gamma lam A_next, where "next" is the next
+    completion token (V_next = A_next = 0 after the last one). Positions off the mask are skipped
+    (the recursion passes through them), so prompt and padding positions cost nothing.
+    Returns (adv, returns = adv + V), both [B, T] and 0 off the mask."""
+    r, v = masked(token_rewards, valid), masked(values, valid)
+
+    def step(carry, x):
+        next_v, next_a = carry
+        r_t, v_t, m_t = x  # [B] each
+        a_t = r_t + gamma * next_v - v_t + gamma * lam * next_a
+        keep = m_t > 0
+        carry = (jnp.where(keep, v_t, next_v), jnp.where(keep, a_t, next_a))
+        return carry, jnp.where(keep, a_t, 0.0)
+
+    zeros = jnp.zeros(valid.shape[0], jnp.float32)
+    _, adv_tb = jax.lax.scan(step, (zeros, zeros), (r.T, v.T, valid.T), reverse=True)
+    adv = adv_tb.T  # [B, T]
+    return adv, masked(adv + v, valid)
+
+
+@dataclasses.dataclass(frozen=True)
+class GAE:
+    """GAE(gamma, lam) from `token_rewards` (default: R_i on the last token) and the critic's
+    `values` (default: 0, i.e. no critic; with gamma = lam = 1 every token then gets R_i)."""
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    whiten: bool = False
+
+    def __post_init__(self):
+        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):
+            raise ValueError(f"GAE needs gamma, lam in [0, 1], got {self.gamma}, {self.lam}")
+
+    def __call__(self, inputs: LossInputs, valid: jax.Array):
+        if inputs.token_rewards is not None:
+            token_rewards = inputs.token_rewards
+        else:
+            token_rewards = last_token_mask(valid) * inputs.rewards[:, None]
+        values = jnp.zeros_like(valid) if inputs.values is None else inputs.values
+        adv, returns = gae(token_rewards, values, valid, self.gamma, self.lam)
+        return (whiten(adv, valid) if self.whiten else adv), returns
+
+
+Advantage = GroupNorm | GroupMean | LeaveOneOut | GAE

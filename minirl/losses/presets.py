@@ -1,0 +1,248 @@
+"""Named losses: each preset is a few lines naming its parts, with its paper's defaults.
+
+    preset           Agg            IS                    Adv                 G1                      G2
+    grpo             sequence_mean  1                     group_norm          clipped_ratio(.2,.2)    k3_kl(0.04)
+    dapo             token_mean     1                     group_norm          clipped_ratio(.2,.28)   -
+    dr_grpo          max_length     1                     group_mean          clipped_ratio(.2,.2)    -
+    reinforce        last_token     sequence_ratio        group_mean          sequence_logprob        -
+    token_reinforce  max_length     token_ratio           group_mean          logprob                 -
+    rloo             max_length     token_ratio           leave_one_out       logprob                 -
+    reinforce_pp     token_mean     1                     batch_whiten        clipped_ratio(.2,.2)    k2_kl(1e-3)
+    cispo            token_mean     clip(r, 0, 1.28)      group_norm          logprob                 -
+    gspo             sequence_mean  s_i                   group_norm          gspo_clipped(3e-4,4e-4) -
+    ppo              token_mean     1                     gae(1, 1)           clipped_ratio(.2,.2,dual 3)  -
+    decoupled_ppo    token_mean     c = pi_prox/mu        group_norm+whiten   clipped_ratio(.2,.2)    -
+
+Variants, for any preset, by function or by name suffix (applied left to right):
+    with_tis(p, cap=2.0)                    `<name>_tis`: IS *= min(c, cap) (replaces c if present)
+    with_rejection(p, token=(lo, hi),       `<name>_mis`: token rejection (0.5, 5.0) then sequence
+                   sequence=(stat, U))      rejection ("mean_k1", 0.01)
+e.g. `get_preset("grpo_tis")`, `get_preset("decoupled_ppo_tis_mis", log_ratio_clamp=5.0)`.
+
+Defaults: eps and beta as in each paper (DeepSeekMath beta = 0.04; DAPO eps_hi = 0.28; CISPO
+without a lower bound; GSPO 3e-4 / 4e-4; dual clip 3, Ye et al.; AReaL eps 0.2 with batch-normalised
+advantages). REINFORCE++'s k2 coefficient 1e-3 and the `_mis` thresholds are our choices (the
+token band is IcePop's [0.5, 5]; the sequence threshold 0.01 on |mean log c| keeps sequences whose
+geometric-mean correction is within 1%): tune them. PPO here has no critic (AReaL's set-up: GAE
+with gamma = lambda = 1 and V = 0 gives every token the sequence reward); `get_preset("ppo",
+value_coef=0.5)` trains one, which the trainer then has to supply values for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from minirl.losses.advantages import GAE, GroupMean, GroupNorm, LeaveOneOut, batch_whiten
+from minirl.losses.aggregation import LastToken, MaxLength, SequenceMean, TokenMean
+from minirl.losses.importance import (
+    ClippedTokenRatio,
+    Correction,
+    GeometricSequenceRatio,
+    SequenceRatio,
+    TokenRatio,
+    TruncatedCorrection,
+)
+from minirl.losses.objective import Objective
+from minirl.losses.regularizers import K2KL, K3KL
+from minirl.losses.rejection import SequenceReject, TokenReject
+from minirl.losses.terms import ClippedRatio, GSPOClipped, LogProb, SequenceLogProb
+
+
+def grpo() -> Objective:
+    """DeepSeekMath GRPO, as RLAX Listing 1: per-sequence mean of min(rA, clip(r)A) - beta k3."""
+    return Objective(
+        name="grpo",
+        aggregation=SequenceMean(),
+        advantage=GroupNorm(eps=1e-6),
+        gradient_term=ClippedRatio(eps_lo=0.2, eps_hi=0.2),
+        regularizers=(K3KL(beta=0.04),),
+    )
+
+
+def dapo() -> Objective:
+    """DAPO: token-level mean, clip-higher (0.2, 0.28), no KL, dynamic sampling on."""
+    return Objective(
+        name="dapo",
+        aggregation=TokenMean(),
+        advantage=GroupNorm(eps=1e-6),
+        gradient_term=ClippedRatio(eps_lo=0.2, eps_hi=0.28),
+        dynamic_filtering=True,
+    )
+
+
+def dr_grpo() -> Objective:
+    """Dr. GRPO: constant 1/(N L_max) weights and no std division: no length or difficulty bias."""
+    return Objective(
+        name="dr_grpo",
+        aggregation=MaxLength(),
+        advantage=GroupMean(),
+        gradient_term=ClippedRatio(eps_lo=0.2, eps_hi=0.2),
+    )
+
+
+def reinforce() -> Objective:
+    """Sequence-level REINFORCE (RLAX App. A, Eq. 6): (1/N) sum_i sg[r_i] A_i log pi(o_i)."""
+    return Objective(
+        name="reinforce",
+        aggregation=LastToken(),
+        importance=(SequenceRatio(),),
+        advantage=GroupMean(),
+        gradient_term=SequenceLogProb(),
+    )
+
+
+def token_reinforce() -> Objective:
+    """Token-level REINFORCE (RLAX App. A): 1/(N L_max) sum sg[r_it] A_i log pi_it."""
+    return Objective(
+        name="token_reinforce",
+        aggregation=MaxLength(),
+        importance=(TokenRatio(),),
+        advantage=GroupMean(),
+        gradient_term=LogProb(),
+    )
+
+
+def rloo() -> Objective:
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024), token-level form."""
+    return Objective(
+        name="rloo",
+        aggregation=MaxLength(),
+        importance=(TokenRatio(),),
+        advantage=LeaveOneOut(),
+        gradient_term=LogProb(),
+    )
+
+
+def reinforce_pp() -> Objective:
+    """REINFORCE++-baseline: group mean, batch whitening, PPO clip, k2 KL in the loss."""
+    return Objective(
+        name="reinforce_pp",
+        aggregation=TokenMean(),
+        advantage=batch_whiten(),
+        gradient_term=ClippedRatio(eps_lo=0.2, eps_hi=0.2),
+        regularizers=(K2KL(beta=1e-3),),
+    )
+
+
+def cispo() -> Objective:
+    """CISPO (MiniMax-M1 Eq. 4): sg[clip(r, 1 - eps_lo, 1 + eps_hi)] A log pi, token mean."""
+    return Objective(
+        name="cispo",
+        aggregation=TokenMean(),
+        importance=(ClippedTokenRatio(eps_lo=1.0, eps_hi=0.28),),
+        advantage=GroupNorm(eps=1e-6),
+        gradient_term=LogProb(),
+    )
+
+
+def gspo() -> Objective:
+    """GSPO: sequence ratio s_i = (pi_theta/pi_old)^(1/n_i), clipped at the sequence level."""
+    return Objective(
+        name="gspo",
+        aggregation=SequenceMean(),
+        importance=(GeometricSequenceRatio(),),
+        advantage=GroupNorm(eps=1e-6),
+        gradient_term=GSPOClipped(eps_lo=3e-4, eps_hi=4e-4),
+    )
+
+
+def ppo() -> Objective:
+    """PPO with the dual clip (Ye et al. 2020), GAE advantages; critic optional (value_coef)."""
+    return Objective(
+        name="ppo",
+        aggregation=TokenMean(),
+        advantage=GAE(gamma=1.0, lam=1.0),
+        gradient_term=ClippedRatio(eps_lo=0.2, eps_hi=0.2, dual_clip=3.0),
+    )
+
+
+def decoupled_ppo() -> Objective:
+    """AReaL Eq. 5: sum_t sg[pi_prox/mu] min(u A, clip(u) A), u = pi_theta/pi_prox, with
+    advantages normalised over the global batch."""
+    return Objective(
+        name="decoupled_ppo",
+        aggregation=TokenMean(),
+        importance=(Correction(),),
+        advantage=GroupNorm(eps=1e-6, whiten=True),
+        gradient_term=ClippedRatio(eps_lo=0.2, eps_hi=0.2),
+    )
+
+
+PRESETS: dict[str, Callable[[], Objective]] = {
+    f.__name__: f
+    for f in (
+        grpo,
+        dapo,
+        dr_grpo,
+        reinforce,
+        token_reinforce,
+        rloo,
+        reinforce_pp,
+        cispo,
+        gspo,
+        ppo,
+        decoupled_ppo,
+    )
+}
+
+
+def with_tis(objective: Objective, cap: float = 2.0) -> Objective:
+    """Truncated importance sampling: multiply IS by min(c, cap). A preset that already weights
+    by c (decoupled PPO) has that weight truncated instead of squared."""
+    parts = tuple(
+        p for p in objective.importance if not isinstance(p, (Correction, TruncatedCorrection))
+    )
+    return dataclasses.replace(
+        objective, name=f"{objective.name}_tis", importance=(*parts, TruncatedCorrection(cap))
+    )
+
+
+def with_rejection(
+    objective: Objective,
+    token: tuple[float, float] | None = (0.5, 5.0),
+    sequence: tuple[str, float] | None = ("mean_k1", 0.01),
+) -> Objective:
+    """Masked IS: reject tokens with c outside [lo, hi], then sequences with stat > U (either
+    may be None). Rejected tokens leave the loss and its denominators."""
+    if token is None and sequence is None:
+        raise ValueError("with_rejection needs a token rule, a sequence rule, or both")
+    return dataclasses.replace(
+        objective,
+        name=f"{objective.name}_mis",
+        token_reject=None if token is None else TokenReject(*token),
+        sequence_reject=None if sequence is None else SequenceReject(*sequence),
+    )
+
+
+VARIANTS: dict[str, Callable[[Objective], Objective]] = {"tis": with_tis, "mis": with_rejection}
+
+
+def list_presets() -> list[str]:
+    """The base presets, and each with the `_tis`, `_mis` and `_tis_mis` suffixes."""
+    suffixes = ("", "_tis", "_mis", "_tis_mis")
+    return [name + s for name in PRESETS for s in suffixes]
+
+
+def get_preset(name: str, **overrides) -> Objective:
+    """The named objective, with `Objective` fields replaced by `overrides`
+    (e.g. `get_preset("grpo", log_ratio_clamp=5.0)`, `get_preset("dapo_tis")`)."""
+    base, variants = name, []
+    while base not in PRESETS and base.rpartition("_")[2] in VARIANTS:
+        base, _, suffix = base.rpartition("_")
+        variants.insert(0, VARIANTS[suffix])
+    if base not in PRESETS:
+        raise ValueError(
+            f"unknown loss preset {name!r}; known presets: {', '.join(PRESETS)} "
+            f"(each also with the suffixes _tis, _mis, _tis_mis)"
+        )
+    objective = PRESETS[base]()
+    for variant in variants:
+        objective = variant(objective)
+    fields = {f.name for f in dataclasses.fields(Objective)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(
+            f"unknown Objective fields {unknown} for preset {name!r}; fields: {sorted(fields)}"
+        )
+    return dataclasses.replace(objective, **overrides)

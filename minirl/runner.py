@@ -1,0 +1,169 @@
+"""A run, end to end: build the parts from a RunConfig, warm start, evaluate, train, resume.
+
+    run_dir/
+      config.json      the resolved RunConfig (and its hash; a resume must match it)
+      meta.json        seeds, library versions, machine, start time
+      metrics.jsonl    one line per RL step (train/, reward/, mismatch/, lag/, time/, count/ ...)
+      checkpoints/     params + optimizer state + controller snapshot, at reload boundaries
+      summary.json     evaluation before / after, wall time, counters
+      plots/           dashboard.png and friends (`minirl plot RUN_DIR`)
+
+`train(cfg, run_dir)` starts a run, or continues it if `run_dir` holds a checkpoint of the same
+configuration (a different config hash is refused unless `force=True`).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from minirl.checkpoints import CheckpointManager
+from minirl.config import RunConfig
+from minirl.configlib import ConfigError, config_hash, from_dict, to_dict
+from minirl.controller import Controller
+from minirl.data import get_task
+from minirl.data.mixture import Mixture
+from minirl.engine import Engine
+from minirl.evaluation import evaluate, heldout_prompts
+from minirl.losses import get_preset
+from minirl.metrics_log import MetricsWriter
+from minirl.tokenizer import CharTokenizer
+from minirl.trainer import Trainer
+from minirl.warmstart import warm_start
+from minirl.weights import InMemoryWeightStore
+from minirl.workers import InProcessWorker, from_plain, to_plain
+
+
+def _versions() -> dict[str, str]:
+    import flax
+    import jax
+    import optax
+
+    return {"python": sys.version.split()[0], "jax": jax.__version__, "flax": flax.__version__,
+            "optax": optax.__version__, "numpy": np.__version__, "machine": platform.platform()}
+
+
+def load_config(run_dir) -> RunConfig:
+    data = json.loads((Path(run_dir) / "config.json").read_text())
+    return from_dict(RunConfig, data["config"])
+
+
+class Run:
+    """The parts of one run, built from its config (no work until `train` / `evaluate`)."""
+
+    def __init__(self, cfg: RunConfig, run_dir, log=print, progress: bool = True):
+        self.cfg, self.run_dir, self.log, self.progress = cfg, Path(run_dir), log, progress
+        self.tokenizer = CharTokenizer()
+        if cfg.model.vocab_size < self.tokenizer.vocab_size:
+            raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
+                              f"{self.tokenizer.vocab_size}")
+        self.task = get_task(cfg.task.name, **cfg.task.args)
+        self.engine_cfg = _with_eos(cfg.engine, self.tokenizer.eos_id, cfg.rl.seed)
+
+    def engine(self, version: int, params) -> Engine:
+        engine = Engine(self.cfg.model, self.engine_cfg)
+        engine.load_weights(version, params)
+        return engine
+
+    def evaluate(self, engine) -> dict[str, float]:
+        prompts = heldout_prompts(self.task, self.cfg.eval.prompts)
+        return evaluate(engine, self.task, self.tokenizer, prompts, self.cfg.eval.samples)
+
+    def train(self, resume: bool = True, force: bool = False) -> dict:
+        cfg, rl = self.cfg, self.cfg.rl
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        chash = config_hash(cfg)
+        ckpts = CheckpointManager(self.run_dir, keep=rl.keep_checkpoints)
+        restored = ckpts.restore() if resume and ckpts.all_steps() else None
+        if restored is not None:
+            old = json.loads((self.run_dir / "config.json").read_text())["hash"]
+            if old != chash and not force:
+                raise ConfigError(f"{self.run_dir} was started with another configuration (hash {old}, "
+                                  f"now {chash}); use a new run directory, or --force to continue anyway")
+        self._write_json("config.json", {"hash": chash, "config": to_dict(cfg)})
+        if restored is None:
+            self._write_json("meta.json", {"seed": rl.seed, "started": time.time(), "versions": _versions()})
+
+        base, sft_report = warm_start(cfg, self.tokenizer, self.task, self.progress, self.log)
+        summary = self._read_json("summary.json") if restored is not None else {}
+        engine = self.engine(0, base)
+        if "before" not in summary:
+            summary["warm_start"] = sft_report
+            summary["before"] = self.evaluate(engine)
+            self.log(f"held-out before RL: {_fmt(summary['before'])}")
+            self._write_json("summary.json", summary)
+
+        trainer = Trainer(cfg.model, base, get_preset(rl.loss), cfg.trainer_config())
+        store = InMemoryWeightStore(keep=max(4, rl.reload_every + 2))
+        mixture = Mixture({self.task.name: self.task}, seed=rl.seed)
+        controller = Controller(cfg, engine=InProcessWorker(engine), trainer=InProcessWorker(trainer),
+                                verifier=InProcessWorker(self.task.verifier), store=store, mixture=mixture,
+                                tokenizer=self.tokenizer, max_new_tokens=self.task.max_new_tokens)
+        if restored is not None:
+            state = from_plain(restored.controller_state)
+            trainer.load_state_dict({"params": restored.params, "opt_state": restored.opt_state,
+                                     **state["trainer"]})
+            controller.restore(state["controller"])
+            engine.load_weights(controller.counters.version, trainer.params())
+            self.log(f"resumed {self.run_dir} at step {controller.counters.steps} "
+                     f"(version {controller.counters.version})")
+        store.put(controller.counters.version, trainer.params(host=True))
+
+        writer = MetricsWriter(self.run_dir)
+        start, t0 = controller.counters.steps, time.perf_counter()
+        bar = tqdm(total=rl.steps, initial=start, desc="RL", disable=not self.progress)
+        while controller.counters.steps < rl.steps:
+            m = controller.step()
+            c = controller.counters
+            if cfg.eval.every and c.steps % cfg.eval.every == 0:
+                m.update({f"eval/{k}": v for k, v in self.evaluate(engine).items()})
+            writer.write(m, step=c.steps)
+            bar.update(1)
+            bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step']:.2f}",
+                            gen_tok_s=f"{m['generate/tokens_per_s']:.0f}")
+            at_boundary = c.engine_version == c.version
+            if at_boundary and (c.steps % rl.checkpoint_every == 0 or c.steps == rl.steps):
+                state = trainer.state_dict()
+                ckpts.save(c.steps, state["params"], state["opt_state"], to_plain({
+                    "controller": controller.snapshot(),
+                    "trainer": {"step": state["step"], "skipped_nonfinite": state["skipped_nonfinite"]},
+                }))
+            if rl.time_budget and time.perf_counter() - t0 > rl.time_budget:
+                self.log(f"time budget of {rl.time_budget:.0f}s reached after {c.steps} steps")
+                break
+        bar.close()
+        writer.close()
+        ckpts.close()
+
+        engine.load_weights(controller.counters.version, trainer.params())
+        summary["after"] = self.evaluate(engine)
+        summary["rl_seconds"] = summary.get("rl_seconds", 0.0) + time.perf_counter() - t0
+        summary["counters"] = to_plain(controller.counters.__dict__)
+        self._write_json("summary.json", summary)
+        self.log(f"held-out after RL:  {_fmt(summary['after'])}")
+        return summary
+
+    def _write_json(self, name: str, data) -> None:
+        tmp = self.run_dir / (name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=float))
+        tmp.replace(self.run_dir / name)
+
+    def _read_json(self, name: str) -> dict:
+        path = self.run_dir / name
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _with_eos(engine_cfg, eos_id: int, seed: int):
+    import dataclasses
+
+    return dataclasses.replace(engine_cfg, eos_id=eos_id, seed=seed)
+
+
+def _fmt(d: dict) -> str:
+    return "  ".join(f"{k} {v:.3f}" for k, v in d.items())

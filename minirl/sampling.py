@@ -1,0 +1,94 @@
+"""Token sampling for the rollout engine: temperature, top-k, top-p, counter-based keys.
+
+What it is: the maths between the model's logits and the next token.
+
+  z = logits / temperature                      (the tempered distribution)
+  z = top_k(z), then top_p(z)                   (truncation: other tokens get logit _NEG)
+  token ~ softmax(z)                            (Gumbel-max with a per-token key)
+  log mu(token) = log softmax(z)[token]         (the behaviour log-prob; model.token_logprobs)
+
+The behaviour log-prob is the log-prob under the TRUNCATED, renormalised distribution — the one
+the token was really drawn from. `minirl.model.token_logprobs(..., top_k=, top_p=)` applies the
+same truncation (it calls `truncate_logits` below), so the trainer recomputes the same quantity
+for its policy: `log pi(token) = log softmax(truncate(logits_pi / T))[token]`. A token outside
+pi's own truncated set gets a log-prob of about -1e30 (finite, never nan); the losses clamp the
+log-ratio before `exp`. See docs/engine.md for why this choice and not "untruncated log-probs".
+
+Determinism (DESIGN.md): the key of token c of sample s of prompt u is
+`fold_in(fold_in(fold_in(fold_in(key(seed), u_hi), u_lo), s), c)` — a pure function of ids, so
+the token does not depend on the slot, the batch, or what else is running. In exact mode the
+logits are batch-invariant too, so the whole rollout is.
+
+Simplified on purpose: ties at the top-k / top-p threshold are all kept (a few more than k
+tokens when logits tie exactly); greedy (temperature 0) is a plain argmax.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from minirl import exact as X
+
+NEG = X._NEG  # logit given to truncated tokens: finite, so nothing becomes nan
+
+
+def prefix_sum(x: jax.Array, exact: bool = False) -> jax.Array:
+    """Inclusive cumulative sum over the last axis. Exact mode: a Hillis-Steele scan (log2 N
+    shifted adds), whose order depends only on N — not on the batch shape."""
+    if not exact:
+        return jnp.cumsum(x, axis=-1)
+    n, shift = x.shape[-1], 1
+    while shift < n:
+        shifted = jnp.pad(x[..., : n - shift], [(0, 0)] * (x.ndim - 1) + [(shift, 0)])
+        x = x + shifted
+        shift *= 2
+    return x
+
+
+def truncate_logits(z: jax.Array, top_k: int = 0, top_p: float = 1.0, exact: bool = False):
+    """Keep the top-k logits, then the smallest set of most likely tokens whose probability
+    reaches top_p; the others get logit NEG. z [..., V] float32 (already tempered).
+    top_k=0 and top_p=1.0 switch the two filters off."""
+    if top_k:
+        kth = jax.lax.top_k(z, top_k)[0][..., -1:]  # [..., 1] k-th largest logit
+        z = jnp.where(z >= kth, z, NEG)
+    if top_p < 1.0:
+        ordered = -jnp.sort(-z, axis=-1)  # [..., V] descending
+        probs = jnp.exp(X.log_softmax(ordered, exact))
+        mass_before = prefix_sum(probs, exact) - probs  # probability of strictly better tokens
+        kept = mass_before < top_p  # the most likely token is always kept
+        threshold = jnp.min(jnp.where(kept, ordered, jnp.inf), axis=-1, keepdims=True)
+        z = jnp.where(z >= threshold, z, NEG)
+    return z
+
+
+def sample_tokens(keys: jax.Array, logits: jax.Array, temperature: float, top_k: int = 0,
+                  top_p: float = 1.0, exact: bool = False) -> jax.Array:
+    """One token per row: keys [B] (typed PRNG keys), logits [B, V] -> tokens [B] int32.
+    temperature 0 is greedy (argmax of the raw logits; keys unused)."""
+    if temperature == 0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    z = truncate_logits(logits.astype(jnp.float32) / temperature, top_k, top_p, exact)
+    return jax.vmap(jax.random.categorical)(keys, z).astype(jnp.int32)
+
+
+def request_ids(uid: int, sample_index: int) -> np.ndarray:
+    """The counters a request's keys are folded from: [uid high 32 bits, uid low 32 bits,
+    sample index] as uint32 (uids are 64-bit; fold_in takes 32-bit data)."""
+    u = int(uid) & 0xFFFF_FFFF_FFFF_FFFF
+    return np.array([u >> 32, u & 0xFFFF_FFFF, int(sample_index) & 0xFFFF_FFFF], np.uint32)
+
+
+def token_keys(seed: jax.Array, ids: jax.Array, positions: jax.Array) -> jax.Array:
+    """Keys for token `positions[b]` (completion index) of request `ids[b]` ([B, 3] from
+    `request_ids`): a pure function of (seed, uid, sample index, position). -> [B] keys."""
+
+    def one(row, position):
+        key = jax.random.key(seed)
+        for counter in (row[0], row[1], row[2], position):
+            key = jax.random.fold_in(key, counter)
+        return key
+
+    return jax.vmap(one)(ids.astype(jnp.uint32), positions.astype(jnp.uint32))

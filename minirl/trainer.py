@@ -1,0 +1,484 @@
+"""The trainer: log-prob recomputation, token-budget micro-batches, AdamW, a non-finite guard.
+
+    trainer = Trainer(model_cfg, params, get_preset("grpo"), TrainerConfig())
+    metrics = trainer.train_step(batch)        # one RL step on a `minirl.types.Batch`
+    store.put(version, trainer.params())       # publish (only if trainer.last_step_ok)
+
+What one `train_step(batch)` does:
+
+ 1. Plan micro-batches: whole rows packed first-fit-decreasing under `micro_batch_tokens` padded
+    tokens (AReaL Algorithm 1; minirl/microbatch.py). Micro-batch shapes come from a small set
+    (bucket lengths x power-of-two row counts), so the jitted functions compile a few times per run.
+ 2. Recompute log pi_prox under the weights the step starts from (AReaL's "proximal policy";
+    RLAX §5.1 "log-prob recomputation"): never trust the engine's numbers for the ratio. The
+    forward is the engine's computation — same `exact` flag, temperature, top-k/top-p — and runs
+    in the same micro-batch shapes as the training forward, so on the first update the training
+    forward sees the same numbers (PPO ratio = 1 at the start, not 1 +- rounding noise).
+    With a KL term, log pi_ref is computed the same way under a frozen copy of the initial params.
+ 3. Phase 1 of the loss on the WHOLE batch (`objective.prepare`): advantages, rejection masks and
+    aggregation weights with batch-level normalisers.
+ 4. For each of `ppo_epochs` x `num_minibatches` updates: phase 2 (`objective.loss`) per
+    micro-batch, gradients summed — the sum over a row partition IS the full-batch gradient —
+    then one optimizer update: global-norm clipping, AdamW with a warm-up/cosine schedule.
+ 5. Non-finite guard (PipelineRL limits study): if the loss or any gradient is nan/inf, the update
+    is skipped (params and optimizer state bitwise unchanged), counted in
+    `metrics["skipped_nonfinite"]`, and `last_step_ok` turns False so the caller does not
+    publish those weights as a new version.
+
+`sft_step(batch)` runs the same machinery on the mean token negative log-likelihood over the
+mask (the supervised warm-start). `recompute_logprobs(batch)` is step 2 on its own.
+
+How it stays fast on a CPU: the NNX model is split once (`nnx.split`); the forward, the
+per-micro-batch gradient accumulation and the optimizer update are pure functions under
+`jax.jit`, shared between trainers with equal settings (so tests and benchmarks reuse compiles),
+with the gradient accumulator and the optimizer state donated. Parameters are NOT donated: the
+engine and the weight store may still hold the arrays `params()` handed out.
+
+Remat (`TrainerConfig.remat`): each decoder block of the training forward is wrapped in
+`jax.checkpoint` with XLA's `dots_saveable` ("dots": keep matmul outputs, recompute the cheap
+elementwise work) or `nothing_saveable` ("nothing": recompute the whole block in the backward
+pass — RLAX's "nothing-saveable" setting, which keeps the training forward closest to the
+inference graph), or not at all ("none"). docs/trainer.md reports what each costs here.
+
+Simplified on purpose: one device (scale/ adds meshes); no critic (objectives with
+`needs_values` are refused: the model has no value head); rows are padded, not packed
+padding-free (the model has no segment mask).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from minirl import microbatch as mbt
+from minirl.losses import LossInputs, finalize_metrics, merge_metrics, validate_inputs
+from minirl.model import ModelConfig, Transformer, token_entropy, token_logprobs
+from minirl.serialization import match_template
+from minirl.types import Batch
+
+__all__ = ["Trainer", "TrainerConfig", "learning_rate"]
+
+REMAT_POLICIES = {
+    "none": None,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "nothing": jax.checkpoint_policies.nothing_saveable,
+}
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """Optimisation and numerics of the trainer. Defaults run the `tiny` model on a laptop CPU."""
+
+    # optimiser: AdamW with global-norm clipping
+    learning_rate: float = 1e-4  # peak learning rate
+    schedule: str = "constant"  # "constant" or "cosine" (after warm-up, down to min_lr_ratio)
+    warmup_steps: int = 0  # train steps of linear warm-up
+    total_steps: int = 1000  # cosine: train steps from start to the end of the decay
+    min_lr_ratio: float = 0.1  # cosine: final learning rate / peak
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0  # decoupled (AdamW); applied to matrices only, never to norms
+    max_grad_norm: float = 1.0  # global-norm clipping threshold; 0 = no clipping
+    # batching
+    micro_batch_tokens: int = 4096  # padded tokens (rows x length) per forward/backward pass
+    bucket_minimum: int = 32  # micro-batch lengths are bucket lengths (minirl.batching)
+    ppo_epochs: int = 1  # passes over the batch per train step
+    num_minibatches: int = 1  # optimizer updates per pass (rows shuffled, split evenly)
+    seed: int = 0  # keys the mini-batch shuffle: fold(seed, step, epoch)
+    # the forward: must match the rollout engine's computation
+    exact: bool = False  # fixed-order reductions (minirl/exact.py), as EngineConfig.exact
+    temperature: float = 1.0  # as EngineConfig.logprob_temperature
+    top_k: int = 0  # as EngineConfig.top_k
+    top_p: float = 1.0  # as EngineConfig.top_p
+    remat: str = "none"  # "none" | "dots" | "nothing": jax.checkpoint policy per block
+
+    def __post_init__(self):
+        def check(ok, msg):
+            if not ok:
+                raise ValueError(f"TrainerConfig: {msg}")
+
+        check(self.learning_rate > 0 and math.isfinite(self.learning_rate),
+              f"learning_rate must be finite and > 0, got {self.learning_rate}")
+        check(self.schedule in SCHEDULES, f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        check(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        check(self.schedule != "cosine" or self.total_steps > self.warmup_steps,
+              f"cosine schedule: total_steps ({self.total_steps}) must exceed warmup_steps "
+              f"({self.warmup_steps})")
+        check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        check(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, f"b1, b2 must be in [0, 1), got {self.b1}, {self.b2}")
+        check(self.eps > 0, f"eps must be > 0, got {self.eps}")
+        check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        check(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0 (0 = off), got {self.max_grad_norm}")
+        check(self.micro_batch_tokens >= 1, f"micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}")
+        check(self.bucket_minimum >= 1, f"bucket_minimum must be >= 1, got {self.bucket_minimum}")
+        check(self.ppo_epochs >= 1, f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
+        check(self.num_minibatches >= 1, f"num_minibatches must be >= 1, got {self.num_minibatches}")
+        check(self.temperature > 0, f"temperature must be > 0 (greedy engines report log-probs at 1.0), got {self.temperature}")
+        check(self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        check(self.remat in REMAT_POLICIES, f"remat must be one of {sorted(REMAT_POLICIES)}, got {self.remat!r}")
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.ppo_epochs * self.num_minibatches
+
+
+def learning_rate(cfg: TrainerConfig, step: int) -> float:
+    """The learning rate of train step `step` (0-based): linear warm-up from lr/(W+1) to lr over
+    W = warmup_steps steps, then constant, or cosine down to min_lr_ratio * lr at total_steps."""
+    warm = min(1.0, (step + 1) / (cfg.warmup_steps + 1))
+    if cfg.schedule == "constant":
+        return cfg.learning_rate * warm
+    progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / (cfg.total_steps - cfg.warmup_steps)))
+    cosine = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return cfg.learning_rate * warm * cosine
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure functions (jitted once per static setting, shared between trainers)
+
+
+class _Static(NamedTuple):
+    """What the forward is specialised on (hashable)."""
+
+    model: ModelConfig
+    temperature: float
+    top_k: int
+    top_p: float
+    exact: bool
+    remat: str
+
+
+@functools.lru_cache(maxsize=16)
+def _abstract_model(cfg: ModelConfig):
+    """(graphdef, pure-dict template of ShapeDtypeStructs), without initialising any weights."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0))))
+    return graphdef, nnx.to_pure_dict(state)
+
+
+class _Checkpointed(nnx.Module):
+    """A decoder block whose activations the backward pass recomputes (`jax.checkpoint`)."""
+
+    def __init__(self, block, policy):
+        self.block = block
+        self.policy = policy
+
+    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False):
+        assert layer_cache is None, "remat is for the training forward (no KV cache)"
+        graphdef, state = nnx.split(self.block)
+
+        def run(state, x, positions, inv_freq, starts):
+            return nnx.merge(graphdef, state)(x, positions, inv_freq, None, starts, exact)[0]
+
+        return jax.checkpoint(run, policy=self.policy)(state, x, positions, inv_freq, starts), None
+
+
+def _logprobs_and_logits(s: _Static, params, tokens, targets, remat: bool):
+    """tokens, targets [R, Tb] -> (log-probs [R, Tb], logits [R, Tb, V]): the model's forward
+    and the engine's `token_logprobs` with the engine's settings."""
+    model = nnx.merge(_abstract_model(s.model)[0], params)
+    if remat and REMAT_POLICIES[s.remat] is not None:
+        model.layers = nnx.List([_Checkpointed(b, REMAT_POLICIES[s.remat]) for b in model.layers])
+    logits = model(tokens, exact=s.exact)  # [R, Tb, V]
+    return token_logprobs(logits, targets, s.temperature, s.exact, s.top_k, s.top_p), logits
+
+
+def _logprobs(s: _Static, params, tokens, targets):
+    return _logprobs_and_logits(s, params, tokens, targets, remat=False)[0]
+
+
+def _accumulate(s: _Static, loss, params, acc, tokens, targets, part):
+    """Phase 2 on one micro-batch: add its gradient and loss to the accumulator `acc`."""
+
+    def micro_loss(p):
+        logp, logits = _logprobs_and_logits(s, p, tokens, targets, remat=True)
+        entropy = token_entropy(logits, s.temperature) if loss.needs_entropy else None
+        return loss.loss(logp, part, entropy=entropy)
+
+    (value, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params)
+    acc_grads, acc_loss = acc
+    return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + value), metrics
+
+
+def _zeros(params):
+    return jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32)
+
+
+class _Opt(NamedTuple):
+    """Optimizer settings (hashable)."""
+
+    b1: float
+    b2: float
+    eps: float
+    weight_decay: float
+    max_grad_norm: float
+
+
+def _transform(o: _Opt) -> optax.GradientTransformation:
+    """clip -> Adam moments -> decoupled weight decay (matrices only); the caller scales by -lr."""
+    return optax.chain(
+        optax.clip_by_global_norm(o.max_grad_norm) if o.max_grad_norm > 0 else optax.identity(),
+        optax.scale_by_adam(o.b1, o.b2, o.eps),
+        optax.add_decayed_weights(o.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)),
+    )
+
+
+def _apply(o: _Opt, params, opt_state, acc, scale, lr):
+    """One optimizer update from summed gradients, skipped (bitwise) if anything is non-finite."""
+    grads, loss = jax.tree.map(lambda g: g * scale, acc)
+    grad_norm = optax.tree.norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    direction, new_state = _transform(o).update(grads, opt_state, params)
+    new_params = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), params, direction)
+    keep = lambda new, old: jnp.where(ok, new, old)
+    return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state), ok, grad_norm
+
+
+@functools.lru_cache(maxsize=32)
+def _forward_fns(s: _Static):
+    return jax.jit(functools.partial(_logprobs, s))
+
+
+@functools.lru_cache(maxsize=32)
+def _prepare_fn(objective):
+    return jax.jit(objective.prepare)
+
+
+@functools.lru_cache(maxsize=32)
+def _accumulate_fn(s: _Static, loss):
+    return jax.jit(functools.partial(_accumulate, s, loss), donate_argnums=(1,))
+
+
+@functools.lru_cache(maxsize=8)
+def _opt_fns(o: _Opt):
+    return jax.jit(_transform(o).init), jax.jit(_zeros), jax.jit(functools.partial(_apply, o), donate_argnums=(1, 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class _TokenNLL:
+    """The supervised loss as a two-phase loss: phase 1 weights every counted token by
+    1 / (counted tokens in the whole batch); phase 2 sums -w log p. Summed over micro-batches it
+    is the batch's mean token NLL."""
+
+    needs_entropy = False
+
+    @staticmethod
+    def prepare(mask: np.ndarray) -> dict:
+        mask = np.asarray(mask, np.float32)
+        return {"weight": mask / max(float(mask.sum()), 1.0)}  # [B, T]
+
+    @staticmethod
+    def loss(logp, part, entropy=None):
+        w = part["weight"]
+        nll = -jnp.where(w > 0, logp, 0.0) * w
+        return nll.sum(), {"loss": nll.sum(), "tokens": (w > 0).sum().astype(jnp.float32)}
+
+
+_NLL = _TokenNLL()
+
+
+# ---------------------------------------------------------------------------------------------
+# The stateful part
+
+
+def _host(tree):
+    return jax.tree.map(lambda x: np.array(x, copy=True), tree)
+
+
+class Trainer:
+    """Holds the parameters, optimizer state and step counter; everything else is pure functions.
+
+    `params`: the initial parameters — `nnx.to_pure_dict(nnx.split(model)[1])` (numpy or JAX
+    leaves) or an `nnx.State`. They are also the reference policy for KL terms, unless
+    `ref_params` is given (on resume: construct with the run's initial params, then
+    `load_state_dict`). `objective`: a `minirl.losses.Objective`, or None for a trainer that only
+    runs `sft_step`.
+    """
+
+    def __init__(self, model_cfg: ModelConfig, params: Any, objective=None, cfg: TrainerConfig | None = None,
+                 ref_params: Any = None):
+        cfg = cfg or TrainerConfig()
+        if objective is not None and objective.needs_values:
+            raise ValueError(f"objective {objective.name!r} trains a critic (value_coef > 0), but minirl's "
+                             "model has no value head; use value_coef=0")
+        self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
+        self._static = _Static(model_cfg, cfg.temperature, cfg.top_k, cfg.top_p, cfg.exact, cfg.remat)
+        self._opt = _Opt(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
+        self._params = self._check_params(params)
+        self._ref_params = None
+        if objective is not None and objective.needs_ref:
+            self._ref_params = self._params if ref_params is None else self._check_params(ref_params)
+        self._opt_state = None  # created at the first update (no work in the constructor)
+        self.step = 0  # train steps (train_step + sft_step calls) done
+        self.skipped_nonfinite = 0  # updates skipped by the non-finite guard, whole run
+        self.last_step_ok = True  # False if the last step skipped an update: do not publish
+
+    # ---- the interface -----------------------------------------------------------------------
+
+    def params(self, host: bool = False) -> dict:
+        """The current parameters as a pure dict (what `Engine.load_weights` and
+        `WeightStore.put` accept). JAX arrays, never mutated or donated afterwards; `host=True`
+        returns numpy copies."""
+        return _host(self._params) if host else self._params
+
+    def recompute_logprobs(self, batch: Batch) -> np.ndarray:
+        """log pi(targets) under the current weights, with the engine's settings.  [B, T] float32,
+        0 where batch.mask == 0."""
+        self._check_batch(batch)
+        return self._logprobs(self._params, batch, self._plan(batch))
+
+    def train_step(self, batch: Batch, prox_logp: np.ndarray | None = None) -> dict[str, float]:
+        """One RL step (module docstring). `prox_logp` [B, T]: the caller's own
+        `recompute_logprobs(batch)` under the current weights, to avoid recomputing it."""
+        if self.objective is None:
+            raise ValueError("this Trainer has no objective: construct it with one to call train_step")
+        t0 = time.perf_counter()
+        self._check_batch(batch)
+        plan = self._plan(batch)
+        if prox_logp is None:
+            prox_logp = self._logprobs(self._params, batch, plan)
+        elif np.shape(prox_logp) != batch.mask.shape:
+            raise ValueError(f"prox_logp must have the batch's shape {batch.mask.shape}, got {np.shape(prox_logp)}")
+        ref = self._logprobs(self._ref_params, batch, plan) if self._ref_params is not None else None
+        inputs = LossInputs.from_batch(batch, prox_logp, ref_logp=ref)
+        validate_inputs(inputs)
+        prepared = jax.device_get(_prepare_fn(self.objective)(inputs))
+        t_recompute = time.perf_counter() - t0
+
+        epochs, stats = [], []
+        for epoch in range(self.cfg.ppo_epochs):
+            parts = []
+            for rows in self._minibatches(batch.num_rows, epoch):
+                sub = plan if len(rows) == batch.num_rows else self._plan(batch, rows)
+                m, s = self._update(self.objective, batch, prepared, sub, scale=batch.num_rows / len(rows))
+                parts += m
+                stats.append(s)
+            epochs.append({k: float(v) for k, v in finalize_metrics(jax.device_get(parts)).items()})
+        metrics = {k: (max if k.endswith("_max") else np.mean)([e[k] for e in epochs]) for k in epochs[0]}
+        metrics = {k: float(v) for k, v in metrics.items()}
+        return self._finish(metrics, stats, plan, t0, t_recompute)
+
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        """One supervised update: mean token negative log-likelihood of `targets` over `mask`."""
+        t0 = time.perf_counter()
+        self._check_batch(batch)
+        plan = self._plan(batch)
+        parts, stat = self._update(_NLL, batch, _NLL.prepare(batch.mask), plan, scale=1.0)
+        parts = jax.device_get(parts)
+        metrics = {"loss": float(sum(p["loss"] for p in parts)), "tokens": float(sum(p["tokens"] for p in parts))}
+        return self._finish(metrics, [stat], plan, t0, 0.0)
+
+    def state_dict(self) -> dict:
+        """Everything to resume training: params, optimizer state, counters (numpy copies)."""
+        return {
+            "params": _host(self._params),
+            "opt_state": _host(self._optimizer_state()),
+            "step": self.step,
+            "skipped_nonfinite": self.skipped_nonfinite,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a `state_dict()` (also after a round trip through minirl.serialization)."""
+        self._params = self._check_params(state["params"])
+        template = jax.eval_shape(_transform(self._opt).init, self._params)
+        opt_state = match_template(state["opt_state"], template, what="optimizer state entry")
+        self._opt_state = jax.tree.map(jnp.asarray, opt_state)
+        self.step = int(state["step"])
+        self.skipped_nonfinite = int(state["skipped_nonfinite"])
+        self.last_step_ok = True
+
+    # ---- the steps' parts --------------------------------------------------------------------
+
+    def _plan(self, batch: Batch, rows=None) -> list[mbt.MicroBatch]:
+        return mbt.pack_rows(mbt.row_lengths(batch.mask), self.cfg.micro_batch_tokens,
+                             self.cfg.bucket_minimum, max_length=batch.tokens.shape[1], rows=rows)
+
+    def _logprobs(self, params, batch: Batch, plan) -> np.ndarray:
+        fn = _forward_fns(self._static)
+        out = np.zeros(batch.mask.shape, np.float32)  # [B, T]
+        results = [fn(params, mbt.gather(batch.tokens, mb), mbt.gather(batch.targets, mb)) for mb in plan]
+        for mb, logp in zip(plan, jax.device_get(results)):
+            mbt.scatter(logp, mb, out)
+        return np.where(batch.mask > 0, out, 0.0).astype(np.float32)
+
+    def _minibatches(self, num_rows: int, epoch: int) -> list[np.ndarray]:
+        k = self.cfg.num_minibatches
+        if k == 1:
+            return [np.arange(num_rows)]
+        if num_rows < k:
+            raise ValueError(f"num_minibatches={k} needs at least {k} rows, the batch has {num_rows}")
+        perm = np.random.default_rng([self.cfg.seed, self.step, epoch]).permutation(num_rows)
+        return [np.sort(part) for part in np.array_split(perm, k)]
+
+    def _update(self, loss, batch: Batch, prepared, plan, scale: float):
+        """Accumulate the gradient over `plan`'s micro-batches, then one guarded optimizer update.
+        Returns (per-micro-batch metrics, update statistics)."""
+        accumulate = _accumulate_fn(self._static, loss)
+        _, zeros, apply = _opt_fns(self._opt)
+        acc = zeros(self._params)
+        metrics = []
+        for mb in plan:
+            part = jax.tree.map(lambda x, mb=mb: mbt.gather(x, mb), prepared)
+            acc, m = accumulate(self._params, acc, mbt.gather(batch.tokens, mb), mbt.gather(batch.targets, mb), part)
+            metrics.append(m)
+        lr = learning_rate(self.cfg, self.step)
+        self._params, self._opt_state, ok, grad_norm = apply(
+            self._params, self._optimizer_state(), acc, jnp.float32(scale), jnp.float32(lr))
+        return metrics, {"ok": ok, "grad_norm": grad_norm, "lr": lr}
+
+    def _finish(self, metrics: dict, stats: list, plan, t0: float, t_recompute: float) -> dict[str, float]:
+        stats = jax.device_get(stats)
+        skipped = sum(1 for s in stats if not s["ok"])
+        self.skipped_nonfinite += skipped
+        self.last_step_ok = skipped == 0
+        self.step += 1
+        norms = [float(s["grad_norm"]) for s in stats]
+        return {
+            **metrics,
+            "grad_norm": float(np.mean(norms)),
+            "learning_rate": float(stats[-1]["lr"]),
+            "updates": float(len(stats) - skipped),
+            "skipped_nonfinite": float(skipped),
+            "micro_batches": float(len(plan)),
+            "padded_tokens": float(sum(mb.padded_tokens for mb in plan)),
+            "time_recompute_s": t_recompute,
+            "time_step_s": time.perf_counter() - t0,
+        }
+
+    # ---- checks ------------------------------------------------------------------------------
+
+    def _optimizer_state(self):
+        if self._opt_state is None:
+            self._opt_state = _opt_fns(self._opt)[0](self._params)
+        return self._opt_state
+
+    def _check_params(self, params) -> dict:
+        if isinstance(params, nnx.State):
+            params = nnx.to_pure_dict(params)
+        template = _abstract_model(self.model_cfg)[1]
+        return jax.tree.map(jnp.asarray, match_template(params, template, what="parameter"))
+
+    def _check_batch(self, batch: Batch) -> None:
+        b, t = batch.tokens.shape
+        for name in ("targets", "mask", "behaviour_logprobs", "versions"):
+            if getattr(batch, name).shape != (b, t):
+                raise ValueError(f"batch.{name} must be [B, T] = {(b, t)}, got {getattr(batch, name).shape}")
+        for name in ("rewards", "group_ids"):
+            if getattr(batch, name).shape != (b,):
+                raise ValueError(f"batch.{name} must be [B] = ({b},), got {getattr(batch, name).shape}")
+        v = self.model_cfg.vocab_size
+        for name in ("tokens", "targets"):
+            x = getattr(batch, name)
+            if x.size and (x.min() < 0 or x.max() >= v):
+                raise ValueError(f"batch.{name} holds ids outside the vocabulary [0, {v})")

@@ -1,0 +1,210 @@
+"""Score a batch in parallel with worker processes that may crash or hang.
+
+    with VerifierPool(CodeVerifier(repo), PoolConfig(workers=2, item_timeout_s=30)) as pool:
+        scores = pool.score(rollouts)      # same order as rollouts, whatever finished first
+
+A `VerifierPool` wraps any `Verifier` and is itself a `Verifier`. Each worker process holds its
+own copy of the wrapped verifier and scores one rollout at a time; the parent hands out work,
+collects results by index (so the output order is the input order: deterministic) and watches
+two things:
+
+  - a worker that dies (segfault, OOM kill, a program that managed to signal it) costs the item
+    it was scoring a zero reward, reason "verifier worker crashed ...";
+  - an item that runs past `item_timeout_s` gets its worker killed, a zero reward, reason
+    "verifier timed out ...".
+
+Either way a fresh worker replaces the old one and the batch goes on; `restarts` counts them.
+A worker that cannot even start (it never says "ready") is a set-up error and raises.
+When a worker is killed mid-run, the sandbox processes it started are killed too (in "uid" mode
+by their uids, which derive from the worker's pid — a worker's main thread id is its pid; in
+every mode their PDEATHSIG).
+
+Transport: the `multiprocess` package (dill pickling, so lambdas in a `CallableVerifier` work)
+over one duplex pipe per worker. Workers start with "forkserver" by default: forking a parent
+that runs JAX threads is unsafe, and forkserver makes replacements cheap. Workers start lazily
+on the first `score` (no processes in the constructor); `close()` or the context manager stops
+them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import multiprocess
+from multiprocess.connection import wait
+
+from minirl.types import Rollout, Score
+from minirl.verifiers.base import Verifier
+from minirl.verifiers.sandbox import kill_thread_sandboxes
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolConfig:
+    workers: int = 2
+    item_timeout_s: float = 60.0  # per rollout; give code at least (#tests x wall limit)
+    start_method: str = "forkserver"  # "forkserver" | "spawn" | "fork"
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if not self.item_timeout_s > 0:
+            raise ValueError(f"item_timeout_s must be > 0, got {self.item_timeout_s}")
+        if self.start_method not in ("forkserver", "spawn", "fork"):
+            raise ValueError(f"unknown start_method {self.start_method!r}")
+
+
+def _worker_main(conn: Any, verifier: Verifier) -> None:
+    """Worker loop: say "ready", then receive (index, rollout) and send (index, reward,
+    reason) until None arrives."""
+    conn.send("ready")
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        index, rollout = message
+        try:
+            score = verifier.score([rollout])[0]
+        except Exception as e:  # keep the worker alive; the item gets a zero
+            score = Score(0.0, f"verifier error: {type(e).__name__}: {e}")
+        conn.send((index, float(score.reward), str(score.reason)))
+
+
+_STARTUP_TIMEOUT_S = 120.0
+
+
+def _recv_or_none(conn: Any) -> Any:
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
+
+
+@dataclasses.dataclass
+class _Slot:
+    process: Any
+    conn: Any
+    index: int | None = None  # item being scored, None when idle
+    deadline: float = 0.0
+
+
+class VerifierPool:
+    """A `Verifier` that fans a batch out over worker processes (see module docstring)."""
+
+    def __init__(self, verifier: Verifier, config: PoolConfig = PoolConfig()):
+        self.verifier = verifier
+        self.config = config
+        self.restarts = 0
+        self._slots: list[_Slot] = []
+
+    # -- lifecycle
+
+    def _spawn(self) -> _Slot:
+        ctx = multiprocess.get_context(self.config.start_method)
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        process = ctx.Process(target=_worker_main, args=(child_conn, self.verifier), daemon=True)
+        process.start()
+        child_conn.close()
+        # A worker that cannot even start (unpicklable verifier, missing __main__ guard with
+        # forkserver/spawn, broken import) is a set-up error: raise it, don't zero every reward.
+        ready = parent_conn.poll(_STARTUP_TIMEOUT_S) and _recv_or_none(parent_conn) == "ready"
+        if not ready:
+            process.kill()
+            process.join(5)
+            raise RuntimeError(
+                f"verifier worker failed to start (exit code {process.exitcode}); with "
+                f"start_method={self.config.start_method!r} the main script needs an "
+                "`if __name__ == '__main__':` guard and the verifier must be picklable"
+            )
+        return _Slot(process, parent_conn)
+
+    def start(self) -> None:
+        while len(self._slots) < self.config.workers:
+            self._slots.append(self._spawn())
+
+    def _replace(self, i: int) -> None:
+        slot = self._slots[i]
+        pid = slot.process.pid
+        if slot.process.is_alive():
+            slot.process.kill()
+        slot.process.join(5)
+        slot.conn.close()
+        if os.geteuid() == 0 and pid is not None:
+            kill_thread_sandboxes(pid)  # what its sandbox left behind
+        self._slots[i] = self._spawn()
+        self.restarts += 1
+
+    def close(self) -> None:
+        for slot in self._slots:
+            try:
+                slot.conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for slot in self._slots:
+            slot.process.join(2)
+            if slot.process.is_alive():
+                slot.process.kill()
+                slot.process.join(2)
+            slot.conn.close()
+        self._slots = []
+
+    def __enter__(self) -> VerifierPool:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [slot.process.pid for slot in self._slots]
+
+    # -- scoring
+
+    def score(self, rollouts: Sequence[Rollout]) -> list[Score]:
+        self.start()
+        results: list[Score | None] = [None] * len(rollouts)
+        todo = list(range(len(rollouts)))[::-1]  # pop() from the end = input order
+        while todo or any(s.index is not None for s in self._slots):
+            for i, slot in enumerate(self._slots):  # hand out work
+                if slot.index is None and todo and not slot.process.is_alive():
+                    self._replace(i)  # died while idle: nobody's item is lost
+                    slot = self._slots[i]
+                if slot.index is None and todo:
+                    slot.index = todo.pop()
+                    slot.deadline = time.monotonic() + self.config.item_timeout_s
+                    try:
+                        slot.conn.send((slot.index, rollouts[slot.index]))
+                    except (OSError, ValueError):
+                        pass  # a dead worker: its sentinel fires below
+            busy = [s for s in self._slots if s.index is not None]
+            timeout = max(0.0, min(s.deadline for s in busy) - time.monotonic())
+            ready = wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout)
+            for i, slot in enumerate(self._slots):
+                if slot.index is None:
+                    continue
+                if slot.conn in ready:
+                    try:
+                        index, reward, reason = slot.conn.recv()
+                    except (EOFError, OSError):
+                        ready.append(slot.process.sentinel)
+                    else:
+                        results[index] = Score(reward, reason)
+                        slot.index = None
+                        continue
+                if slot.process.sentinel in ready:
+                    slot.process.join(1)
+                    code = slot.process.exitcode
+                    results[slot.index] = Score(0.0, f"verifier worker crashed (exit code {code})")
+                    self._replace(i)
+                elif time.monotonic() >= slot.deadline:
+                    limit = self.config.item_timeout_s
+                    results[slot.index] = Score(0.0, f"verifier timed out after {limit:g}s")
+                    self._replace(i)
+        return [r if r is not None else Score(0.0, "not scored") for r in results]

@@ -1,0 +1,64 @@
+"""The Verifier protocol, the CallableVerifier adapter and the registry."""
+
+import pytest
+
+from minirl.types import Score
+from minirl.verifiers import (
+    CallableVerifier,
+    CodeVerifier,
+    MathVerifier,
+    Verifier,
+    as_score,
+    get_verifier,
+    register_verifier,
+    verifier_names,
+)
+
+
+def test_callable_verifier_accepts_shorthands_and_contains_errors(make_rollout):
+    def fn(text, meta):
+        if text == "boom":
+            raise ValueError("cannot parse")
+        if text == "bad type":
+            return "yes"
+        return {"bool": True, "float": 0.25, "score": Score(0.5, "half")}[text]
+
+    verifier = CallableVerifier(fn, name="mine")
+    assert isinstance(verifier, Verifier)
+    scores = verifier.score(
+        [make_rollout(t) for t in ["bool", "float", "score", "boom", "bad type"]]
+    )
+    assert scores[:3] == [Score(1.0, "correct"), Score(0.25, ""), Score(0.5, "half")]
+    assert scores[3] == Score(0.0, "verifier error in mine: ValueError: cannot parse")
+    assert scores[4].reward == 0.0 and "TypeError" in scores[4].reason
+
+
+def test_meta_is_a_copy(make_rollout):
+    def mutate(text, meta):
+        meta["answer"] = "changed"
+        return True
+
+    rollout = make_rollout("x", {"answer": "1"})
+    CallableVerifier(mutate).score([rollout])
+    assert rollout.prompt.meta == {"answer": "1"}
+
+
+def test_as_score():
+    assert as_score(False) == Score(0.0, "wrong answer")
+    assert as_score(1) == Score(1.0, "")
+    with pytest.raises(TypeError):
+        as_score(None)
+
+
+def test_registry(tmp_path):
+    assert {"math", "code"} <= set(verifier_names())
+    math = get_verifier("math", rel_tol=1e-3)
+    assert isinstance(math, MathVerifier) and math.config.rel_tol == 1e-3
+    code = get_verifier("code", repository=tmp_path / "repo", language="cpp")
+    assert isinstance(code, CodeVerifier) and code.config.language == "cpp"
+    with pytest.raises(ValueError, match="repository"):
+        get_verifier("code")
+    with pytest.raises(KeyError, match="unknown verifier"):
+        get_verifier("chess")
+    with pytest.raises(ValueError, match="already registered"):
+        register_verifier("math", lambda: None)

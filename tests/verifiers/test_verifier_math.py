@@ -1,0 +1,250 @@
+"""Math verifier: answer extraction, normalisation and the equivalence table."""
+
+import os
+import time
+
+import pytest
+
+from minirl.types import Score
+from minirl.verifiers import (
+    MathVerifier,
+    MathVerifierConfig,
+    extract_answer,
+    math_equal,
+    normalize_answer,
+)
+from minirl.verifiers.math_equal import _import_sympy, parse_expression, sympy_equal
+
+# (candidate, reference, equivalent?) — each row was checked by hand.
+EQUIVALENCE_TABLE = [
+    # surface forms
+    ("1,000", "1000", True),
+    ("$1,000$", "1000", True),
+    ("1{,}000{,}000", "10^6", True),
+    ("3\\,000", "3000", True),
+    ("\\!100", "100", True),
+    ("1000 dollars", "1000", True),
+    ("5 square units", "5", True),
+    ("12 \\text{ cm}", "12", True),
+    ("\\$12.50", "12.5", True),
+    ("50\\%", "50", True),
+    ("90^\\circ", "90", True),
+    ("90^{\\circ}", "90°", True),
+    ("x=5", "5", True),
+    ("x = 3", "3", True),
+    ("-3", "- 3", True),
+    ("(B)", "B", True),
+    ("\\text{(A)}", "A", True),
+    ("Yes", "yes", True),
+    ("\\displaystyle\\frac{1}{3}", "1/3", True),
+    # exact rationals and decimals
+    ("\\frac{1}{2}", "0.5", True),
+    ("\\dfrac12", "1/2", True),
+    ("\\tfrac{3}{4}", "0.75", True),
+    ("\\frac{10}{4}", "\\frac{5}{2}", True),
+    ("2.50", "5/2", True),
+    ("0.5", ".5", True),
+    ("-\\frac{1}{2}", "-0.5", True),
+    ("\\frac{-1}{2}", "-1/2", True),
+    ("1e3", "1000", True),
+    ("2^{10}", "1024", True),
+    ("9\\cdot 3", "27", True),
+    ("6 \\times 7", "42", True),
+    # irrational values: tolerance
+    ("2\\sqrt{2}", "\\sqrt{8}", True),
+    ("\\sqrt{2}/2", "1/\\sqrt{2}", True),
+    ("\\frac{\\sqrt{3}}{2}", "\\sqrt{3}/2", True),
+    ("\\sqrt[3]{8}", "2", True),
+    ("\\pi/2", "\\frac{\\pi}{2}", True),
+    ("3.14159265", "\\pi", True),
+    ("0.3333333", "1/3", True),
+    ("e^{0}", "1", True),
+    ("\\ln(e^{2})", "2", True),
+    # sequences and intervals
+    ("\\left(1,2\\right)", "(1, 2)", True),
+    ("\\left[ 1, 2 \\right]", "[1,2]", True),
+    ("(1,2)", "1, 2", True),
+    ("[0,1)", "[0, 1)", True),
+    ("(\\frac{1}{2}, 3)", "(0.5, 3)", True),
+    # expressions with symbols
+    ("(x+1)^2", "x^2+2x+1", True),
+    ("2x+1", "1+2x", True),
+    ("x^2 - 1", "(x-1)(x+1)", True),
+    ("\\frac{x}{2}", "0.5x", True),
+    ("2\\pi r", "2r\\pi", True),
+    ("y = 2x+1", "2x+1", True),
+    ("\\sin(x)^2+\\cos(x)^2", "1", True),
+    # NOT equivalent
+    ("3.14", "\\pi", False),
+    ("0.333", "1/3", False),
+    ("\\frac{1}{3}", "0.33", False),
+    ("\\sqrt{2}", "1.41", False),
+    ("1000000", "1000001", False),
+    ("-5", "5", False),
+    ("1,000", "1", False),
+    ("\\frac{1}{2}", "\\frac{1}{3}", False),
+    ("2x", "2", False),
+    ("x+1", "x-1", False),
+    ("x^2", "x^3", False),
+    ("x", "y", False),
+    ("[0,1)", "(0,1)", False),
+    ("(1,2)", "(2,1)", False),
+    ("(1,2,3)", "(1,2)", False),
+    ("5 or 7", "5", False),
+    ("12 cm", "13", False),
+    ("north", "south", False),
+    ("2", "two", False),
+    ("", "5", False),
+    ("1/0", "0", False),
+    ("2^10000", "3", False),
+    ("10^{100000}", "1", False),
+    ("x^{1000000}", "x", False),
+]
+
+
+def test_table_is_big_and_balanced():
+    assert len(EQUIVALENCE_TABLE) >= 60
+    assert sum(eq for *_, eq in EQUIVALENCE_TABLE) >= 25
+    assert sum(not eq for *_, eq in EQUIVALENCE_TABLE) >= 20
+
+
+@pytest.mark.parametrize("candidate,reference,expected", EQUIVALENCE_TABLE)
+def test_equivalence_table(candidate, reference, expected):
+    assert math_equal(candidate, reference) is expected
+    assert math_equal(reference, candidate) is expected  # symmetric
+
+
+@pytest.mark.parametrize(
+    "candidate,reference,expected",
+    [
+        ("(x+1)^2", "x^2+2x+1", True),
+        ("x^2 - 1", "(x-1)(x+1)", True),
+        ("x+1", "x-1", False),
+        ("\\frac{x}{2}", "x/3", False),
+    ],  # fmt: skip
+)
+def test_symbolic_without_sympy_uses_the_numeric_probe(candidate, reference, expected):
+    assert math_equal(candidate, reference, use_sympy=False) is expected
+
+
+def test_tolerance_is_configurable():
+    assert not math_equal("0.333", "1/3")
+    assert math_equal("0.333", "1/3", rel_tol=1e-2)
+    assert not math_equal("3", "4", rel_tol=0.2)  # exact integers never use the tolerance
+
+
+def test_sympy_timebox_returns_none_quickly():
+    _import_sympy()  # the import is not part of the timebox
+    ta, tb = parse_expression("(x+1)^{12}"), parse_expression("(x-1)^{12}+x")
+    start = time.monotonic()
+    assert sympy_equal(ta, tb, timeout_s=1e-4) is None
+    assert time.monotonic() - start < 2.0  # a guard against hangs, not a speed test
+
+
+HOSTILE_ANSWERS = [
+    "__import__('os').system('touch /tmp/minirl-pwned')",
+    "().__class__.__bases__[0].__subclasses__()",
+    "lambda: 1",
+    "\\frac{",
+    "}{",
+    "((((((((",
+    "\\sqrt[",
+    "x**",
+    "2^2^2^2^2^2",
+    "9" * 399,
+    "1" * 5000,
+    "(" * 300 + "1" + ")" * 300,
+    "\\frac{1}{0}",
+    "0^{-1}",
+    "(-8)^{1/3}",
+    "\\sqrt{-1}",
+    "\\log(0)",
+    "\\unknowncommand{3}",
+    "\x00\x01",
+]
+
+
+@pytest.mark.parametrize("answer", HOSTILE_ANSWERS)
+def test_hostile_answers_are_just_wrong(answer):
+    start = time.monotonic()
+    assert math_equal(answer, "5") is False
+    assert math_equal(answer, answer) is True  # identical strings are equal, nothing evaluated
+    assert time.monotonic() - start < 5.0  # a guard against hangs, not a speed test
+    assert not os.path.exists("/tmp/minirl-pwned")
+
+
+@pytest.mark.parametrize(
+    "text,mode,expected",
+    [
+        ("so the result is \\boxed{\\frac{1}{2}}.", "auto", "\\frac{1}{2}"),
+        ("\\boxed{1} then fixed: \\boxed{\\{1,\\{2\\}\\}}", "auto", "\\{1,\\{2\\}\\}"),
+        ("nested \\boxed{\\sqrt{\\frac{a}{b}}} end", "auto", "\\sqrt{\\frac{a}{b}}"),
+        ("\\boxed 5 apples", "auto", "5"),
+        ("\\fbox{7}", "auto", "7"),
+        ("work...\n#### 1,234\n", "auto", "1,234"),
+        ("The answer is 42.", "auto", "42"),
+        ("Final answer: $x=3$", "auto", "$x=3$"),
+        ("the answer is 3. Wait, the answer is 4.", "auto", "4"),
+        ("we get 3 and then 7 apples", "auto", "7"),
+        ("a loss of -2.5 units", "auto", "-2.5"),
+        ("about 3/4 of them", "auto", "3/4"),
+        ("no digits here", "auto", None),
+        ("", "auto", None),
+        ("\\boxed{2} and #### 3", "hash", "3"),
+        ("\\boxed{2} and #### 3", "boxed", "2"),
+        ("The answer is 9 and 10", "last_number", "10"),
+        ("unbalanced \\boxed{3", "auto", "3"),  # falls through to the last number
+        ("#### 5\n\\boxed{6}", ("hash", "boxed"), "5"),
+    ],
+)
+def test_extract_answer(text, mode, expected):
+    assert extract_answer(text, mode) == expected
+
+
+def test_extract_answer_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="unknown extraction method"):
+        extract_answer("1", "magic")
+
+
+@pytest.mark.parametrize(
+    "raw,normal",
+    [
+        ("$1,234$", "1234"),
+        ("\\left( 1 , 2 \\right)", "(1,2)"),
+        ("\\dfrac{3}{4}", "\\frac{3}{4}"),
+        ("\\frac34", "\\frac{3}{4}"),
+        ("\\sqrt2", "\\sqrt{2}"),
+        ("45^{\\circ}", "45"),
+        ("x = 7.", "7"),
+        ("10\\%", "10"),
+        ("3 meters", "3"),
+        ("(C)", "C"),
+    ],  # fmt: skip
+)
+def test_normalize_answer(raw, normal):
+    assert normalize_answer(raw) == normal
+
+
+def test_math_verifier_scores_a_batch(make_rollout):
+    verifier = MathVerifier()
+    rollouts = [
+        make_rollout("so \\boxed{\\frac{1}{2}}", {"answer": "0.5"}),
+        make_rollout("#### 7", {"answer": "8"}),
+        make_rollout("I don't know", {"answer": "3"}),
+        make_rollout("the answer is 12", {"answer": 12}),
+        make_rollout("\\boxed{1}", {}),
+    ]
+    scores = verifier.score(rollouts)
+    assert [s.reward for s in scores] == [1.0, 0.0, 0.0, 1.0, 0.0]
+    assert scores[0] == Score(1.0, "correct")
+    assert scores[1].reason == "wrong answer: got '7', expected '8'"
+    assert scores[2].reason == "no answer found"
+    assert "no reference answer" in scores[4].reason
+
+
+def test_math_verifier_config_is_validated():
+    with pytest.raises(ValueError, match="extract"):
+        MathVerifierConfig(extract="everything")
+    with pytest.raises(ValueError, match="rel_tol"):
+        MathVerifierConfig(rel_tol=-1)
+    assert MathVerifier(MathVerifierConfig(extract="hash")).score([]) == []
