@@ -19,13 +19,13 @@ import json
 import sys
 from pathlib import Path
 
-from minirl.configlib import ConfigError, describe, to_dict
+from minirl.configlib import ConfigError, describe, override, to_dict
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     from minirl.config import DEFAULT_PRESET, PRESETS, STALENESS
 
-    p.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
+    p.add_argument("--preset", default=None, choices=sorted(PRESETS),
                    help=f"starting configuration (default: {DEFAULT_PRESET})")
     p.add_argument("--staleness", choices=sorted(STALENESS),
                    help="RLAX staleness preset, sets rl.reload_every / rl.max_lag / rl.eta: "
@@ -36,9 +36,9 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _make_config(args):
-    from minirl.config import make_config
+    from minirl.config import DEFAULT_PRESET, make_config
 
-    return make_config(args.preset, args.overrides, args.staleness)
+    return make_config(args.preset or DEFAULT_PRESET, args.overrides, args.staleness)
 
 
 def _default_run_dir(cfg) -> Path:
@@ -52,12 +52,12 @@ def cmd_train(args) -> int:
         run_dir = Path(args.resume)
         if not (run_dir / "config.json").exists():
             raise ConfigError(f"--resume {run_dir}: no config.json there (not a minirl run directory)")
+        if args.staleness or args.preset:
+            raise ConfigError("--resume continues with the run's own config.json; use --set for changes "
+                              "(e.g. --set rl.steps=400)")
         cfg = load_config(run_dir)
-        if args.overrides or args.staleness or args.preset != "countdown":
-            new = _make_config(args)
-            if new != cfg and not args.force:
-                raise ConfigError("--resume uses the run's own config.json; drop --preset/--set, or add --force")
-            cfg = new
+        for item in args.overrides:
+            cfg = override(cfg, item)
     else:
         cfg = _make_config(args)
         run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)

@@ -144,9 +144,17 @@ def from_dict(cls, data: dict[str, Any]):
     return cls(**kwargs)
 
 
-def config_hash(cfg) -> str:
-    """A short hash of the config's content (stable across processes and runs)."""
-    blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"), default=str)
+def config_hash(cfg, ignore: tuple[str, ...] = ()) -> str:
+    """A short hash of the config's content (stable across processes and runs); `ignore` names
+    dotted keys left out (e.g. how long to run, which does not change what a step does)."""
+    data = to_dict(cfg)
+    for key in ignore:
+        *parents, leaf = key.split(".")
+        node = data
+        for name in parents:
+            node = node.get(name, {})
+        node.pop(leaf, None)
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -43,7 +43,7 @@ from minirl.diagnostics import batch_diagnostics
 from minirl.evaluation import decode_rollouts
 from minirl.metrics_log import flatten_metrics
 from minirl.scheduler import Request
-from minirl.types import Rollout
+from minirl.types import Rollout, Score
 
 
 @dataclasses.dataclass
@@ -137,7 +137,7 @@ class Controller:
             self.times["generate"] += t1 - t0
             self.times["verify"] += self.clock() - t1
             for r, s in zip(rollouts, scores, strict=True):
-                r.score = s
+                r.score = s if np.isfinite(s.reward) else Score(0.0, f"non-finite reward ({s.reason})")
             c.rollouts_generated += len(rollouts)
             self.times["tokens"] += sum(len(r.tokens) for r in rollouts)
             groups = [rollouts[i:i + rl.group_size] for i in range(0, len(rollouts), rl.group_size)]

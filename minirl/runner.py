@@ -40,6 +40,10 @@ from minirl.weights import InMemoryWeightStore
 from minirl.workers import InProcessWorker, from_plain, to_plain
 
 
+# Keys a resumed run may change: how long to run and how often to evaluate, not what a step does.
+RESUMABLE_CHANGES = ("rl.steps", "rl.time_budget", "eval.every")
+
+
 def _versions() -> dict[str, str]:
     import flax
     import jax
@@ -78,7 +82,7 @@ class Run:
     def train(self, resume: bool = True, force: bool = False) -> dict:
         cfg, rl = self.cfg, self.cfg.rl
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        chash = config_hash(cfg)
+        chash = config_hash(cfg, ignore=RESUMABLE_CHANGES)
         ckpts = CheckpointManager(self.run_dir, keep=rl.keep_checkpoints)
         restored = ckpts.restore() if resume and ckpts.all_steps() else None
         if restored is not None:

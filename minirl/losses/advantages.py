@@ -16,7 +16,8 @@ so the segment sums below need no host-side bookkeeping and stay jittable.
 normalisation, and AReaL's "advantage normalisation across the global batch".
 
 Advantages never see rejection: they describe the rewards, rejection only decides which tokens
-the loss trusts. Each estimator returns (adv [B, T] zeroed off the completion mask, returns
+the loss trusts. A non-finite reward is NOT hidden: it makes its group's advantages (and so the
+loss) non-finite, which the trainer's non-finite guard skips and counts. Each estimator returns (adv [B, T] zeroed off the completion mask, returns
 [B, T] or None); only GAE has returns (value targets).
 """
 
@@ -57,7 +58,7 @@ def group_statistics(rewards: jax.Array, group_ids: jax.Array) -> GroupStats:
         jax.ops.segment_max(rewards, seg, num_segments=b)[seg]
         - jax.ops.segment_min(rewards, seg, num_segments=b)[seg]
     )
-    return GroupStats(size, mean, jnp.sqrt(var), (size > 1) & (spread > 0))
+    return GroupStats(size, mean, jnp.sqrt(var), (size > 1) & ~(spread == 0))  # nan stays nan
 
 
 def whiten(adv: jax.Array, valid: jax.Array) -> jax.Array:

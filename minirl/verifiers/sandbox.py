@@ -448,8 +448,7 @@ def _run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            if uid is not None:
-                kill_uid(uid)
+            pass
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)
             for stream in (proc.stdin, proc.stdout, proc.stderr):
