@@ -51,6 +51,7 @@ class RLConfig:
     eta: int = 0  # AReaL: generation may run at most eta batches ahead of training (0 = synchronous)
     scheduler: str = "lockstep"  # lockstep (bitwise reproducible) | async (free-running threads)
     reload_policy: str = "discard"  # in-flight requests at a reload: discard (re-queue) | continue
+    workers: str = "inprocess"  # inprocess | process: engine (lockstep) and verifier in their own processes
     dynamic_filter: bool = False  # DAPO: drop groups whose rewards are all equal, sample more
     seed: int = 0  # keys the prompt mixture and every sampling draw
     checkpoint_every: int = 10  # write a checkpoint every N steps (at reload boundaries)
@@ -65,6 +66,8 @@ class RLConfig:
             raise ValueError("rl.max_lag, rl.eta and rl.time_budget must be >= 0")
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"rl.scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.workers not in ("inprocess", "process"):
+            raise ValueError(f"rl.workers must be inprocess or process, got {self.workers!r}")
         if self.reload_policy not in RELOAD_POLICIES:
             raise ValueError(f"rl.reload_policy must be one of {RELOAD_POLICIES}, got {self.reload_policy!r}")
         if self.max_lag and self.max_lag < self.reload_every:

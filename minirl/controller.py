@@ -31,6 +31,7 @@ or parts in other processes.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 
@@ -44,6 +45,7 @@ from minirl.evaluation import decode_rollouts
 from minirl.metrics_log import flatten_metrics
 from minirl.scheduler import Request
 from minirl.types import Rollout, Score
+from minirl.workers import WorkerDied
 
 
 @dataclasses.dataclass
@@ -71,19 +73,23 @@ class Counters:
     groups_filtered: int = 0  # dropped by the dynamic filter (all rewards equal)
     rollouts_generated: int = 0
     skipped_steps: int = 0  # non-finite guard: update skipped, nothing published
+    worker_restarts: int = 0  # engine/verifier processes that died and were restarted
 
 
 class Controller:
     """Drives engine, verifier, trainer and weight store through worker futures."""
 
     def __init__(self, cfg, *, engine, trainer, verifier, store, mixture: Mixture, tokenizer,
-                 max_new_tokens: int, clock: Callable[[], float] = time.perf_counter):
+                 max_new_tokens: int, clock: Callable[[], float] = time.perf_counter, log=print):
         self.cfg, self.rl = cfg, cfg.rl
         self.engine, self.trainer, self.verifier, self.store = engine, trainer, verifier, store
         self.mixture, self.tokenizer, self.max_new_tokens = mixture, tokenizer, max_new_tokens
-        self.clock = clock
+        self.clock, self.log = clock, log
         self.counters = Counters()
         self.buffer: list[Group] = []
+        self.trained_uids: list[int] = []  # prompt uid of every group trained on, in order
+        self.cond = threading.Condition()  # guards buffer and counters under the async scheduler
+        self.pending_on_restore: list = []  # prompts in flight at the snapshot (async resume)
         self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
 
     # ---- one step ----------------------------------------------------------------------------
@@ -96,27 +102,42 @@ class Controller:
         groups = self._take_batch()
         self._generate(upto=(c.version + rl.eta + 1) * rl.prompts_per_step)  # run ahead (eta)
         t_train = self.clock()
-        batch = make_batch([r for g in groups for r in g.rollouts], self.tokenizer.pad_id,
-                           self.cfg.trainer.bucket_minimum)
-        prox = self.trainer.call("recompute_logprobs", batch).result()
-        metrics = self.trainer.call("train_step", batch, prox).result()
-        t_publish = self.clock()
-        published = self._publish(metrics)
-        t_end = self.clock()
-        c.steps += 1
-        c.groups_trained += len(groups)
-        metrics = {f"train/{k}": v for k, v in metrics.items()}
+        metrics, batch, prox = self._train(groups)
         metrics.update(self._batch_metrics(batch, prox, groups))
+        self._count_trained(groups)
+        t_publish = self.clock()
+        published = self._publish(metrics, reload_engine=True)
+        t_end = self.clock()
         metrics.update({
             "time/generate": self.times["generate"], "time/verify": self.times["verify"],
             "time/train": t_publish - t_train, "time/publish": t_end - t_publish,
-            "time/step": t_end - t_start, "version": c.version, "published": float(published),
+            "time/step": t_end - t_start, "published": float(published),
             "generate/tokens": float(self.times["tokens"]),
             "generate/tokens_per_s": self.times["tokens"] / max(self.times["generate"], 1e-9),
         })
         metrics["time/other"] = max(0.0, metrics["time/step"] - self.times["generate"]
                                     - self.times["verify"] - metrics["time/train"])
-        metrics.update({f"count/{k}": float(v) for k, v in dataclasses.asdict(c).items()})
+        return self._with_counters(metrics)
+
+    def _train(self, groups: list[Group]):
+        """One trainer step on `groups`: batch, recompute log pi_prox, update."""
+        batch = make_batch([r for g in groups for r in g.rollouts], self.tokenizer.pad_id,
+                           self.cfg.trainer.bucket_minimum)
+        prox = self.trainer.call("recompute_logprobs", batch).result()
+        metrics = self.trainer.call("train_step", batch, prox).result()
+        return {f"train/{k}": v for k, v in metrics.items()}, batch, prox
+
+    def _count_trained(self, groups: list[Group]) -> None:
+        k = self.rl.max_lag
+        if k and max(self._lag(g) for g in groups) > k:  # the bound is a promise: check it
+            raise AssertionError(f"a batch holds a group of lag {max(self._lag(g) for g in groups)} > k={k}")
+        self.counters.steps += 1
+        self.counters.groups_trained += len(groups)
+        self.trained_uids += [g.rollouts[0].prompt.uid for g in groups]
+
+    def _with_counters(self, metrics: dict) -> dict:
+        metrics["version"] = self.counters.version
+        metrics.update({f"count/{k}": float(v) for k, v in dataclasses.asdict(self.counters).items()})
         return metrics
 
     # ---- the parts of a step -----------------------------------------------------------------
@@ -130,39 +151,98 @@ class Controller:
             prompts = self.mixture.next_prompts(need)
             requests = [Request(p, i, self.max_new_tokens) for p in prompts for i in range(rl.group_size)]
             t0 = self.clock()
-            rollouts = self.engine.call("generate", requests).result()
-            decode_rollouts(rollouts, self.tokenizer)
-            t1 = self.clock()
-            scores = self.verifier.call("score", rollouts).result()
-            self.times["generate"] += t1 - t0
-            self.times["verify"] += self.clock() - t1
-            for r, s in zip(rollouts, scores, strict=True):
-                r.score = s if np.isfinite(s.reward) else Score(0.0, f"non-finite reward ({s.reason})")
-            c.rollouts_generated += len(rollouts)
+            rollouts = self._call_engine("generate", requests)
+            self.times["generate"] += self.clock() - t0
             self.times["tokens"] += sum(len(r.tokens) for r in rollouts)
             groups = [rollouts[i:i + rl.group_size] for i in range(0, len(rollouts), rl.group_size)]
-            if rl.dynamic_filter:
-                groups, dropped = dynamic_filter(groups)
-                c.groups_filtered += dropped
-            for g in groups:
-                self.buffer.append(Group(list(g), c.groups_produced))
-                c.groups_produced += 1
+            self._add_groups(groups)
             rounds += 1
             if rl.dynamic_filter and rounds >= 32 and c.groups_produced < upto:
                 raise RuntimeError(f"dynamic filtering dropped {c.groups_filtered} groups and could not "
                                    "fill a batch in 32 rounds: every group has equal rewards (the task is "
                                    "too easy or too hard for the current model)")
 
+    def step_async(self, rollouts) -> dict[str, float]:
+        """One train step of the `async` scheduler (minirl/async_loop.py): wait for a batch the
+        bounds accept, train on it while the rollout thread keeps generating, publish."""
+        from minirl.async_loop import take_when_ready
+
+        t_start = self.clock()
+        groups = take_when_ready(self, rollouts)
+        t_train = self.clock()
+        metrics, batch, prox = self._train(groups)
+        t_publish = self.clock()
+        with self.cond:
+            metrics.update(self._batch_metrics(batch, prox, groups))
+            self._count_trained(groups)
+            published = self._publish(metrics, reload_engine=False)
+            self.cond.notify_all()
+        t_end = self.clock()
+        metrics.update({
+            "time/wait": t_train - t_start, "time/train": t_publish - t_train,
+            "time/step": t_end - t_start, "published": float(published),
+            "engine/busy_seconds": rollouts.busy_seconds, "engine/in_flight": float(len(rollouts.in_flight)),
+        })
+        with self.cond:
+            return self._with_counters(metrics)
+
+    def _call_engine(self, method: str, *args):
+        """Call the engine; if its process died, restart it, reload its weights and call again
+        (requests are keyed by counter-based RNG, so the retry produces the same rollouts)."""
+        for attempt in range(3):
+            try:
+                return self.engine.call(method, *args).result()
+            except WorkerDied as e:
+                if attempt == 2:
+                    raise
+                self.counters.worker_restarts += 1
+                self.log(f"engine worker died ({e}); restarting it and re-issuing its requests")
+                self.engine.restart()
+                version, params = self.store.get(self.counters.engine_version)
+                self.engine.call("load_weights", version, params).result()
+
+    def _add_groups(self, groups: list[list[Rollout]]) -> list[Group]:
+        self._score(groups)
+        return self._buffer_groups(groups)
+
+    def _score(self, groups: list[list[Rollout]]) -> None:
+        """Decode and verify complete groups (a non-finite reward becomes 0 with a reason)."""
+        flat = [r for g in groups for r in g]
+        decode_rollouts(flat, self.tokenizer)
+        t0 = self.clock()
+        scores = self.verifier.call("score", flat).result()
+        self.times["verify"] += self.clock() - t0
+        for r, s in zip(flat, scores, strict=True):
+            r.score = s if np.isfinite(s.reward) else Score(0.0, f"non-finite reward ({s.reason})")
+
+    def _buffer_groups(self, groups: list[list[Rollout]]) -> list[Group]:
+        """Count, filter (DAPO) and buffer scored groups, tagging their production order."""
+        c = self.counters
+        c.rollouts_generated += sum(len(g) for g in groups)
+        if self.rl.dynamic_filter:
+            groups, dropped = dynamic_filter(groups)
+            c.groups_filtered += dropped
+        added = []
+        for g in groups:
+            added.append(Group(list(g), c.groups_produced))
+            c.groups_produced += 1
+        self.buffer += added
+        return added
+
     def _lag(self, group: Group) -> int:
         return self.counters.version + 1 - group.version
 
-    def _take_batch(self) -> list[Group]:
-        """The freshest `prompts_per_step` acceptable groups; discard those beyond the bound."""
+    def discard_stale(self) -> None:
+        """Drop (and count) buffered groups the bound k can no longer accept."""
         k = self.rl.max_lag
         if k:
             stale = [g for g in self.buffer if self._lag(g) > k]
             self.counters.groups_stale += len(stale)
             self.buffer = [g for g in self.buffer if self._lag(g) <= k]
+
+    def _take_batch(self) -> list[Group]:
+        """The freshest `prompts_per_step` acceptable groups (ties: first produced first)."""
+        self.discard_stale()
         order = sorted(self.buffer, key=lambda g: (-g.version, g.produced))
         taken = order[: self.rl.prompts_per_step]
         if len(taken) < self.rl.prompts_per_step:
@@ -171,22 +251,25 @@ class Controller:
         self.buffer = [g for g in self.buffer if id(g) not in ids]
         return sorted(taken, key=lambda g: g.produced)
 
-    def _publish(self, metrics: dict) -> bool:
-        """Store the new version and reload the engine every j-th version; never publish the
-        weights of a skipped (non-finite) step."""
+    def _publish(self, metrics: dict, reload_engine: bool) -> bool:
+        """Store the new version and (lockstep) reload the engine every j-th version; never
+        publish the weights of a skipped (non-finite) step."""
         c = self.counters
-        if metrics.get("skipped_nonfinite", 0.0) > 0:
+        if metrics.get("train/skipped_nonfinite", 0.0) > 0:
             c.skipped_steps += 1
             return False
-        c.version += 1
         params = self.trainer.call("params", True).result()
-        self.store.put(c.version, params)
-        if c.version - c.engine_version >= self.rl.reload_every:
-            self.engine.call("load_weights", c.version, params).result()
+        self.store.put(c.version + 1, params)
+        c.version += 1
+        if reload_engine and self.reload_due():
+            self._call_engine("load_weights", c.version, params)
             c.engine_version = c.version
-            oldest_needed = min([c.engine_version] + [g.version for g in self.buffer])
-            self.store.release(oldest_needed)
+            self.store.release(c.engine_version)
         return True
+
+    def reload_due(self) -> bool:
+        """j: the engine moves to the newest version once it is j or more versions behind."""
+        return self.counters.version - self.counters.engine_version >= self.rl.reload_every
 
     def _batch_metrics(self, batch, prox, groups) -> dict[str, float]:
         rewards = batch.rewards.reshape(len(groups), -1)
@@ -203,16 +286,21 @@ class Controller:
 
     # ---- snapshot / restore (RLAX §3.2 preemption) ---------------------------------------------
 
-    def snapshot(self) -> dict:
-        """The controller's whole state as plain data (weights travel separately)."""
+    def snapshot(self, in_flight=()) -> dict:
+        """The controller's whole state as plain data (weights travel separately). `in_flight`:
+        prompts issued but not yet buffered (async); a resumed run issues them again."""
         return {
+            "in_flight": list(in_flight),
             "counters": dataclasses.asdict(self.counters),
             "mixture": self.mixture.state(),
             "buffer": [{"produced": g.produced, "rollouts": g.rollouts} for g in self.buffer],
+            "trained_uids": np.asarray(self.trained_uids, np.int64),
         }
 
     def restore(self, snap: dict) -> None:
         self.counters = Counters(**snap["counters"])
         self.mixture.load_state(snap["mixture"])
         self.buffer = [Group(list(g["rollouts"]), int(g["produced"])) for g in snap["buffer"]]
+        self.trained_uids = [int(u) for u in snap["trained_uids"]]
+        self.pending_on_restore = list(snap.get("in_flight", []))
 

@@ -32,13 +32,12 @@ from minirl.data.mixture import Mixture
 from minirl.engine import Engine
 from minirl.evaluation import evaluate, heldout_prompts
 from minirl.losses import get_preset
-from minirl.metrics_log import MetricsWriter
+from minirl.metrics_log import MetricsWriter, read_metrics
 from minirl.tokenizer import CharTokenizer
 from minirl.trainer import Trainer
 from minirl.warmstart import warm_start
 from minirl.weights import InMemoryWeightStore
 from minirl.workers import InProcessWorker, from_plain, to_plain
-
 
 # Keys a resumed run may change: how long to run and how often to evaluate, not what a step does.
 RESUMABLE_CHANGES = ("rl.steps", "rl.time_budget", "eval.every")
@@ -106,42 +105,54 @@ class Run:
         trainer = Trainer(cfg.model, base, get_preset(rl.loss), cfg.trainer_config())
         store = InMemoryWeightStore(keep=max(4, rl.reload_every + 2))
         mixture = Mixture({self.task.name: self.task}, seed=rl.seed)
-        controller = Controller(cfg, engine=InProcessWorker(engine), trainer=InProcessWorker(trainer),
-                                verifier=InProcessWorker(self.task.verifier), store=store, mixture=mixture,
-                                tokenizer=self.tokenizer, max_new_tokens=self.task.max_new_tokens)
+        controller = Controller(cfg, engine=self._engine_worker(engine), trainer=InProcessWorker(trainer),
+                                verifier=self._verifier_worker(), store=store, mixture=mixture,
+                                tokenizer=self.tokenizer, max_new_tokens=self.task.max_new_tokens,
+                                log=self.log)
         if restored is not None:
             state = from_plain(restored.controller_state)
             trainer.load_state_dict({"params": restored.params, "opt_state": restored.opt_state,
                                      **state["trainer"]})
             controller.restore(state["controller"])
-            engine.load_weights(controller.counters.version, trainer.params())
+            self._truncate_metrics(controller.counters.steps)
+            controller.counters.engine_version = controller.counters.version
+            controller.engine.call("load_weights", controller.counters.version, trainer.params(host=True)).result()
             self.log(f"resumed {self.run_dir} at step {controller.counters.steps} "
                      f"(version {controller.counters.version})")
         store.put(controller.counters.version, trainer.params(host=True))
 
         writer = MetricsWriter(self.run_dir)
+        rollouts = None
+        if rl.scheduler == "async":
+            from minirl.async_loop import RolloutThread
+
+            rollouts = RolloutThread(controller, engine)
+            if restored is not None:
+                rollouts.resubmit(controller.pending_on_restore)
+            rollouts.start()
         start, t0 = controller.counters.steps, time.perf_counter()
         bar = tqdm(total=rl.steps, initial=start, desc="RL", disable=not self.progress)
         while controller.counters.steps < rl.steps:
-            m = controller.step()
+            m = controller.step() if rollouts is None else controller.step_async(rollouts)
             c = controller.counters
             if cfg.eval.every and c.steps % cfg.eval.every == 0:
                 m.update({f"eval/{k}": v for k, v in self.evaluate(engine).items()})
             writer.write(m, step=c.steps)
             bar.update(1)
             bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step']:.2f}",
-                            gen_tok_s=f"{m['generate/tokens_per_s']:.0f}")
-            at_boundary = c.engine_version == c.version
+                            lag=f"{m['lag/mean']:.1f}")
+            # Lockstep snapshots at reload boundaries (the engine then holds the trainer's
+            # version, so one set of weights is the whole state); async ones between steps.
+            at_boundary = rollouts is not None or c.engine_version == c.version
             if at_boundary and (c.steps % rl.checkpoint_every == 0 or c.steps == rl.steps):
-                state = trainer.state_dict()
-                ckpts.save(c.steps, state["params"], state["opt_state"], to_plain({
-                    "controller": controller.snapshot(),
-                    "trainer": {"step": state["step"], "skipped_nonfinite": state["skipped_nonfinite"]},
-                }))
+                self._checkpoint(ckpts, trainer, controller, rollouts)
             if rl.time_budget and time.perf_counter() - t0 > rl.time_budget:
                 self.log(f"time budget of {rl.time_budget:.0f}s reached after {c.steps} steps")
                 break
         bar.close()
+        if rollouts is not None:
+            rollouts.stop()
+            rollouts.join()
         writer.close()
         ckpts.close()
 
@@ -152,6 +163,41 @@ class Run:
         self._write_json("summary.json", summary)
         self.log(f"held-out after RL:  {_fmt(summary['after'])}")
         return summary
+
+    def _engine_worker(self, engine):
+        if self.cfg.rl.workers == "process" and self.cfg.rl.scheduler == "lockstep":
+            from minirl.workers import ProcessWorker
+
+            model_cfg, engine_cfg = self.cfg.model, self.engine_cfg
+            return ProcessWorker(lambda: Engine(model_cfg, engine_cfg), name="engine").start()
+        return InProcessWorker(engine)
+
+    def _verifier_worker(self):
+        if self.cfg.rl.workers == "process":
+            from minirl.workers import ProcessWorker
+
+            task_name, task_args = self.cfg.task.name, dict(self.cfg.task.args)
+            return ProcessWorker(lambda: get_task(task_name, **task_args).verifier, name="verifier").start()
+        return InProcessWorker(self.task.verifier)
+
+    def _checkpoint(self, ckpts, trainer, controller, rollouts) -> None:
+        with controller.cond:
+            pending = rollouts.pending_prompts() if rollouts is not None else []
+            snap = controller.snapshot(pending)
+        state = trainer.state_dict()
+        ckpts.save(controller.counters.steps, state["params"], state["opt_state"], to_plain({
+            "controller": snap,
+            "trainer": {"step": state["step"], "skipped_nonfinite": state["skipped_nonfinite"]},
+        }))
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metrics.jsonl lines of steps after the checkpoint: they are about to be redone."""
+        path = self.run_dir / "metrics.jsonl"
+        if path.exists():
+            keep = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= step]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+            tmp.replace(path)
 
     def _write_json(self, name: str, data) -> None:
         tmp = self.run_dir / (name + ".tmp")

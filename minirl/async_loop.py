@@ -1,0 +1,134 @@
+"""The `async` scheduler: generation and training run at the same time (AReaL §4–5, PipelineRL).
+
+Two threads share the controller's buffer under one lock:
+
+  rollout thread   keeps the engine busy: admits new prompts while the staleness bound allows,
+                   calls `engine.step()`, assembles finished rollouts into groups, verifies them,
+                   buffers them; when the trainer has published a version j or more ahead of the
+                   engine's, it interrupts in-flight requests (`rl.reload_policy`: discard them
+                   and start over, or continue them with the new weights) and reloads
+  trainer thread   (the caller) waits for enough acceptable groups, takes the freshest, trains,
+                   publishes the new version to the weight store
+
+The bounds of the lockstep scheduler hold here too, enforced rather than scheduled:
+  eta: groups produced + groups in flight <= (v + eta + 1) * prompts_per_step  (AReaL's rate limit)
+  k:   a group is trained at version v only if (v + 1) - (its oldest token's version) <= k
+  j:   the engine reloads only once the newest version is >= j ahead of its own
+They hold on every batch (asserted), but which rollouts land in which batch depends on timing,
+so runs are not bitwise reproducible — use `lockstep` for that.
+
+JAX releases the GIL inside compiled computations, so a decode chunk and a train step really do
+overlap on two cores.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from minirl.scheduler import Request
+
+
+class RolloutThread(threading.Thread):
+    """Feeds the controller's buffer from the engine until `stop()`."""
+
+    def __init__(self, controller, engine):
+        super().__init__(name="minirl-rollouts", daemon=True)
+        self.ctl, self.engine = controller, engine  # the engine object itself: only this thread uses it
+        self.in_flight: dict[int, dict] = {}  # prompt uid -> {"prompt", "rollouts"}
+        self.error: BaseException | None = None
+        self.busy_seconds = 0.0
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        with self.ctl.cond:
+            self.ctl.cond.notify_all()
+
+    def pending_prompts(self):
+        with self.ctl.cond:
+            return [entry["prompt"] for entry in self.in_flight.values()]
+
+    def resubmit(self, prompts) -> None:
+        """Re-issue prompts that were in flight when a snapshot was taken (resume)."""
+        self._submit(list(prompts))
+
+    def run(self) -> None:
+        try:
+            while not self._halt.is_set():
+                self._maybe_reload()
+                self._admit()
+                if self.engine.num_active == 0 and self.engine.num_queued == 0:
+                    with self.ctl.cond:  # nothing to do until the trainer consumes or publishes
+                        self.ctl.cond.wait(timeout=0.05)
+                    continue
+                t0 = time.perf_counter()
+                finished = self.engine.step()
+                self.busy_seconds += time.perf_counter() - t0
+                self._collect(finished)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the trainer thread
+            self.error = e
+            with self.ctl.cond:
+                self.ctl.cond.notify_all()
+
+    def _maybe_reload(self) -> None:
+        ctl = self.ctl
+        with ctl.cond:
+            if not ctl.reload_due():
+                return
+            version = ctl.counters.version
+        _, params = ctl.store.get(version)
+        self.engine.interrupt(ctl.rl.reload_policy)
+        self.engine.load_weights(version, params)
+        with ctl.cond:
+            ctl.counters.engine_version = version
+            ctl.store.release(min(version, ctl.counters.version))
+
+    def _admit(self) -> None:
+        ctl, rl = self.ctl, self.ctl.rl
+        with ctl.cond:
+            c = ctl.counters
+            allowed = (c.version + rl.eta + 1) * rl.prompts_per_step - c.groups_produced - len(self.in_flight)
+            prompts = ctl.mixture.next_prompts(allowed) if allowed > 0 else []
+        self._submit(prompts)
+
+    def _submit(self, prompts) -> None:
+        if not prompts:
+            return
+        g = self.ctl.rl.group_size
+        with self.ctl.cond:
+            for p in prompts:
+                self.in_flight[p.uid] = {"prompt": p, "rollouts": []}
+        self.engine.submit([Request(p, i, self.ctl.max_new_tokens) for p in prompts for i in range(g)])
+
+    def _collect(self, finished) -> None:
+        complete = []
+        for r in finished:
+            entry = self.in_flight[r.prompt.uid]
+            entry["rollouts"].append(r)
+            if len(entry["rollouts"]) == self.ctl.rl.group_size:
+                complete.append(sorted(entry["rollouts"], key=lambda x: x.sample_index))
+        if not complete:
+            return
+        self.ctl._score(complete)  # outside the lock: verification may take a while
+        with self.ctl.cond:
+            self.ctl._buffer_groups(complete)
+            for group in complete:
+                del self.in_flight[group[0].prompt.uid]
+            self.ctl.cond.notify_all()
+
+
+def take_when_ready(controller, rollout_thread, timeout: float = 600.0):
+    """Block until a batch of acceptable groups exists, then take it (trainer thread)."""
+    ctl = controller
+    deadline = time.monotonic() + timeout
+    with ctl.cond:
+        while True:
+            if rollout_thread.error is not None:
+                raise RuntimeError("the rollout thread failed") from rollout_thread.error
+            ctl.discard_stale()
+            if len(ctl.buffer) >= ctl.rl.prompts_per_step:
+                return ctl._take_batch()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no batch after {timeout:.0f}s: the rollout thread is stuck")
+            ctl.cond.wait(timeout=0.1)
