@@ -3,10 +3,12 @@
 Map of this package (each file says more in its docstring):
   base.py           Verifier protocol, CallableVerifier adapter, registry (get_verifier)
   math_extract.py   extract_answer(text, mode), normalize_answer(s)
+  math_parse.py     LaTeX -> whitelisted AST -> exact/float value (never eval)
   math_equal.py     math_equal(candidate, reference): exact/rational/tolerant/symbolic
   math_verifier.py  MathVerifier (meta["answer"])
   repository.py     TestRepository: content-addressed test data, verified on read
-  sandbox.py        run_sandboxed(...): limits + isolation for one untrusted program
+  sandbox.py        run_sandboxed(...): limits + isolation for one untrusted program (threat model)
+  isolation.py      the child side: namespaces, mounts, rlimits, per-run uids, cleanup
   code_runner.py    run_tests(code, tests, limits) -> Verdicts; checkers; output comparison
   code_verifier.py  CodeVerifier (meta["tests"] by sha), JSON request/response
   pool.py           VerifierPool: parallel scoring, per-item timeout, crashed workers replaced

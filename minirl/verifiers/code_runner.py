@@ -34,8 +34,13 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
-from minirl.verifiers.sandbox import Limits, RunResult, SandboxConfig, python_interpreter
-from minirl.verifiers.sandbox import run_sandboxed as _run_sandboxed
+from minirl.verifiers.sandbox import (
+    Limits,
+    RunResult,
+    SandboxConfig,
+    python_interpreter,
+    run_sandboxed,
+)
 
 COMPARE_MODES = ("exact", "lines", "tokens", "floats")
 COMPILE_LIMITS = Limits(cpu_s=10.0, wall_s=20.0, memory_mb=2048, file_mb=64, nproc=32)
@@ -178,7 +183,7 @@ def compile_program(program: Program, sandbox: SandboxConfig) -> _Executable | s
     compiler = _COMPILERS[program.language]
     if not shutil.which(compiler[0]):
         return f"{compiler[0]} is not installed here"
-    result = _run_sandboxed(compiler, files=source, limits=COMPILE_LIMITS, config=sandbox,
+    result = run_sandboxed(compiler, files=source, limits=COMPILE_LIMITS, config=sandbox,
                             collect=("prog",))  # fmt: skip
     if result.status(COMPILE_LIMITS) != "ok" or "prog" not in result.files:
         text = result.error or result.stderr.decode("utf-8", "replace").strip()
@@ -242,7 +247,7 @@ def _check(
         {"input.txt": case.input.encode(), "output.txt": output, "answer.txt": case.output.encode()}
     )
     argv = (*checker.argv, "input.txt", "output.txt", "answer.txt")
-    result = _run_sandboxed(argv, files=files, limits=CHECKER_LIMITS, config=sandbox)
+    result = run_sandboxed(argv, files=files, limits=CHECKER_LIMITS, config=sandbox)
     message = (result.stdout + result.stderr).decode("utf-8", "replace").strip()[:200]
     crashed = b"Traceback (most recent call last)" in result.stderr  # a Python checker's bug
     if result.status(CHECKER_LIMITS) in ("ok", "runtime error") and not crashed:
@@ -281,7 +286,7 @@ def run_tests(
             return Verdicts((), total, Verdict.CHECKER_ERROR, f"checker does not compile: {judge}")
     cases: list[CaseVerdict] = []
     for case in tests:
-        result = _run_sandboxed(program.argv, files=program.files, stdin=case.input.encode(),
+        result = run_sandboxed(program.argv, files=program.files, stdin=case.input.encode(),
                                 limits=limits, config=sandbox)  # fmt: skip
         verdict = _case_verdict(result, limits)
         if verdict is None and judge is not None:

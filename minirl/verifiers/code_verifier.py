@@ -170,6 +170,7 @@ def verify_request(
         if request["compare"] not in COMPARE_MODES:
             raise ValueError(f"compare mode {request['compare']!r} not supported")
         limits = Limits(**request["limits"])
+        float_tol = float(request["float_tol"])
         code = request["code"]
         if not isinstance(code, str):
             raise ValueError("code must be a string")
@@ -188,7 +189,7 @@ def verify_request(
         limits,
         language=language,
         compare=request["compare"],
-        float_tol=float(request["float_tol"]),
+        float_tol=float_tol,
         checker=checker,
         sandbox=hidden,
         stop_on_failure=mode == "all",

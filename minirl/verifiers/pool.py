@@ -15,9 +15,10 @@ two things:
 
 Either way a fresh worker replaces the old one and the batch goes on; `restarts` counts them.
 A worker that cannot even start (it never says "ready") is a set-up error and raises.
-When a worker is killed mid-run, the sandbox processes it started are killed too (in "uid" mode
-by their uids, which derive from the worker's pid — a worker's main thread id is its pid; in
-every mode their PDEATHSIG).
+When a worker is killed mid-run, what its sandbox runs left is cleaned up too: their processes
+(as root by their uids, which derive from the worker's pid — a worker's main thread id is its
+pid; in every mode by PDEATHSIG) and their work dirs (each worker keeps its temp files in its own
+scratch directory, which the pool removes with the worker).
 
 Transport: the `multiprocess` package (dill pickling, so lambdas in a `CallableVerifier` work)
 over one duplex pipe per worker. Workers start with "forkserver" by default: forking a parent
@@ -30,6 +31,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -39,7 +43,8 @@ from multiprocess.connection import wait
 
 from minirl.types import Rollout, Score
 from minirl.verifiers.base import Verifier
-from minirl.verifiers.sandbox import kill_thread_sandboxes
+from minirl.verifiers.isolation import kill_thread_sandboxes
+from minirl.verifiers.sandbox import remove_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,28 +62,6 @@ class PoolConfig:
             raise ValueError(f"unknown start_method {self.start_method!r}")
 
 
-def _worker_main(conn: Any, verifier: Verifier) -> None:
-    """Worker loop: say "ready", then receive (index, rollout) and send (index, reward,
-    reason) until None arrives."""
-    conn.send("ready")
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:
-            return
-        if message is None:
-            return
-        index, rollout = message
-        try:
-            score = verifier.score([rollout])[0]
-        except Exception as e:  # keep the worker alive; the item gets a zero
-            score = Score(0.0, f"verifier error: {type(e).__name__}: {e}")
-        conn.send((index, float(score.reward), str(score.reason)))
-
-
-_STARTUP_TIMEOUT_S = 120.0
-
-
 def _recv_or_none(conn: Any) -> Any:
     try:
         return conn.recv()
@@ -86,10 +69,40 @@ def _recv_or_none(conn: Any) -> Any:
         return None
 
 
+def _worker_main(conn: Any, verifier: Verifier) -> None:
+    """Worker loop: make a scratch dir for this process's temp files (sandbox work dirs) and say
+    ("ready", scratch); then receive (index, rollout) and send (index, reward, reason) until None
+    or EOF (the pool is gone). The scratch dir goes with the worker on any orderly exit (also
+    SIGTERM, which multiprocess sends daemon workers at interpreter exit); after a SIGKILL the
+    pool removes it."""
+    scratch = tempfile.mkdtemp(prefix="minirl-worker-")
+    os.chmod(scratch, 0o711)  # sandbox uids may pass through to their own work dirs
+    tempfile.tempdir = scratch  # this process only: it exists to run this loop
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        conn.send(("ready", scratch))
+        while True:
+            message = _recv_or_none(conn)
+            if message is None:
+                return
+            index, rollout = message
+            try:
+                score = verifier.score([rollout])[0]
+            except Exception as e:  # keep the worker alive; the item gets a zero
+                score = Score(0.0, f"verifier error: {type(e).__name__}: {e}")
+            conn.send((index, float(score.reward), str(score.reason)))
+    finally:
+        remove_tree(scratch)
+
+
+_STARTUP_TIMEOUT_S = 120.0
+
+
 @dataclasses.dataclass
 class _Slot:
     process: Any
     conn: Any
+    scratch: str = ""  # the worker's temp dir, removed with the worker
     index: int | None = None  # item being scored, None when idle
     deadline: float = 0.0
 
@@ -113,8 +126,8 @@ class VerifierPool:
         child_conn.close()
         # A worker that cannot even start (unpicklable verifier, missing __main__ guard with
         # forkserver/spawn, broken import) is a set-up error: raise it, don't zero every reward.
-        ready = parent_conn.poll(_STARTUP_TIMEOUT_S) and _recv_or_none(parent_conn) == "ready"
-        if not ready:
+        hello = _recv_or_none(parent_conn) if parent_conn.poll(_STARTUP_TIMEOUT_S) else None
+        if not (isinstance(hello, tuple) and hello[0] == "ready"):
             process.kill()
             process.join(5)
             raise RuntimeError(
@@ -122,7 +135,7 @@ class VerifierPool:
                 f"start_method={self.config.start_method!r} the main script needs an "
                 "`if __name__ == '__main__':` guard and the verifier must be picklable"
             )
-        return _Slot(process, parent_conn)
+        return _Slot(process, parent_conn, scratch=hello[1])
 
     def start(self) -> None:
         while len(self._slots) < self.config.workers:
@@ -137,6 +150,7 @@ class VerifierPool:
         slot.conn.close()
         if os.geteuid() == 0 and pid is not None:
             kill_thread_sandboxes(pid)  # what its sandbox left behind
+        remove_tree(slot.scratch)
         self._slots[i] = self._spawn()
         self.restarts += 1
 
@@ -152,6 +166,7 @@ class VerifierPool:
                 slot.process.kill()
                 slot.process.join(2)
             slot.conn.close()
+            remove_tree(slot.scratch)
         self._slots = []
 
     def __enter__(self) -> VerifierPool:
@@ -164,6 +179,11 @@ class VerifierPool:
     @property
     def worker_pids(self) -> list[int]:
         return [slot.process.pid for slot in self._slots]
+
+    @property
+    def worker_dirs(self) -> list[str]:
+        """Each worker's scratch directory (its sandbox work dirs live inside)."""
+        return [slot.scratch for slot in self._slots]
 
     # -- scoring
 

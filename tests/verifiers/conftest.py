@@ -8,7 +8,7 @@ import pytest
 
 from minirl.types import Prompt, Rollout
 from minirl.verifiers import TestRepository
-from minirl.verifiers.sandbox import stray_processes
+from minirl.verifiers.isolation import stray_processes
 
 
 @pytest.fixture

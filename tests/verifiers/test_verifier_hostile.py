@@ -20,6 +20,7 @@ from minirl.verifiers import (
     CodeVerifierConfig,
     Limits,
     PoolConfig,
+    SandboxConfig,
     VerifierPool,
     isolation_mode,
     put_tests,
@@ -31,7 +32,7 @@ def mode():
     return isolation_mode()
 
 
-def hostile_programs(tmp_path, repo_file: str, port: int, marker: str, mode: str) -> dict[str, str]:
+def hostile_programs(tmp_path, repo_file: str, port: int, marker: str) -> dict[str, str]:
     outside = [str(tmp_path / f"escape-{marker}"), f"/var/tmp/escape-{marker}", f"../../escape-{marker}",
                f"/escape-{marker}"]  # fmt: skip
     programs = {
@@ -61,17 +62,22 @@ def hostile_programs(tmp_path, repo_file: str, port: int, marker: str, mode: str
             print('pwned')
         """),
         "signal parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('pwned')",
-        "signal parent group": "import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)\nprint('pwned')",
         "escape process group": textwrap.dedent("""
             import os, time
+            r, w = os.pipe()
             if os.fork() == 0:
                 os.setsid()
-                time.sleep(30)  # outlives the run; in "uid" mode it must not
+                os.write(w, b'out')  # tell the parent we left its process group
+                time.sleep(30)  # outlives the run; as root (own uid) it must not
                 os._exit(0)
+            os.read(r, 3)
             print('pwned?')
         """),
     }
-    if mode == "uid":  # elsewhere kill(-1) would hit every process of our own user
+    if os.geteuid() == 0:  # runs get their own uid; without root these would hit pytest
+        programs["signal parent group"] = (
+            "import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)\nprint('pwned')"
+        )
         programs["kill everything"] = textwrap.dedent("""
             import os, signal, time
             parent = os.getppid()
@@ -82,7 +88,13 @@ def hostile_programs(tmp_path, repo_file: str, port: int, marker: str, mode: str
     return programs
 
 
-def test_hostile_programs_are_contained(tmp_path, repo, make_rollout, mode, wait_no_strays):
+@pytest.mark.parametrize("isolation", ["auto", "none"])
+def test_hostile_programs_are_contained(tmp_path, repo, make_rollout, wait_no_strays, isolation):
+    """ "auto": the strongest mode here. "none": no namespaces — the documented holes open up,
+    but as root every run still has its own uid, so nothing runs as root."""
+    sandbox = SandboxConfig(isolation=isolation)
+    mode = isolation_mode(sandbox)
+    isolated = mode != "none"
     marker = uuid.uuid4().hex[:12]
     (tmp_path / "secret.txt").write_text("pwned")
     os.chmod(tmp_path / "secret.txt", 0o644)
@@ -92,36 +104,38 @@ def test_hostile_programs_are_contained(tmp_path, repo, make_rollout, mode, wait
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     listener.setblocking(False)
-    programs = hostile_programs(tmp_path, repo_file, listener.getsockname()[1], marker, mode)
+    programs = hostile_programs(tmp_path, repo_file, listener.getsockname()[1], marker)
     names = list(programs)
     rollouts = [make_rollout(f"```python\n{programs[n]}\n```", {"tests": tests}) for n in names]
-    verifier = CodeVerifier(repo, CodeVerifierConfig(limits=Limits(cpu_s=1.0, wall_s=2.0)))
-    with VerifierPool(verifier, PoolConfig(workers=2, item_timeout_s=20)) as pool:
-        pids_before = pool.worker_pids
-        scores = dict(zip(names, pool.score(rollouts), strict=True))
-        pids_after = pool.worker_pids
-        good = put_tests(repo, [("2 3\n", "5\n")])
-        followup = pool.score(
-            [make_rollout("print(sum(map(int, input().split())))", {"tests": good})] * 4
-        )
+    config = CodeVerifierConfig(limits=Limits(cpu_s=1.0, wall_s=2.0), sandbox=sandbox)
+    outside = [tmp_path / f"escape-{marker}", f"/var/tmp/escape-{marker}", f"/escape-{marker}",
+               f"/tmp/escape-{marker}"]  # fmt: skip
     try:
-        listener.accept()[0].close()
-        connected = True
-    except BlockingIOError:
-        connected = False
+        with VerifierPool(
+            CodeVerifier(repo, config), PoolConfig(workers=2, item_timeout_s=20)
+        ) as pool:
+            pids_before, dirs = pool.worker_pids, pool.worker_dirs
+            scores = dict(zip(names, pool.score(rollouts), strict=True))
+            pids_after = pool.worker_pids
+            good = put_tests(repo, [("2 3\n", "5\n")])
+            add = make_rollout("print(sum(map(int, input().split())))", {"tests": good})
+            followup = pool.score([add] * 4)
+        try:
+            listener.accept()[0].close()
+            connected = True
+        except BlockingIOError:
+            connected = False
+        written = [str(p) for p in outside if os.path.exists(p)]
     finally:
         listener.close()
+        for path in outside:  # "none" mode may have let these through (documented)
+            if os.path.exists(path):
+                os.unlink(path)
 
     reasons = {n: s.reason for n, s in scores.items()}
-    isolated = mode != "none"
+    open_holes = () if isolated else ("write outside", "read secret", "read test data", "network")
     for name, score in scores.items():
-        holes = isolated or name not in (
-            "write outside",
-            "read secret",
-            "read test data",
-            "network",
-        )
-        if holes:
+        if name not in open_holes:
             assert score.reward == 0.0, (name, score.reason)
     assert reasons["infinite loop"].startswith("time limit")
     assert reasons["sleep past the limit"].startswith("time limit")
@@ -130,24 +144,18 @@ def test_hostile_programs_are_contained(tmp_path, repo, make_rollout, mode, wait
     assert reasons["huge output"].startswith("output limit")
     assert reasons["huge file"].startswith("output limit")  # RLIMIT_FSIZE
     assert [s.reward for s in followup] == [1.0] * 4  # the pool still works
-    assert not os.path.exists(f"/tmp/escape-{marker}")  # private /tmp (or, in "none", the box)
+    assert not any(os.path.exists(d) for d in dirs)  # work dirs removed
     if isolated:
-        assert connected is False
+        assert written == [] and connected is False
         assert reasons["network"].startswith("runtime error")
-        assert reasons["write outside"].startswith("wrong answer")  # printed "contained"
-        for path in (
-            tmp_path / f"escape-{marker}",
-            f"/var/tmp/escape-{marker}",
-            f"/escape-{marker}",
-        ):
-            assert not os.path.exists(path)
-    if mode == "uid":  # another uid: signals to the verifier are refused, workers untouched
+        assert reasons["write outside"].startswith("wrong answer")  # it printed "contained"
+    if os.geteuid() == 0:  # runs use another uid: signals to the verifier are refused
         assert reasons["signal parent"].startswith("runtime error")
         assert reasons["signal parent group"].startswith("runtime error")
         assert reasons["kill everything"].startswith("wrong answer")  # its parent survived
         assert pids_after == pids_before
         assert wait_no_strays(timeout_s=5.0) == []  # the setsid escapee was killed by uid
-    else:  # documented hole: only the process group is killed, the escapee lives on
+    else:  # documented hole without root: only the process group is killed
         strays = wait_no_strays(timeout_s=1.0)
         for pid in strays:
             os.kill(pid, 9)
@@ -161,7 +169,7 @@ def test_repository_is_hidden_wherever_it_lives(make_rollout, mode):
     import shutil
     import tempfile
 
-    from minirl.verifiers import SandboxConfig, TestRepository
+    from minirl.verifiers import TestRepository
 
     base = tempfile.mkdtemp(prefix="minirl-test-", dir="/dev/shm")
     try:
@@ -187,9 +195,9 @@ def test_repository_is_hidden_wherever_it_lives(make_rollout, mode):
         assert stolen.reward == 0.0 and "No such file" in stolen.reason
 
 
-def test_a_worker_killed_mid_run_leaves_no_processes(repo, make_rollout, mode, wait_no_strays):
+def test_a_worker_killed_mid_run_leaves_no_processes(repo, make_rollout, wait_no_strays):
     """The pool's item timeout fires while the program (and a setsid() escapee it forked) still
-    runs: PDEATHSIG kills the program, and in "uid" mode the pool kills the uids of the dead
+    runs: PDEATHSIG kills the program, and (as root) the pool kills the uids of the dead
     worker's thread, which takes the escapee too."""
     tests = put_tests(repo, [("", "pwned\n")])
     code = textwrap.dedent("""
@@ -200,9 +208,11 @@ def test_a_worker_killed_mid_run_leaves_no_processes(repo, make_rollout, mode, w
     """)
     verifier = CodeVerifier(repo, CodeVerifierConfig(limits=Limits(cpu_s=1.0, wall_s=20.0)))
     with VerifierPool(verifier, PoolConfig(workers=1, item_timeout_s=1.0)) as pool:
+        killed_dir = pool.worker_dirs[0]
         score = pool.score([make_rollout(code, {"tests": tests})])[0]
         assert score.reason == "verifier timed out after 1s" and pool.restarts == 1
-        if mode == "uid":
+        assert not os.path.exists(killed_dir)  # with the work dir of the interrupted run
+        if os.geteuid() == 0:
             assert wait_no_strays(timeout_s=5.0) == []
         else:  # documented: only the program itself dies with its worker (PDEATHSIG)
             strays = wait_no_strays(timeout_s=1.0)
@@ -210,3 +220,5 @@ def test_a_worker_killed_mid_run_leaves_no_processes(repo, make_rollout, mode, w
                 os.kill(pid, 9)
             assert len(strays) <= 1
         assert pool.score([make_rollout("print('pwned')", {"tests": tests})])[0].reward == 1.0
+        last_dir = pool.worker_dirs[0]
+    assert not os.path.exists(last_dir)

@@ -13,7 +13,8 @@ from minirl.verifiers import (
     math_equal,
     normalize_answer,
 )
-from minirl.verifiers.math_equal import _import_sympy, parse_expression, sympy_equal
+from minirl.verifiers.math_equal import _import_sympy, sympy_equal
+from minirl.verifiers.math_parse import parse_expression
 
 # (candidate, reference, equivalent?) — each row was checked by hand.
 EQUIVALENCE_TABLE = [
@@ -248,3 +249,33 @@ def test_math_verifier_config_is_validated():
     with pytest.raises(ValueError, match="rel_tol"):
         MathVerifierConfig(rel_tol=-1)
     assert MathVerifier(MathVerifierConfig(extract="hash")).score([]) == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "__import__('os')",
+        "x.real",
+        "lambda: 1",
+        "[1]",
+        "x % 2",
+        "x // 2",
+        "sqrt",
+        "sqrt(1, 2)",
+        "x == 1",
+        "'1'",
+    ],
+)
+def test_parser_whitelist_rejects_everything_else(answer):
+    assert parse_expression(answer) is None
+
+
+def test_decimals_are_exact_and_functions_are_floats():
+    from fractions import Fraction
+
+    from minirl.verifiers.math_parse import evaluate
+
+    assert evaluate(*parse_expression("0.1+0.2")) == Fraction(3, 10)  # not 0.30000000000000004
+    assert evaluate(*parse_expression("\\sqrt{\\frac{9}{4}}")) == Fraction(3, 2)  # perfect squares
+    assert isinstance(evaluate(*parse_expression("\\sqrt{2}")), float)
+    assert evaluate(*parse_expression("2x^2"), {"x": Fraction(1, 2)}) == Fraction(1, 2)

@@ -121,3 +121,40 @@ def test_config_validation():
         PoolConfig(item_timeout_s=0)
     with pytest.raises(ValueError, match="start_method"):
         PoolConfig(start_method="thread")
+
+
+def test_worker_dirs_are_removed_even_if_close_is_forgotten(tmp_path):
+    """At interpreter exit multiprocess sends daemon workers SIGTERM; they clean up after
+    themselves. Also covers SIGTERM directly."""
+    import pathlib
+    import subprocess
+    import sys
+    import textwrap
+
+    import minirl
+
+    script = tmp_path / "forget_close.py"
+    script.write_text(
+        textwrap.dedent("""
+        import os, signal, time
+        from minirl.verifiers import CallableVerifier, PoolConfig, VerifierPool
+        if __name__ == "__main__":
+            pool = VerifierPool(CallableVerifier(lambda text, meta: 1.0), PoolConfig(workers=2))
+            pool.start()
+            print(" ".join(pool.worker_dirs), flush=True)
+            os.kill(pool.worker_pids[0], signal.SIGTERM)
+            pool._slots[0].process.join(10)
+            print(os.path.exists(pool.worker_dirs[0]), flush=True)
+            # no pool.close()
+    """)
+    )
+    root = pathlib.Path(minirl.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    dirs, after_sigterm = proc.stdout.split("\n")[:2]
+    dirs = dirs.split()
+    assert len(dirs) == 2 and after_sigterm == "False"
+    assert not any(os.path.exists(d) for d in dirs)

@@ -13,7 +13,8 @@ import threading
 import pytest
 
 from minirl.verifiers import Limits, SandboxConfig, isolation_mode, run_sandboxed
-from minirl.verifiers.sandbox import MODES, python_interpreter, sandbox_uid, thread_uids
+from minirl.verifiers.isolation import sandbox_uid, thread_uids
+from minirl.verifiers.sandbox import MODES, python_interpreter
 
 FAST = Limits(cpu_s=1.0, wall_s=2.0)
 
@@ -28,6 +29,8 @@ def test_mode_is_probed_and_strongest_for_root():
     assert mode in MODES
     if os.geteuid() == 0:
         assert mode in ("uid", "none")  # root never settles for the weaker userns mode
+        with pytest.raises(RuntimeError, match="not for root"):
+            isolation_mode(SandboxConfig(isolation="userns"))
     assert run_py("print('hi')").stdout == b"hi\n"
 
 
@@ -107,10 +110,12 @@ def test_a_missing_program_is_a_sandbox_error_not_an_exception():
     assert result.error and result.status(Limits()) == "sandbox error"
 
 
-def test_none_mode_still_limits_time_and_cleans_up():
+def test_none_mode_still_limits_time_and_never_runs_as_root():
     config = SandboxConfig(isolation="none")
-    ok = run_sandboxed([python_interpreter(config), "-S", "-c", "print(2)"], config=config)
-    assert ok.stdout == b"2\n"
+    ok = run_sandboxed(
+        [python_interpreter(config), "-S", "-c", "import os; print(os.getuid())"], config=config
+    )
+    assert int(ok.stdout) != 0 and (int(ok.stdout) == os.getuid() or os.geteuid() == 0)
     slow = run_sandboxed([python_interpreter(config), "-S", "-c", "while 1: pass"], config=config,
                          limits=Limits(cpu_s=0.5, wall_s=1.0))  # fmt: skip
     assert slow.status(Limits(cpu_s=0.5)) == "time limit"
@@ -137,11 +142,16 @@ def test_sandbox_uids_are_fresh_per_run_and_grouped_by_thread():
 
 
 UNPRIVILEGED_SCRIPT = """
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
-sb = importlib.util.module_from_spec(spec)
-sys.modules["sandbox"] = sb
-spec.loader.exec_module(sb)
+import importlib.util, json, os, sys, types
+# a bare interpreter (no numpy): load only the two stdlib-only sandbox modules, by path
+for name in ("minirl", "minirl.verifiers"):
+    sys.modules[name] = types.ModuleType(name)
+for name in ("isolation", "sandbox"):
+    path = os.path.join(sys.argv[1], name + ".py")
+    spec = importlib.util.spec_from_file_location("minirl.verifiers." + name, path)
+    sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+sb = sys.modules["minirl.verifiers.sandbox"]
 port, secret = int(sys.argv[2]), sys.argv[3]
 py = sb.python_interpreter()
 lim = sb.Limits(cpu_s=1.0, wall_s=1.5, nproc=64)
@@ -168,14 +178,12 @@ def test_unprivileged_user_gets_namespace_isolation(tmp_path, wait_no_strays):
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
     listener.setblocking(False)
-    sandbox_py = os.path.join(
-        os.path.dirname(sys.modules[run_sandboxed.__module__].__file__), "sandbox.py"
-    )
+    package_dir = os.path.dirname(sys.modules[run_sandboxed.__module__].__file__)
     argv = [
         sys.executable,
         "-c",
         UNPRIVILEGED_SCRIPT,
-        sandbox_py,
+        package_dir,
         str(listener.getsockname()[1]),
         secret.name,
     ]
@@ -205,3 +213,26 @@ def test_unprivileged_user_gets_namespace_isolation(tmp_path, wait_no_strays):
     assert out["fork"]["status"] in ("time limit", "runtime error")  # RLIMIT_NPROC holds
     assert not os.path.exists("/escape-minirl")
     assert wait_no_strays() == []
+
+
+def test_rlimit_nproc_binds_per_run(wait_no_strays):
+    code = textwrap.dedent("""
+        import os, time
+        n = 0
+        for _ in range(40):
+            try:
+                if os.fork() == 0:
+                    time.sleep(2)
+                    os._exit(0)
+                n += 1
+            except OSError:
+                break
+        print(n)
+    """)
+    result = run_py(code, limits=Limits(nproc=8))
+    forks = int(result.stdout)
+    if os.geteuid() == 0:
+        assert forks == 7  # a fresh uid per run (any mode): this process + 7 children
+    else:
+        assert forks <= 7  # our own uid: the limit counts every process of the user
+    assert wait_no_strays() == []  # the children were in the process group: killed
