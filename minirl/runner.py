@@ -83,6 +83,8 @@ class Run:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         chash = config_hash(cfg, ignore=RESUMABLE_CHANGES)
         ckpts = CheckpointManager(self.run_dir, keep=rl.keep_checkpoints)
+        if not resume and (self.run_dir / "metrics.jsonl").exists():
+            raise ConfigError(f"{self.run_dir} already holds a run; resume it or choose another directory")
         restored = ckpts.restore() if resume and ckpts.all_steps() else None
         if restored is not None:
             old = json.loads((self.run_dir / "config.json").read_text())["hash"]
@@ -156,8 +158,8 @@ class Run:
         writer.close()
         ckpts.close()
 
-        engine.load_weights(controller.counters.version, trainer.params())
-        summary["after"] = self.evaluate(engine)
+        # A fresh engine for the final evaluation (the async one may still hold requests).
+        summary["after"] = self.evaluate(self.engine(controller.counters.version, trainer.params()))
         summary["rl_seconds"] = summary.get("rl_seconds", 0.0) + time.perf_counter() - t0
         summary["counters"] = to_plain(controller.counters.__dict__)
         self._write_json("summary.json", summary)
