@@ -117,11 +117,14 @@ class Run:
                                      **state["trainer"]})
             controller.restore(state["controller"])
             self._truncate_metrics(controller.counters.steps)
-            controller.counters.engine_version = controller.counters.version
-            controller.engine.call("load_weights", controller.counters.version, trainer.params(host=True)).result()
             self.log(f"resumed {self.run_dir} at step {controller.counters.steps} "
                      f"(version {controller.counters.version})")
-        store.put(controller.counters.version, trainer.params(host=True))
+        # The engine starts from the trainer's weights (a resumed run: the snapshot's version,
+        # a reload boundary, so nothing older is needed).
+        params = trainer.params(host=True)
+        store.put(controller.counters.version, params)
+        controller.counters.engine_version = controller.counters.version
+        controller.engine.call("load_weights", controller.counters.version, params).result()
 
         writer = MetricsWriter(self.run_dir)
         rollouts = None

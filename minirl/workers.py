@@ -16,7 +16,7 @@ its code is the same whatever carries the call:
 
 Calls to one worker run one at a time, in the order they were made (like a real process).
 
-Messages carry minirl's dataclasses (Prompt, Rollout, Score, Batch, and any class registered
+Messages carry minirl's dataclasses (Prompt, Rollout, Score, Batch, Request, and any class registered
 with `register_message_type`) as dicts tagged with their type name, so nothing is pickled after
 the child starts; the factory that builds the worker's object is sent once, with dill (what
 `multiprocess` uses), when the process starts.
@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from minirl import serialization
+from minirl.scheduler import Request
 from minirl.types import Batch, Prompt, Rollout, Score
 
 _TYPES: dict[str, type] = {}
@@ -52,7 +53,7 @@ def register_message_type(cls: type) -> type:
     return cls
 
 
-for _cls in (Prompt, Rollout, Score, Batch):
+for _cls in (Prompt, Rollout, Score, Batch, Request):
     register_message_type(_cls)
 
 

@@ -104,3 +104,47 @@ def test_async_resume_loses_and_repeats_no_prompt(tmp_path):
     # Every issued prompt is accounted for: trained, discarded as stale, filtered, or still queued.
     issued = ctl["mixture"]["position"]
     assert issued == c["groups_trained"] + c["groups_stale"] + c["groups_filtered"] + buffered + in_flight
+
+
+@pytest.mark.slow
+def test_dead_engine_process_is_restarted_and_its_work_reissued(tmp_path, monkeypatch):
+    """rl.workers=process: kill the engine's process mid-run; the controller restarts it, reloads
+    its weights, re-issues the requests, and (counter-based RNG) ends bitwise where an
+    undisturbed run ends."""
+    import dataclasses
+    import threading
+
+    from minirl.config import make_config
+    from minirl.runner import Run
+    from minirl.workers import ProcessWorker
+
+    cfg = make_config("fixture", ["rl.steps=4", "rl.checkpoint_every=1", "rl.workers=process"])
+    Run(cfg, tmp_path / "ref", log=lambda *a: None, progress=False).train()
+
+    started = []
+    original = ProcessWorker.start
+
+    def start(self):
+        started.append(original(self))
+        return started[-1]
+
+    monkeypatch.setattr(ProcessWorker, "start", start)
+
+    def kill_engine_once():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if (tmp_path / "killed" / "metrics.jsonl").exists():
+                engine = next(w for w in started if w.name == "engine")
+                os.kill(engine.pid, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_engine_once)
+    killer.start()
+    summary = Run(cfg, tmp_path / "killed", log=lambda *a: None, progress=False).train()
+    killer.join()
+    assert summary["counters"]["worker_restarts"] >= 1
+    ref = CheckpointManager(tmp_path / "ref").restore()
+    got = CheckpointManager(tmp_path / "killed").restore()
+    assert_trees_equal(got.params, ref.params)
+    assert dataclasses.is_dataclass(cfg)
