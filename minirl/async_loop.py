@@ -89,7 +89,7 @@ class RolloutThread(threading.Thread):
         with ctl.cond:
             c = ctl.counters
             allowed = (c.version + rl.eta + 1) * rl.prompts_per_step - c.groups_produced - len(self.in_flight)
-            prompts = ctl.mixture.next_prompts(allowed) if allowed > 0 else []
+            prompts = ctl.usable(ctl.mixture.next_prompts(allowed)) if allowed > 0 else []
         self._submit(prompts)
 
     def _submit(self, prompts) -> None:

@@ -130,7 +130,9 @@ def _arithmetic() -> RunConfig:
 
 
 def _program_synthesis() -> RunConfig:
-    return RunConfig(task=TaskSpec("program_synthesis"))
+    # Prompts carry three examples (up to ~40 characters) and the completion up to 24 tokens.
+    return RunConfig(task=TaskSpec("program_synthesis"),
+                     engine=EngineConfig(slots=64, cache_len=96, prefill_buckets=(32, 64), prefill_rows=16))
 
 
 def _fixture() -> RunConfig:

@@ -74,6 +74,7 @@ class Counters:
     rollouts_generated: int = 0
     skipped_steps: int = 0  # non-finite guard: update skipped, nothing published
     worker_restarts: int = 0  # engine/verifier processes that died and were restarted
+    prompts_skipped: int = 0  # too long for the engine's cache or prefill buckets (counted, not fatal)
 
 
 class Controller:
@@ -148,7 +149,7 @@ class Controller:
         rounds = 0
         while c.groups_produced < upto:
             need = upto - c.groups_produced
-            prompts = self.mixture.next_prompts(need)
+            prompts = self.usable(self.mixture.next_prompts(need))
             requests = [Request(p, i, self.max_new_tokens) for p in prompts for i in range(rl.group_size)]
             t0 = self.clock()
             rollouts = self._call_engine("generate", requests)
@@ -185,6 +186,17 @@ class Controller:
         })
         with self.cond:
             return self._with_counters(metrics)
+
+    def usable(self, prompts):
+        """Prompts the engine can hold; the others are skipped and counted, never fatal."""
+        e = self.cfg.engine
+        fits = [p for p in prompts if len(p.tokens) <= max(e.prefill_buckets)
+                and len(p.tokens) + self.max_new_tokens <= e.cache_len]
+        if len(fits) < len(prompts):
+            self.counters.prompts_skipped += len(prompts) - len(fits)
+            self.log(f"skipped {len(prompts) - len(fits)} prompts too long for engine.cache_len="
+                     f"{e.cache_len} / engine.prefill_buckets={e.prefill_buckets}")
+        return fits
 
     def _call_engine(self, method: str, *args):
         """Call the engine; if its process died, restart it, reload its weights and call again

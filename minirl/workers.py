@@ -189,6 +189,9 @@ class ProcessWorker:
                 future.set_result(value)
             else:
                 future.set_exception(WorkerError(f"{self.name}: {value}"))
+        proc = self._proc
+        if proc is not None:
+            proc.join(timeout=5)  # reap it, so alive() is False once callers see WorkerDied
         with self._lock:  # the process is gone: fail whatever it still owed
             for future in pending.values():
                 if not future.done():

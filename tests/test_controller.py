@@ -107,8 +107,8 @@ def test_every_builtin_task_runs_end_to_end(tmp_path, task):
     cfg = dataclasses.replace(
         base,
         task=TaskSpec(task),
-        engine=dataclasses.replace(base.engine, cache_len=320 if task == "arithmetic" else 48,
-                                   prefill_buckets=(32,)),
+        engine=dataclasses.replace(base.engine, cache_len={"arithmetic": 320}.get(task, 96),
+                                   prefill_buckets=(32, 64)),
         model=dataclasses.replace(base.model, max_seq_len=320),
         rl=RLConfig(steps=2, prompts_per_step=4, group_size=2, checkpoint_every=1),
         sft=SFTConfig(steps=2, batch_size=8, cache=False),
