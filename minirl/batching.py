@@ -53,9 +53,13 @@ def make_batch(rollouts: Sequence[Rollout], pad_id: int, bucket_minimum: int = 3
         raise ValueError("make_batch needs at least one rollout")
     for i, r in enumerate(rollouts):
         if r.score is None:
-            raise ValueError(f"rollout {i} (prompt uid {r.prompt.uid}) has no score: verify before batching")
+            raise ValueError(
+                f"rollout {i} (prompt uid {r.prompt.uid}) has no score: verify before batching"
+            )
         if not math.isfinite(r.score.reward):
-            raise ValueError(f"rollout {i} (prompt uid {r.prompt.uid}) has a non-finite reward {r.score.reward}")
+            raise ValueError(
+                f"rollout {i} (prompt uid {r.prompt.uid}) has a non-finite reward {r.score.reward}"
+            )
         c = len(r.tokens)
         if len(r.logprobs) != c or len(r.versions) != c:
             raise ValueError(
@@ -65,12 +69,16 @@ def make_batch(rollouts: Sequence[Rollout], pad_id: int, bucket_minimum: int = 3
         if len(r.prompt.tokens) == 0:
             raise ValueError(f"rollout {i}: the prompt has no tokens (it should at least hold BOS)")
 
-    order = sorted(range(len(rollouts)), key=lambda i: (rollouts[i].prompt.uid, rollouts[i].sample_index))
+    order = sorted(
+        range(len(rollouts)), key=lambda i: (rollouts[i].prompt.uid, rollouts[i].sample_index)
+    )
     rows = [rollouts[i] for i in order]
     seen = set()
-    for a, b in zip(rows, rows[1:]):
+    for a, b in zip(rows, rows[1:], strict=False):
         if (a.prompt.uid, a.sample_index) == (b.prompt.uid, b.sample_index):
-            raise ValueError(f"two rollouts share prompt uid {a.prompt.uid} and sample index {a.sample_index}")
+            raise ValueError(
+                f"two rollouts share prompt uid {a.prompt.uid} and sample index {a.sample_index}"
+            )
     b_rows = len(rows)
     lengths = [len(r.prompt.tokens) + len(r.tokens) - 1 for r in rows]
     t = bucket_length(max(lengths), bucket_minimum)
@@ -86,7 +94,9 @@ def make_batch(rollouts: Sequence[Rollout], pad_id: int, bucket_minimum: int = 3
 
     group = -1
     for i, r in enumerate(rows):
-        seq = np.concatenate([np.asarray(r.prompt.tokens, np.int32), np.asarray(r.tokens, np.int32)])
+        seq = np.concatenate(
+            [np.asarray(r.prompt.tokens, np.int32), np.asarray(r.tokens, np.int32)]
+        )
         n, p, c = lengths[i], len(r.prompt.tokens), len(r.tokens)
         tokens[i, :n] = seq[:-1]
         targets[i, :n] = seq[1:]

@@ -74,7 +74,7 @@ class Counters:
     rollouts_generated: int = 0
     skipped_steps: int = 0  # non-finite guard: update skipped, nothing published
     worker_restarts: int = 0  # engine/verifier processes that died and were restarted
-    prompts_skipped: int = 0  # too long for the engine's cache or prefill buckets (counted, not fatal)
+    prompts_skipped: int = 0  # too long for the engine's cache (counted, not fatal)
 
 
 class Controller:
@@ -190,12 +190,11 @@ class Controller:
     def usable(self, prompts):
         """Prompts the engine can hold; the others are skipped and counted, never fatal."""
         e = self.cfg.engine
-        fits = [p for p in prompts if len(p.tokens) <= max(e.prefill_buckets)
-                and len(p.tokens) + self.max_new_tokens <= e.cache_len]
+        fits = [p for p in prompts if len(p.tokens) + self.max_new_tokens <= e.cache_len]
         if len(fits) < len(prompts):
             self.counters.prompts_skipped += len(prompts) - len(fits)
-            self.log(f"skipped {len(prompts) - len(fits)} prompts too long for engine.cache_len="
-                     f"{e.cache_len} / engine.prefill_buckets={e.prefill_buckets}")
+            self.log(f"skipped {len(prompts) - len(fits)} prompts: prompt + {self.max_new_tokens} new "
+                     f"tokens exceed engine.cache_len={e.cache_len}")
         return fits
 
     def _call_engine(self, method: str, *args):

@@ -13,6 +13,10 @@ zero padding adds exact zeros — so a length-37 attention row gives the same bi
 lives in a 64- or a 512-slot cache. Elementwise reductions (norms, softmax sums) use the same
 pairwise tree directly. Cost: more, smaller kernels; measured in benchmarks/.
 
+A fixed order is not enough on its own: XLA CPU may fuse a multiply into the add that consumes it
+(an FMA, one rounding) or route an exp to a kernel library in one shape and not in another;
+`fusion_barrier` pins those values (every term of a sum, every exp input) to one computation.
+
 Every function takes `exact: bool` (a Python bool, static under jit).
 """
 
@@ -38,10 +42,25 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def fusion_barrier(x: jax.Array) -> jax.Array:
+    """x unchanged, but opaque to the two shape-dependent rewrites XLA CPU applies around it.
+
+    1. LLVM may contract `a * b + c` into one fused multiply-add (one rounding instead of two)
+       when the multiply and the add land in the same fused kernel, and which ops share a
+       kernel depends on the shapes: the same product is rounded in a [B, T] training forward
+       and fused in a [B, 1] decode step.
+    2. For some shapes only, XLA hands a max-subtract-exp fusion to a kernel library (YNNPACK)
+       whose exp differs from XLA's own in the last bit.
+    This select (NaN stays NaN) is seen through by neither, so the value is rounded and computed
+    the same way in every shape. Measured, not promised: tests/test_model.py checks the bits.
+    """
+    return jnp.where(jnp.isnan(x), jnp.nan, x)
+
+
 def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
     """Sum over `axis` in a fixed pairwise order (zero-padded to a power of two)."""
     axis = axis % x.ndim
-    x = _pad_axis(x, axis, _next_pow2(x.shape[axis]))
+    x = _pad_axis(fusion_barrier(x), axis, _next_pow2(x.shape[axis]))
     while x.shape[axis] > 1:
         half = x.shape[axis] // 2
         x = jax.lax.slice_in_dim(x, 0, half, axis=axis) + jax.lax.slice_in_dim(x, half, 2 * half, axis=axis)
@@ -53,7 +72,9 @@ def dense(x: jax.Array, w: jax.Array, exact: bool = False) -> jax.Array:
     if not exact:
         return jnp.einsum("...i,io->...o", x, w)
     i = x.shape[-1]
-    n = _next_pow2(-(-i // CHUNK))
+    # At least two chunks: with one, XLA drops the chunk axis and a single-row x takes a
+    # matrix-vector kernel that sums in another order. The zero chunk adds exact zeros.
+    n = max(2, _next_pow2(-(-i // CHUNK)))
     xc = _pad_axis(x, -1, n * CHUNK).reshape(*x.shape[:-1], n, CHUNK)  # [..., n, C]
     wc = _pad_axis(w, 0, n * CHUNK).reshape(n, CHUNK, w.shape[-1])  # [n, C, O]
     # bf16 inputs are upcast: a bf16 x bf16 product is exact in float32, sums accumulate in fp32.
@@ -65,16 +86,18 @@ def mean_last(x: jax.Array, exact: bool = False) -> jax.Array:
     """Mean over the last axis, keeping it: [..., N] -> [..., 1]."""
     if not exact:
         return jnp.mean(x, axis=-1, keepdims=True)
-    return (tree_sum(x, -1) / x.shape[-1])[..., None]
+    # XLA turns "/ N" into "* (1/N)"; fusion_barrier keeps that product out of a following "+ eps".
+    return fusion_barrier(tree_sum(x, -1) / x.shape[-1])[..., None]
 
 
 def log_softmax(x: jax.Array, exact: bool = False) -> jax.Array:
     """log softmax over the last axis (float32 in, float32 out)."""
     if not exact:
         return jax.nn.log_softmax(x, axis=-1)
+    x = fusion_barrier(x)  # x is often logits * (1 / temperature): keep it out of "x - m"
     m = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
     shifted = x - m
-    return shifted - jnp.log(tree_sum(jnp.exp(shifted), -1))[..., None]
+    return shifted - jnp.log(tree_sum(jnp.exp(fusion_barrier(shifted)), -1))[..., None]
 
 
 def attention(q, k, v, visible, exact: bool = False):
@@ -96,9 +119,9 @@ def attention(q, k, v, visible, exact: bool = False):
     # the fixed tree: over Dh for the scores, over S for the weighted values.
     scores = tree_sum(q.transpose(0, 2, 3, 1, 4)[:, :, :, :, None].astype(jnp.float32)
                       * k.transpose(0, 2, 1, 3)[:, :, None, None].astype(jnp.float32), -1)
-    scores = jnp.where(visible[:, None, None], scores * scale, _NEG)  # [B, K, G, T, S]
+    scores = jnp.where(visible[:, None, None], fusion_barrier(scores * scale), _NEG)  # [B, K, G, T, S]
     m = jnp.max(scores, axis=-1, keepdims=True)
-    e = jnp.exp(scores - m)
+    e = jnp.exp(fusion_barrier(scores - m))
     probs = (e / tree_sum(e, -1)[..., None]).astype(v.dtype)
     vt = v.transpose(0, 2, 1, 3)[:, :, None, None].astype(jnp.float32)  # [B, K, 1, 1, S, Dh]
     out = tree_sum(probs[..., None].astype(jnp.float32) * vt, -2)  # [B, K, G, T, Dh]
@@ -118,9 +141,9 @@ def _decode_attention(q, k, v, visible, exact: bool):
     scale = q.shape[-1] ** -0.5
     q1 = q[:, 0].astype(jnp.float32)  # [B, K, G, Dh]
     scores = tree_sum(k.astype(jnp.float32)[:, :, :, None, :] * q1[:, None], -1)  # [B, S, K, G]
-    scores = jnp.where(visible[:, 0, :, None, None], scores * scale, _NEG)
+    scores = jnp.where(visible[:, 0, :, None, None], fusion_barrier(scores * scale), _NEG)
     m = jnp.max(scores, axis=1, keepdims=True)
-    e = jnp.exp(scores - m)
+    e = jnp.exp(fusion_barrier(scores - m))
     total = tree_sum(e, 1)[:, None] if exact else jnp.sum(e, axis=1, keepdims=True)
     probs = (e / total).astype(v.dtype)
     weighted = probs[..., None].astype(jnp.float32) * v.astype(jnp.float32)[:, :, :, None, :]

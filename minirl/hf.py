@@ -82,7 +82,9 @@ def _rope(hf: dict) -> tuple[float, tuple | None]:
             raise CheckpointError(f"llama3 rope scaling is missing {missing}")
         factor, low, high, original = (params[k] for k in keys)
         return theta, (float(factor), float(low), float(high), int(original))
-    raise CheckpointError(f"unsupported rope_type {kind!r}; minirl implements 'default' and 'llama3'")
+    raise CheckpointError(
+        f"unsupported rope_type {kind!r}; minirl implements 'default' and 'llama3'"
+    )
 
 
 def config_from_hf(hf: dict, dtype=None) -> ModelConfig:
@@ -90,8 +92,13 @@ def config_from_hf(hf: dict, dtype=None) -> ModelConfig:
     dtype) sets compute and storage dtype; default: the checkpoint's (float16 -> float32)."""
     arch = architecture_of(hf)
     _, qkv_bias, qk_norm = ARCHITECTURES[arch]
-    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "vocab_size")
+    required = (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "vocab_size",
+    )
     missing = [k for k in required if hf.get(k) is None]
     if missing:
         raise CheckpointError(f"config.json lacks {missing}")
@@ -100,7 +107,9 @@ def config_from_hf(hf: dict, dtype=None) -> ModelConfig:
     if hf.get("use_sliding_window"):
         raise CheckpointError("sliding-window attention (use_sliding_window) is not implemented")
     if arch != "Qwen2ForCausalLM" and hf.get("attention_bias"):
-        raise CheckpointError(f"{arch} with attention_bias=true has an o_proj bias, not implemented")
+        raise CheckpointError(
+            f"{arch} with attention_bias=true has an o_proj bias, not implemented"
+        )
     if hf.get("mlp_bias"):
         raise CheckpointError("mlp_bias=true is not implemented")
     heads = hf["num_attention_heads"]
@@ -139,7 +148,9 @@ def architecture_of(hf: dict) -> str:
     if not archs and hf.get("model_type") in by_type:
         return by_type[hf["model_type"]]
     found = archs or hf.get("model_type")
-    raise CheckpointError(f"unsupported architecture {found!r}; minirl loads {sorted(ARCHITECTURES)}")
+    raise CheckpointError(
+        f"unsupported architecture {found!r}; minirl loads {sorted(ARCHITECTURES)}"
+    )
 
 
 def default_architecture(cfg: ModelConfig) -> str:
@@ -156,14 +167,21 @@ def config_to_hf(cfg: ModelConfig, architecture: str | None = None) -> dict:
     if arch not in ARCHITECTURES:
         raise CheckpointError(f"unsupported architecture {arch!r}; known: {sorted(ARCHITECTURES)}")
     if arch != default_architecture(cfg):
-        raise CheckpointError(f"{arch} cannot express qkv_bias={cfg.qkv_bias}, "
-                              f"qk_norm={cfg.qk_norm}; use {default_architecture(cfg)}")
+        raise CheckpointError(
+            f"{arch} cannot express qkv_bias={cfg.qkv_bias}, "
+            f"qk_norm={cfg.qk_norm}; use {default_architecture(cfg)}"
+        )
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling is not None:
         factor, low, high, original = cfg.rope_scaling
-        rope = {"rope_type": "llama3", "rope_theta": cfg.rope_theta, "factor": factor,
-                "low_freq_factor": low, "high_freq_factor": high,
-                "original_max_position_embeddings": original}
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": cfg.rope_theta,
+            "factor": factor,
+            "low_freq_factor": low,
+            "high_freq_factor": high,
+            "original_max_position_embeddings": original,
+        }
     hf = {
         "architectures": [arch],
         "model_type": ARCHITECTURES[arch][0],
@@ -197,8 +215,10 @@ def config_to_hf(cfg: ModelConfig, architecture: str | None = None) -> dict:
 
 def tensor_names(cfg: ModelConfig) -> dict[str, tuple[tuple, bool]]:
     """Every Hugging Face tensor name -> (path in the model's pure parameter dict, transposed?)."""
-    names = {"model.embed_tokens.weight": (("embed",), False),
-             "model.norm.weight": (("final_norm", "weight"), False)}
+    names = {
+        "model.embed_tokens.weight": (("embed",), False),
+        "model.norm.weight": (("final_norm", "weight"), False),
+    }
     if not cfg.tie_embeddings:
         names["lm_head.weight"] = (("lm_head",), True)
     for i in range(cfg.num_layers):
@@ -258,12 +278,16 @@ def load_hf(path, dtype=None) -> tuple[ModelConfig, Transformer]:
     files = _tensor_files(path)
     missing = names.keys() - files.keys()
     if missing:
-        raise CheckpointError(f"checkpoint {path} lacks {len(missing)} tensor(s) the config "
-                              f"implies: {_names(missing)}")
+        raise CheckpointError(
+            f"checkpoint {path} lacks {len(missing)} tensor(s) the config "
+            f"implies: {_names(missing)}"
+        )
     unexpected = {n for n in files.keys() - names.keys() if not _ignorable(n, cfg)}
     if unexpected:
-        raise CheckpointError(f"checkpoint {path} has {len(unexpected)} tensor(s) minirl does "
-                              f"not use: {_names(unexpected)}")
+        raise CheckpointError(
+            f"checkpoint {path} has {len(unexpected)} tensor(s) minirl does "
+            f"not use: {_names(unexpected)}"
+        )
 
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0))))
     params = nnx.to_pure_dict(state)  # shapes only, filled below
@@ -279,8 +303,10 @@ def load_hf(path, dtype=None) -> tuple[ModelConfig, Transformer]:
                 want = _get(params, where).shape
                 if array.shape != want:
                     flip = (lambda s: s[::-1]) if transposed else (lambda s: s)
-                    raise CheckpointError(f"tensor {name} has shape {flip(array.shape)}, the "
-                                          f"config implies {flip(want)}")
+                    raise CheckpointError(
+                        f"tensor {name} has shape {flip(array.shape)}, the "
+                        f"config implies {flip(want)}"
+                    )
                 _set(params, where, jnp.asarray(array.astype(cfg.storage_dtype)))
     nnx.replace_by_pure_dict(state, params)
     return cfg, nnx.merge(graphdef, state)
@@ -298,8 +324,13 @@ def _pure_params(model_or_state) -> Mapping:
     return model_or_state
 
 
-def save_hf(model_or_state, cfg: ModelConfig, path, architecture: str | None = None,
-            max_shard_bytes: int | None = None) -> None:
+def save_hf(
+    model_or_state,
+    cfg: ModelConfig,
+    path,
+    architecture: str | None = None,
+    max_shard_bytes: int | None = None,
+) -> None:
     """Write config.json + safetensors that transformers (and `load_hf`) read. `model_or_state`
     is a Transformer, its nnx.State or its pure dict. With `max_shard_bytes`, tensors are split
     into `model-0000i-of-0000n.safetensors` files plus `model.safetensors.index.json`."""
@@ -311,7 +342,9 @@ def save_hf(model_or_state, cfg: ModelConfig, path, architecture: str | None = N
         try:
             array = np.asarray(_get(params, where))
         except KeyError:
-            raise CheckpointError(f"parameters lack {'.'.join(map(str, where))} (for {name})") from None
+            raise CheckpointError(
+                f"parameters lack {'.'.join(map(str, where))} (for {name})"
+            ) from None
         tensors[name] = np.ascontiguousarray(array.T if transposed else array)
 
     shards: list[dict[str, np.ndarray]] = [{}]
@@ -340,5 +373,14 @@ def save_hf(model_or_state, cfg: ModelConfig, path, architecture: str | None = N
     (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
-__all__ = ["ARCHITECTURES", "CheckpointError", "config_from_hf", "config_to_hf", "load_hf",
-           "save_hf", "tensor_names", "architecture_of", "default_architecture"]
+__all__ = [
+    "ARCHITECTURES",
+    "CheckpointError",
+    "config_from_hf",
+    "config_to_hf",
+    "load_hf",
+    "save_hf",
+    "tensor_names",
+    "architecture_of",
+    "default_architecture",
+]

@@ -156,14 +156,17 @@ def rope_frequencies(cfg: ModelConfig) -> jax.Array:
     return jnp.where(is_mid, mid, scaled)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array, exact: bool = False) -> jax.Array:
     """Rotate-half RoPE (the Hugging Face convention). x [B, T, N, Dh], positions [B, T]."""
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, Dh/2]
     cos = jnp.concatenate([jnp.cos(angles)] * 2, -1)[:, :, None, :]
     sin = jnp.concatenate([jnp.sin(angles)] * 2, -1)[:, :, None, :]
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
-    return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+    xf, rf = x.astype(jnp.float32) * cos, rotated.astype(jnp.float32) * sin
+    if exact:  # round both products before the add, whatever XLA fuses (an FMA would not)
+        xf, rf = X.fusion_barrier(xf), X.fusion_barrier(rf)
+    return (xf + rf).astype(x.dtype)
 
 
 def _param(rngs: nnx.Rngs, shape, std: float, cfg: ModelConfig) -> nnx.Param:
@@ -217,8 +220,8 @@ class Attention(nnx.Module):
         starts [B] cache index of x[:, 0]. Returns (y [B, T, D], new (k, v) or None)."""
         cfg = self.cfg
         b, t, _ = x.shape
-        q = apply_rope(self._project(x, "q", cfg.num_heads, exact), positions, inv_freq)
-        k = apply_rope(self._project(x, "k", cfg.num_kv_heads, exact), positions, inv_freq)
+        q = apply_rope(self._project(x, "q", cfg.num_heads, exact), positions, inv_freq, exact)
+        k = apply_rope(self._project(x, "k", cfg.num_kv_heads, exact), positions, inv_freq, exact)
         v = self._project(x, "v", cfg.num_kv_heads, exact)
         if layer_cache is None:
             keys, values, key_index = k, v, jnp.arange(t)

@@ -60,7 +60,7 @@ import optax
 from flax import nnx
 
 from minirl import microbatch as mbt
-from minirl.losses import LossInputs, finalize_metrics, merge_metrics, validate_inputs
+from minirl.losses import LossInputs, finalize_metrics, validate_inputs
 from minirl.model import ModelConfig, Transformer, token_entropy, token_logprobs
 from minirl.serialization import match_template
 from minirl.types import Batch
@@ -104,34 +104,31 @@ class TrainerConfig:
     remat: str = "none"  # "none" | "dots" | "nothing": jax.checkpoint policy per block
 
     def __post_init__(self):
-        def check(ok, msg):
-            if not ok:
-                raise ValueError(f"TrainerConfig: {msg}")
-
-        check(self.learning_rate > 0 and math.isfinite(self.learning_rate),
-              f"learning_rate must be finite and > 0, got {self.learning_rate}")
-        check(self.schedule in SCHEDULES, f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        check(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        check(self.schedule != "cosine" or self.total_steps > self.warmup_steps,
-              f"cosine schedule: total_steps ({self.total_steps}) must exceed warmup_steps "
-              f"({self.warmup_steps})")
-        check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        check(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, f"b1, b2 must be in [0, 1), got {self.b1}, {self.b2}")
-        check(self.eps > 0, f"eps must be > 0, got {self.eps}")
-        check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
-        check(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0 (0 = off), got {self.max_grad_norm}")
-        check(self.micro_batch_tokens >= 1, f"micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}")
-        check(self.bucket_minimum >= 1, f"bucket_minimum must be >= 1, got {self.bucket_minimum}")
-        check(self.ppo_epochs >= 1, f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
-        check(self.num_minibatches >= 1, f"num_minibatches must be >= 1, got {self.num_minibatches}")
-        check(self.temperature > 0, f"temperature must be > 0 (greedy engines report log-probs at 1.0), got {self.temperature}")
-        check(self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        check(self.remat in REMAT_POLICIES, f"remat must be one of {sorted(REMAT_POLICIES)}, got {self.remat!r}")
-
-    @property
-    def updates_per_step(self) -> int:
-        return self.ppo_epochs * self.num_minibatches
+        s = self
+        rules = [  # (holds, what must hold)
+            (s.learning_rate > 0 and math.isfinite(s.learning_rate), "learning_rate > 0, finite"),
+            (s.schedule in SCHEDULES, f"schedule in {SCHEDULES}"),
+            (s.warmup_steps >= 0, "warmup_steps >= 0"),
+            (
+                s.schedule != "cosine" or s.total_steps > s.warmup_steps,
+                "total_steps > warmup_steps",
+            ),
+            (0.0 <= s.min_lr_ratio <= 1.0, "0 <= min_lr_ratio <= 1"),
+            (0.0 <= s.b1 < 1.0 and 0.0 <= s.b2 < 1.0, "0 <= b1, b2 < 1"),
+            (s.eps > 0 and s.weight_decay >= 0, "eps > 0 and weight_decay >= 0"),
+            (s.max_grad_norm >= 0, "max_grad_norm >= 0 (0 = no clipping)"),
+            (
+                s.micro_batch_tokens >= 1 and s.bucket_minimum >= 1,
+                "micro_batch_tokens, bucket_minimum >= 1",
+            ),
+            (s.ppo_epochs >= 1 and s.num_minibatches >= 1, "ppo_epochs, num_minibatches >= 1"),
+            (s.temperature > 0, "temperature > 0 (a greedy engine reports log-probs at 1.0)"),
+            (s.top_k >= 0 and 0.0 < s.top_p <= 1.0, "top_k >= 0 (0 = off) and 0 < top_p <= 1"),
+            (s.remat in REMAT_POLICIES, f"remat in {tuple(REMAT_POLICIES)}"),
+        ]
+        for holds, rule in rules:
+            if not holds:
+                raise ValueError(f"TrainerConfig: {rule} must hold; got {self}")
 
 
 def learning_rate(cfg: TrainerConfig, step: int) -> float:
@@ -230,19 +227,25 @@ def _transform(o: _Opt) -> optax.GradientTransformation:
     return optax.chain(
         optax.clip_by_global_norm(o.max_grad_norm) if o.max_grad_norm > 0 else optax.identity(),
         optax.scale_by_adam(o.b1, o.b2, o.eps),
-        optax.add_decayed_weights(o.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)),
+        optax.add_decayed_weights(
+            o.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
+        ),
     )
 
 
 def _apply(o: _Opt, params, opt_state, acc, scale, lr):
-    """One optimizer update from summed gradients, skipped (bitwise) if anything is non-finite."""
+    """One optimizer update from summed gradients, or none at all (the old params and optimizer
+    state, bit for bit) if the loss or any gradient is non-finite."""
     grads, loss = jax.tree.map(lambda g: g * scale, acc)
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    direction, new_state = _transform(o).update(grads, opt_state, params)
-    new_params = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), params, direction)
-    keep = lambda new, old: jnp.where(ok, new, old)
-    return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state), ok, grad_norm
+
+    def update(params, opt_state):
+        direction, opt_state = _transform(o).update(grads, opt_state, params)
+        return jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), params, direction), opt_state
+
+    params, opt_state = jax.lax.cond(ok, update, lambda p, s: (p, s), params, opt_state)
+    return params, opt_state, ok, grad_norm
 
 
 @functools.lru_cache(maxsize=32)
@@ -262,7 +265,11 @@ def _accumulate_fn(s: _Static, loss):
 
 @functools.lru_cache(maxsize=8)
 def _opt_fns(o: _Opt):
-    return jax.jit(_transform(o).init), jax.jit(_zeros), jax.jit(functools.partial(_apply, o), donate_argnums=(1, 2))
+    return (
+        jax.jit(_transform(o).init),
+        jax.jit(_zeros),
+        jax.jit(functools.partial(_apply, o), donate_argnums=(1, 2)),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,19 +313,31 @@ class Trainer:
     runs `sft_step`.
     """
 
-    def __init__(self, model_cfg: ModelConfig, params: Any, objective=None, cfg: TrainerConfig | None = None,
-                 ref_params: Any = None):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        params: Any,
+        objective=None,
+        cfg: TrainerConfig | None = None,
+        ref_params: Any = None,
+    ):
         cfg = cfg or TrainerConfig()
         if objective is not None and objective.needs_values:
-            raise ValueError(f"objective {objective.name!r} trains a critic (value_coef > 0), but minirl's "
-                             "model has no value head; use value_coef=0")
+            raise ValueError(
+                f"objective {objective.name!r} trains a critic (value_coef > 0), but minirl's "
+                "model has no value head; use value_coef=0"
+            )
         self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
-        self._static = _Static(model_cfg, cfg.temperature, cfg.top_k, cfg.top_p, cfg.exact, cfg.remat)
+        self._static = _Static(
+            model_cfg, cfg.temperature, cfg.top_k, cfg.top_p, cfg.exact, cfg.remat
+        )
         self._opt = _Opt(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
         self._params = self._check_params(params)
         self._ref_params = None
         if objective is not None and objective.needs_ref:
-            self._ref_params = self._params if ref_params is None else self._check_params(ref_params)
+            self._ref_params = (
+                self._params if ref_params is None else self._check_params(ref_params)
+            )
         self._opt_state = None  # created at the first update (no work in the constructor)
         self.step = 0  # train steps (train_step + sft_step calls) done
         self.skipped_nonfinite = 0  # updates skipped by the non-finite guard, whole run
@@ -342,15 +361,21 @@ class Trainer:
         """One RL step (module docstring). `prox_logp` [B, T]: the caller's own
         `recompute_logprobs(batch)` under the current weights, to avoid recomputing it."""
         if self.objective is None:
-            raise ValueError("this Trainer has no objective: construct it with one to call train_step")
+            raise ValueError(
+                "this Trainer has no objective: construct it with one to call train_step"
+            )
         t0 = time.perf_counter()
         self._check_batch(batch)
         plan = self._plan(batch)
         if prox_logp is None:
             prox_logp = self._logprobs(self._params, batch, plan)
         elif np.shape(prox_logp) != batch.mask.shape:
-            raise ValueError(f"prox_logp must have the batch's shape {batch.mask.shape}, got {np.shape(prox_logp)}")
-        ref = self._logprobs(self._ref_params, batch, plan) if self._ref_params is not None else None
+            raise ValueError(
+                f"prox_logp must have the batch's shape {batch.mask.shape}, got {np.shape(prox_logp)}"
+            )
+        ref = (
+            self._logprobs(self._ref_params, batch, plan) if self._ref_params is not None else None
+        )
         inputs = LossInputs.from_batch(batch, prox_logp, ref_logp=ref)
         validate_inputs(inputs)
         prepared = jax.device_get(_prepare_fn(self.objective)(inputs))
@@ -361,11 +386,15 @@ class Trainer:
             parts = []
             for rows in self._minibatches(batch.num_rows, epoch):
                 sub = plan if len(rows) == batch.num_rows else self._plan(batch, rows)
-                m, s = self._update(self.objective, batch, prepared, sub, scale=batch.num_rows / len(rows))
+                m, s = self._update(
+                    self.objective, batch, prepared, sub, scale=batch.num_rows / len(rows)
+                )
                 parts += m
                 stats.append(s)
             epochs.append({k: float(v) for k, v in finalize_metrics(jax.device_get(parts)).items()})
-        metrics = {k: (max if k.endswith("_max") else np.mean)([e[k] for e in epochs]) for k in epochs[0]}
+        metrics = {
+            k: (max if k.endswith("_max") else np.mean)([e[k] for e in epochs]) for k in epochs[0]
+        }
         metrics = {k: float(v) for k, v in metrics.items()}
         return self._finish(metrics, stats, plan, t0, t_recompute)
 
@@ -376,7 +405,10 @@ class Trainer:
         plan = self._plan(batch)
         parts, stat = self._update(_NLL, batch, _NLL.prepare(batch.mask), plan, scale=1.0)
         parts = jax.device_get(parts)
-        metrics = {"loss": float(sum(p["loss"] for p in parts)), "tokens": float(sum(p["tokens"] for p in parts))}
+        metrics = {
+            "loss": float(sum(p["loss"] for p in parts)),
+            "tokens": float(sum(p["tokens"] for p in parts)),
+        }
         return self._finish(metrics, [stat], plan, t0, 0.0)
 
     def state_dict(self) -> dict:
@@ -401,14 +433,21 @@ class Trainer:
     # ---- the steps' parts --------------------------------------------------------------------
 
     def _plan(self, batch: Batch, rows=None) -> list[mbt.MicroBatch]:
-        return mbt.pack_rows(mbt.row_lengths(batch.mask), self.cfg.micro_batch_tokens,
-                             self.cfg.bucket_minimum, max_length=batch.tokens.shape[1], rows=rows)
+        return mbt.pack_rows(
+            mbt.row_lengths(batch.mask),
+            self.cfg.micro_batch_tokens,
+            self.cfg.bucket_minimum,
+            max_length=batch.tokens.shape[1],
+            rows=rows,
+        )
 
     def _logprobs(self, params, batch: Batch, plan) -> np.ndarray:
         fn = _forward_fns(self._static)
         out = np.zeros(batch.mask.shape, np.float32)  # [B, T]
-        results = [fn(params, mbt.gather(batch.tokens, mb), mbt.gather(batch.targets, mb)) for mb in plan]
-        for mb, logp in zip(plan, jax.device_get(results)):
+        results = [
+            fn(params, mbt.gather(batch.tokens, mb), mbt.gather(batch.targets, mb)) for mb in plan
+        ]
+        for mb, logp in zip(plan, jax.device_get(results), strict=True):
             mbt.scatter(logp, mb, out)
         return np.where(batch.mask > 0, out, 0.0).astype(np.float32)
 
@@ -417,7 +456,9 @@ class Trainer:
         if k == 1:
             return [np.arange(num_rows)]
         if num_rows < k:
-            raise ValueError(f"num_minibatches={k} needs at least {k} rows, the batch has {num_rows}")
+            raise ValueError(
+                f"num_minibatches={k} needs at least {k} rows, the batch has {num_rows}"
+            )
         perm = np.random.default_rng([self.cfg.seed, self.step, epoch]).permutation(num_rows)
         return [np.sort(part) for part in np.array_split(perm, k)]
 
@@ -430,14 +471,19 @@ class Trainer:
         metrics = []
         for mb in plan:
             part = jax.tree.map(lambda x, mb=mb: mbt.gather(x, mb), prepared)
-            acc, m = accumulate(self._params, acc, mbt.gather(batch.tokens, mb), mbt.gather(batch.targets, mb), part)
+            acc, m = accumulate(
+                self._params, acc, mbt.gather(batch.tokens, mb), mbt.gather(batch.targets, mb), part
+            )
             metrics.append(m)
         lr = learning_rate(self.cfg, self.step)
         self._params, self._opt_state, ok, grad_norm = apply(
-            self._params, self._optimizer_state(), acc, jnp.float32(scale), jnp.float32(lr))
+            self._params, self._optimizer_state(), acc, jnp.float32(scale), jnp.float32(lr)
+        )
         return metrics, {"ok": ok, "grad_norm": grad_norm, "lr": lr}
 
-    def _finish(self, metrics: dict, stats: list, plan, t0: float, t_recompute: float) -> dict[str, float]:
+    def _finish(
+        self, metrics: dict, stats: list, plan, t0: float, t_recompute: float
+    ) -> dict[str, float]:
         stats = jax.device_get(stats)
         skipped = sum(1 for s in stats if not s["ok"])
         self.skipped_nonfinite += skipped
@@ -473,10 +519,14 @@ class Trainer:
         b, t = batch.tokens.shape
         for name in ("targets", "mask", "behaviour_logprobs", "versions"):
             if getattr(batch, name).shape != (b, t):
-                raise ValueError(f"batch.{name} must be [B, T] = {(b, t)}, got {getattr(batch, name).shape}")
+                raise ValueError(
+                    f"batch.{name} must be [B, T] = {(b, t)}, got {getattr(batch, name).shape}"
+                )
         for name in ("rewards", "group_ids"):
             if getattr(batch, name).shape != (b,):
-                raise ValueError(f"batch.{name} must be [B] = ({b},), got {getattr(batch, name).shape}")
+                raise ValueError(
+                    f"batch.{name} must be [B] = ({b},), got {getattr(batch, name).shape}"
+                )
         v = self.model_cfg.vocab_size
         for name in ("tokens", "targets"):
             x = getattr(batch, name)
