@@ -1,4 +1,40 @@
-"""scale/: the scale-out layer (device meshes, TensorStore weights, remote verifiers).
+"""scale/: the scale-out layer — device meshes, TensorStore weights, remote verifiers and workers.
 
-It imports minirl; minirl never imports it.
+It imports minirl; minirl never imports it. Map (scale/README.md is the guide):
+
+  mesh.py                  jax.distributed init, meshes, the sharding rules (no_sharding /
+                           fsdp / tensor_parallel), placing, publishing and loading weights
+  tensorstore_weights.py   TensorStoreWeightStore: versioned weights on file/memory/gcs/s3,
+                           atomic commits, per-process shard reads; StoredWeights references
+  verifier_service.py      VerifierService: a verifier pool over HTTP; test data by sha256
+  remote_verifier.py       RemoteVerifier: its client, a minirl Verifier (retries, by reference)
+  remote_worker.py         RemoteWorker / serve: minirl's worker futures over TCP (SPMD-aware)
+  launch.py                `python -m scale.launch verifier|engine|trainer|controller`
+
+The names below are imported lazily (`scale.TensorStoreWeightStore` loads only that module), so
+a verifier host never starts JAX and a launcher can configure devices before JAX starts.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "mesh": (
+        "DistributedConfig", "MeshConfig", "ShardingRules", "initialize", "make_mesh",
+        "no_sharding", "fsdp", "tensor_parallel", "place_params", "publish", "load",
+    ),
+    "tensorstore_weights": ("TensorStoreWeightStore", "StoredWeights"),
+    "verifier_service": ("VerifierService", "ServiceConfig"),
+    "remote_verifier": ("RemoteVerifier", "ClientConfig", "RemoteVerifierError"),
+    "remote_worker": ("RemoteWorker", "serve", "follow"),
+}  # fmt: skip
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'scale' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"scale.{_WHERE[name]}"), name)

@@ -1,0 +1,328 @@
+"""Launch minirl's parts as separate processes on separate hosts: the RLAX layout.
+
+    verifier     the HTTP verifier service (scale/verifier_service.py) around a worker pool
+    trainer      minirl's Trainer on an FSDP mesh; publishes weights to TensorStore itself
+    engine       minirl's Engine on a tensor-parallel mesh; loads weights from TensorStore
+    controller   the only active part: minirl's Controller, driving the three above
+
+    python -m scale.launch verifier   --port 8470 --verifier task:fixture
+    python -m scale.launch trainer    --listen 0.0.0.0:8472 --weights gs://b/run/weights --preset fixture
+    python -m scale.launch engine     --listen 0.0.0.0:8471 --weights gs://b/run/weights --preset fixture
+    python -m scale.launch controller --engine e-host:8471 --trainer t-host:8472 \
+        --verifier-url http://v-host:8470 --weights gs://b/run/weights --run-dir runs/x --preset fixture
+
+Every process reads the shared secret from $MINIRL_TOKEN. scale/README.md has the full recipes
+(TPU slices, GPU nodes, localhost) and tests/scale/test_launch.py runs the localhost one.
+
+Weights travel BY REFERENCE, as in RLAX's parameter server: the trainer job writes its own FSDP
+shards to the TensorStore store (every process its part) and answers the controller's `params`
+call with a `StoredWeights(version)` reference; the controller keeps references in a
+`ReferenceStore` (it still decides which versions may be deleted, RLAX's garbage collection);
+the engine job reads each version straight into its tensor-parallel layout. The controller never
+holds the weights.
+
+A trainer or engine spanning several hosts (a TPU slice, several GPU nodes) is one JAX job:
+every host runs the same command with --coordinator/--num-processes/--process-id; process 0
+serves the controller and broadcasts each call to the others (scale/remote_worker.py).
+
+Simplified on purpose: no resume (runs start fresh; minirl/runner.py's checkpointing is the
+single-host path), no evaluation passes, lockstep scheduling only; one engine job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from scale.tensorstore_weights import StoredWeights
+
+TOKEN_ENV = "MINIRL_TOKEN"
+
+
+# ---------------------------------------------------------------------------------- the roles
+
+
+class TrainerRole:
+    """The trainer job's object: minirl's Trainer, publishing its own weights."""
+
+    def __init__(self, trainer, store):
+        self.trainer, self.store = trainer, store
+        self.version = -1  # the newest version published
+        self._dirty = True  # weights changed since the last publish
+
+    def recompute_logprobs(self, batch):
+        return self.trainer.recompute_logprobs(batch)
+
+    def train_step(self, batch, prox_logp=None):
+        metrics = self.trainer.train_step(batch, prox_logp)
+        self._dirty |= self.trainer.last_step_ok
+        return metrics
+
+    def params(self, host: bool = True) -> StoredWeights:
+        """Publish the current weights (if new) and return a reference to them."""
+        from scale import mesh as M
+
+        if self._dirty:
+            self.version += 1
+            M.publish(self.store, self.version, self.trainer.params())
+            self._dirty = False
+        return StoredWeights(self.version)
+
+
+class EngineRole:
+    """The engine job's object: minirl's Engine, loading weights from the store by reference."""
+
+    def __init__(self, engine, store, mesh, rules):
+        self.engine, self.store, self.mesh, self.rules = engine, store, mesh, rules
+
+    def load_weights(self, version: int, weights: StoredWeights) -> None:
+        from scale import mesh as M
+
+        _, params = M.load(self.store, weights.version, self.mesh, self.rules)
+        self.engine.load_weights(version, params)
+
+    def generate(self, requests):
+        return self.engine.generate(requests)
+
+    def submit(self, requests):
+        return self.engine.submit(requests)
+
+    def step(self):
+        return self.engine.step()
+
+    def interrupt(self, policy: str):
+        return self.engine.interrupt(policy)
+
+
+class ReferenceStore:
+    """The controller's weight store: references to versions the trainer job published."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def put(self, version: int, weights: StoredWeights) -> None:
+        if not isinstance(weights, StoredWeights) or weights.version != version:
+            raise ValueError(f"expected StoredWeights({version}), got {weights!r}")
+        if version not in self.store.versions():
+            raise LookupError(f"the trainer did not publish version {version}")
+
+    def get(self, version: int | None = None):
+        available = self.store.versions()
+        version = available[-1] if version is None else version
+        if version not in available:
+            raise LookupError(f"weight version {version} is not in the store ({available})")
+        return version, StoredWeights(version)
+
+    def versions(self) -> list[int]:
+        return self.store.versions()
+
+    def release(self, before_version: int) -> list[int]:
+        return self.store.release(before_version)
+
+    def nbytes(self) -> int:
+        return self.store.nbytes()
+
+
+# ----------------------------------------------------------------------------------- commands
+
+
+def _token() -> str:
+    token = os.environ.get(TOKEN_ENV, "")
+    if len(token) < 8:
+        raise SystemExit(f"set ${TOKEN_ENV} to a shared secret of at least 8 characters")
+    return token
+
+
+def _mesh_config(text: str):
+    from scale.mesh import MeshConfig
+
+    sizes = dict(item.split("=") for item in text.split(",") if item)
+    return MeshConfig(**{k: int(v) for k, v in sizes.items()})
+
+
+def _start_jax(args) -> None:
+    """Fake CPU devices (if asked) must be set before JAX starts; then join the job."""
+    if args.cpu_devices:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        flag = f"--xla_force_host_platform_device_count={args.cpu_devices}"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+    from scale.mesh import DistributedConfig, initialize
+
+    initialize(DistributedConfig(args.coordinator, args.num_processes, args.process_id))
+
+
+def _config(args):
+    from minirl.config import make_config
+    from minirl.data import get_task
+
+    cfg = make_config(args.preset, args.set or [])
+    return cfg, get_task(cfg.task.name, **cfg.task.args)
+
+
+def _serve(role: Any, listen: str, token: str) -> None:
+    import jax
+
+    from scale.remote_worker import follow, serve
+
+    if jax.process_index() == 0:
+        host, _, port = listen.rpartition(":")
+        serve(
+            role, host, int(port), token, announce=lambda a: print(f"listening on {a}", flush=True)
+        )
+    else:
+        follow(role)
+
+
+def run_trainer(args) -> None:
+    _start_jax(args)
+    from minirl.losses import get_preset
+    from minirl.tokenizer import CharTokenizer
+    from minirl.trainer import Trainer
+    from minirl.warmstart import warm_start
+    from scale import mesh as M
+    from scale.tensorstore_weights import TensorStoreWeightStore
+
+    token = _token()
+    cfg, task = _config(args)
+    base, _ = warm_start(cfg, CharTokenizer(), task, progress=False)
+    mesh = M.make_mesh(_mesh_config(args.mesh))
+    trainer = Trainer(cfg.model, M.place_params(base, mesh, M.fsdp()), get_preset(cfg.rl.loss),
+                      cfg.trainer_config())  # fmt: skip
+    store = TensorStoreWeightStore(args.weights, keep=args.keep)
+    _serve(TrainerRole(trainer, store), args.listen, token)
+
+
+def run_engine(args) -> None:
+    _start_jax(args)
+    from minirl.engine import Engine
+    from minirl.tokenizer import CharTokenizer
+    from scale import mesh as M
+    from scale.tensorstore_weights import TensorStoreWeightStore
+
+    token = _token()
+    cfg, _ = _config(args)
+    engine_cfg = dataclasses.replace(cfg.engine, eos_id=CharTokenizer().eos_id, seed=cfg.rl.seed)
+    mesh = M.make_mesh(_mesh_config(args.mesh))
+    store = TensorStoreWeightStore(args.weights, keep=args.keep)
+    role = EngineRole(Engine(cfg.model, engine_cfg), store, mesh, M.tensor_parallel())
+    _serve(role, args.listen, token)
+
+
+def run_verifier(args) -> None:
+    from scale import verifier_service as RV
+
+    os.environ[RV.TOKEN_ENV] = _token()
+    argv = ["--host", args.host, "--port", str(args.port), "--repository", args.repository,
+            "--verifier", args.verifier, "--workers", str(args.workers)]  # fmt: skip
+    RV.main(argv)
+
+
+def run_controller(args) -> None:
+    from minirl.controller import Controller
+    from minirl.data.mixture import Mixture
+    from minirl.metrics_log import MetricsWriter
+    from minirl.tokenizer import CharTokenizer
+    from minirl.workers import InProcessWorker
+    from scale.remote_verifier import RemoteVerifier
+    from scale.remote_worker import RemoteWorker
+    from scale.tensorstore_weights import TensorStoreWeightStore
+
+    token = _token()
+    cfg, task = _config(args)
+    steps = args.steps or cfg.rl.steps
+    engine = RemoteWorker(args.engine, token, name="engine")
+    trainer = RemoteWorker(args.trainer, token, name="trainer")
+    # a task that stores test data by reference (program_synthesis) uploads it from its own
+    # repository the first time the service asks for it
+    repository = getattr(task, "repository", None)
+    verifier = (RemoteVerifier(args.verifier_url, token, repository=repository)
+                if args.verifier_url else task.verifier)  # fmt: skip
+    store = ReferenceStore(TensorStoreWeightStore(args.weights, keep=args.keep))
+    controller = Controller(cfg, engine=engine, trainer=trainer, verifier=InProcessWorker(verifier),
+                            store=store, mixture=Mixture({task.name: task}, seed=cfg.rl.seed),
+                            tokenizer=CharTokenizer(), max_new_tokens=task.max_new_tokens)  # fmt: skip
+    first = trainer.call("params", True).result()  # version 0, published by the trainer job
+    store.put(first.version, first)
+    engine.call("load_weights", first.version, first).result()
+    os.makedirs(args.run_dir, exist_ok=True)
+    writer = MetricsWriter(args.run_dir)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        m = controller.step()
+        writer.write(m, step=controller.counters.steps)
+        print(f"step {controller.counters.steps} version {controller.counters.version} "
+              f"reward {m['reward/mean']:.3f} step_s {m['time/step']:.2f}", flush=True)  # fmt: skip
+    writer.close()
+    summary = {"steps": controller.counters.steps, "version": controller.counters.version,
+               "seconds": time.perf_counter() - t0, "weights": store.versions(),
+               "verifier": getattr(verifier, "stats", {})}  # fmt: skip
+    with open(os.path.join(args.run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"done: {json.dumps(summary)}", flush=True)
+    if args.shutdown_workers:
+        engine.shutdown()
+        trainer.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m scale.launch", description=__doc__.split("\n\n")[0])
+    roles = p.add_subparsers(dest="role", required=True)
+
+    def common(sub, jax_job: bool) -> None:
+        sub.add_argument("--preset", default="countdown", help="minirl.config preset")
+        sub.add_argument("--set", action="append", help="config override key=value (repeatable)")
+        sub.add_argument(
+            "--weights", required=True, help="TensorStore kvstore URL of the weight store"
+        )
+        sub.add_argument("--keep", type=int, default=8, help="weight versions kept in the store")
+        if jax_job:
+            sub.add_argument(
+                "--listen", default="0.0.0.0:0", help="host:port to serve the controller on"
+            )
+            sub.add_argument(
+                "--mesh", default="", help="mesh axis sizes, e.g. fsdp=-1 or data=2,tensor=4"
+            )
+            sub.add_argument(
+                "--coordinator", default=None, help="host:port of process 0 of this job"
+            )
+            sub.add_argument("--num-processes", type=int, default=1)
+            sub.add_argument("--process-id", type=int, default=0)
+            sub.add_argument(
+                "--cpu-devices", type=int, default=0, help="fake N CPU devices (testing)"
+            )
+
+    common(roles.add_parser("trainer", help="serve minirl's Trainer (FSDP mesh)"), jax_job=True)
+    common(
+        roles.add_parser("engine", help="serve minirl's Engine (tensor-parallel mesh)"),
+        jax_job=True,
+    )
+    c = roles.add_parser("controller", help="run the RL loop against remote parts")
+    common(c, jax_job=False)
+    c.add_argument("--engine", required=True, help="host:port of the engine job")
+    c.add_argument("--trainer", required=True, help="host:port of the trainer job")
+    c.add_argument(
+        "--verifier-url", default=None, help="http://host:port (default: local verifier)"
+    )
+    c.add_argument("--run-dir", required=True)
+    c.add_argument("--steps", type=int, default=0, help="train steps (default: rl.steps)")
+    c.add_argument(
+        "--shutdown-workers", action="store_true", help="stop engine and trainer at the end"
+    )
+    v = roles.add_parser("verifier", help="serve a verifier pool over HTTP")
+    v.add_argument("--host", default="0.0.0.0")
+    v.add_argument("--port", type=int, default=8470)
+    v.add_argument("--repository", default="verifier-data", help="content-addressed test data dir")
+    v.add_argument("--verifier", default="code", help="code | math | task:<name>")
+    v.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args(argv)
+    {"trainer": run_trainer, "engine": run_engine, "controller": run_controller,
+     "verifier": run_verifier}[args.role](args)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""TensorStoreWeightStore: the shared WeightStore contract on `file` and `memory` kvstores, plus
+what is specific to TensorStore: atomic commits, partial (slice / sharded) reads, several store
+objects on one root, eviction while reading."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorstore as ts
+from weightstore_suite import WeightStoreSuite, all_leaves_equal, filled
+
+from minirl.serialization import assert_trees_equal
+from minirl.weights import UnknownVersionError
+from scale.tensorstore_weights import TensorStoreWeightStore, _chunk_shape
+
+BF16 = ml_dtypes.bfloat16
+
+
+class TestFileStore(WeightStoreSuite):
+    def make_store(self, keep, tmp_path):
+        # no fsync: the contract is about visibility, and fsyncs make the hammer test 4x slower
+        return TensorStoreWeightStore(f"file://{tmp_path}", keep=keep, file_sync=False)
+
+
+class TestMemoryStore(WeightStoreSuite):
+    def make_store(self, keep, tmp_path):
+        return TensorStoreWeightStore("memory://weights/", keep=keep)  # fresh context each
+
+
+def params_tree(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "embed": rng.standard_normal((16, 8)).astype(BF16),  # [V, D]
+        "layers": [
+            {"attn": {"q_proj": rng.standard_normal((8, 12)).astype(np.float32)}},
+            {"attn": {"q_proj": rng.standard_normal((8, 12)).astype(np.float32)}},
+        ],
+        "final_norm": np.ones(8, BF16),
+        "zeros": np.zeros((3, 3), np.float32),  # all fill value: must still be stored
+        "step": 5,
+        "tag": ("a", np.float32(2.5)),
+    }
+
+
+def test_bfloat16_round_trip_is_exact_including_specials(tmp_path):
+    bits = np.arange(0, 1 << 16, 7, dtype=np.uint16)  # every 7th bf16 bit pattern, NaNs included
+    x = bits[:9360].view(BF16).reshape(-1, 13)  # [720, 13]
+    store = TensorStoreWeightStore(tmp_path / "w", chunk_bytes=1000)  # several chunks
+    store.put(0, {"x": x})
+    got = store.get(0)[1]["x"]
+    assert got.dtype == BF16
+    np.testing.assert_array_equal(got.view(np.uint16), x.view(np.uint16))
+
+
+def test_structure_scalars_and_non_array_leaves_round_trip(tmp_path):
+    params = params_tree()
+    store = TensorStoreWeightStore(tmp_path / "w")
+    store.put(3, params)
+    _, got = store.get()
+    assert_trees_equal(got, params)
+    assert isinstance(got["tag"][1], np.float32) and got["step"] == 5
+
+
+def test_read_slices_reads_only_the_selection(tmp_path):
+    params = params_tree()
+    store = TensorStoreWeightStore(tmp_path / "w", chunk_bytes=64)  # embed: 16 chunks of 2 rows
+    store.put(1, params)
+    before = store.stats["bytes_read"]
+    version, part = store.read_slices(None, {"embed": np.s_[4:10, 2:6], "layers/1/attn/q_proj": 3})
+    assert version == 1
+    np.testing.assert_array_equal(part["embed"], params["embed"][4:10, 2:6])
+    np.testing.assert_array_equal(
+        part["layers/1/attn/q_proj"], params["layers"][1]["attn"]["q_proj"][3]
+    )
+    assert store.stats["bytes_read"] - before == 6 * 4 * 2 + 12 * 4
+    with pytest.raises(KeyError, match="no array 'nope'"):
+        store.read_slices(1, {"nope": ()})
+
+
+def test_get_sharded_places_arrays_with_the_given_sharding(tmp_path):
+    params = {"w": np.arange(24, dtype=np.float32).reshape(6, 4), "b": np.ones(4, BF16)}
+    store = TensorStoreWeightStore(tmp_path / "w")
+    store.put(2, params)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("tensor",))
+    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "tensor"))
+    version, got = store.get_sharded(
+        None,
+        lambda path, shape: (
+            spec
+            if len(shape) == 2
+            else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        ),
+    )
+    assert version == 2 and isinstance(got["w"], jax.Array) and got["w"].sharding == spec
+    np.testing.assert_array_equal(np.asarray(got["w"]), params["w"])
+    assert got["b"].dtype == jnp.bfloat16
+
+
+def test_chunks_tile_the_shards_of_a_sharded_array():
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("fsdp",))
+    x = jax.device_put(
+        jnp.zeros((8, 6)), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+    )
+    assert _chunk_shape(x, 1 << 20) == [8, 6]  # one shard: one chunk
+    assert _chunk_shape(np.zeros((7, 4), np.float32), 32) == [2, 4]  # ~32 bytes: 2 rows
+    assert _chunk_shape(np.zeros((0, 4), np.float32), 32) == [1, 4]  # zarr needs chunks >= 1
+    assert _chunk_shape(np.float32(1.0), 32) == []
+
+
+def test_an_uncommitted_version_is_invisible_and_its_leftovers_are_cleared(tmp_path):
+    store = TensorStoreWeightStore(tmp_path / "w")
+    store.put(1, filled(1))
+    store.begin(2)
+    store.write(2, filled(2))  # a crash here: arrays written, no manifest
+    assert store.versions() == [1]
+    assert store.get()[0] == 1
+    reader = TensorStoreWeightStore(tmp_path / "w")
+    assert reader.versions() == [1]
+    store.put(2, filled(2))  # the retry clears and rewrites version 2
+    assert reader.get()[0] == 2 and all_leaves_equal(reader.get()[1], 2.0)
+
+
+def test_several_store_objects_share_one_root_and_one_memory_context():
+    ctx = ts.Context()
+    writer = TensorStoreWeightStore("memory://run/", keep=2, context=ctx)
+    reader = TensorStoreWeightStore("memory://run/", keep=2, context=ctx)
+    for v in range(4):
+        writer.put(v, filled(v))
+    assert reader.versions() == [2, 3]
+    assert all_leaves_equal(reader.get(2)[1], 2.0)
+    assert TensorStoreWeightStore("memory://run/", context=ts.Context()).versions() == []
+
+
+def test_manifest_is_the_commit_marker_and_is_readable_json(tmp_path):
+    store = TensorStoreWeightStore(tmp_path / "w")
+    store.put(7, params_tree())
+    with open(tmp_path / "w" / "manifests" / "000000000007.json") as f:
+        manifest = json.load(f)
+    assert manifest["version"] == 7 and manifest["format"].startswith("minirl-tensorstore")
+    entries = {e["path"]: e for e in manifest["arrays"]}
+    assert entries["embed"]["dtype"] == "bfloat16" and entries["embed"]["shape"] == [16, 8]
+    assert (
+        manifest["nbytes"]
+        == store.nbytes()
+        == sum(x.nbytes for x in jax.tree.leaves(params_tree()) if hasattr(x, "nbytes"))
+    )
+    os.remove(tmp_path / "w" / "manifests" / "000000000007.json")  # un-commit by hand
+    assert store.versions() == []
+
+
+def test_a_version_deleted_during_a_read_is_unknown_not_zeros(tmp_path):
+    store = TensorStoreWeightStore(tmp_path / "w", keep=3)
+    store.put(1, filled(1))
+    store.put(2, filled(2))
+    manifest = store._manifest_for(1)[1]  # a reader got this far ...
+    store.release(2)  # ... then the writer deleted version 1 (manifest, then chunks)
+    with pytest.raises(UnknownVersionError, match="version 1"):
+        store._read(1, manifest, [(e, ()) for e in manifest["arrays"]])
+
+
+def test_missing_data_of_a_committed_version_is_an_error(tmp_path):
+    store = TensorStoreWeightStore(tmp_path / "w")
+    store.put(1, {"zeros": np.zeros((4, 4), np.float32)})  # all-fill chunks are stored too
+    chunk_dir = tmp_path / "w" / "data" / "000000000001" / "00000" / "c"
+    assert any(chunk_dir.rglob("*"))
+    for f in [p for p in chunk_dir.rglob("*") if p.is_file()]:
+        f.unlink()
+    with pytest.raises(ValueError, match="missing"):
+        store.get(1)
+
+
+@pytest.mark.parametrize("bad", [{"x": np.array(["a"])}, {"x": np.array([object()])}])
+def test_unstorable_dtypes_are_refused_clearly(tmp_path, bad):
+    with pytest.raises(TypeError, match="dtype"):
+        TensorStoreWeightStore(tmp_path / "w").put(0, bad)
+
+
+@pytest.mark.parametrize("kwargs", [{"keep": 0}, {"keep": 1.5}, {"chunk_bytes": 0}])
+def test_bad_config_is_refused(tmp_path, kwargs):
+    with pytest.raises(ValueError):
+        TensorStoreWeightStore(tmp_path, **kwargs)
