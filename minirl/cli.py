@@ -6,6 +6,7 @@
     minirl sft                                only the warm start (cached for `train`)
     minirl eval RUN_DIR                       held-out pass@1 / pass@k of a run's last checkpoint
     minirl plot RUN_DIR [RUN_DIR ...]         dashboard PNGs (several runs: one comparison plot)
+    minirl diagnose [--fast]                  training-inference mismatch per source, as a table
     minirl config [--preset NAME]             every knob, its default and what it means
 
 Every command validates its config first: an unknown key or a bad value is a one-line error
@@ -160,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--y", default="reward/mean", help="comparison metric (a metrics.jsonl key)")
     p.add_argument("--out", help="comparison PNG path")
     p.set_defaults(fn=cmd_plot)
+
+    from minirl.mismatch import add_diagnose_parser
+
+    add_diagnose_parser(sub)  # minirl diagnose: |Δlogp| per mismatch source (minirl/mismatch.py)
 
     p = sub.add_parser("config", help="print every knob with its value and meaning")
     _config_args(p)
