@@ -236,7 +236,7 @@ def _transform(o: _Opt) -> optax.GradientTransformation:
 def _apply(o: _Opt, params, opt_state, acc, scale, lr):
     """One optimizer update from summed gradients, or none at all (the old params and optimizer
     state, bit for bit) if the loss or any gradient is non-finite."""
-    grads, loss = jax.tree.map(lambda g: g * scale, acc)
+    grads, loss = jax.tree.map(lambda g: (g * scale).astype(g.dtype), acc)  # keep bf16 as bf16
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 

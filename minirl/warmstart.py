@@ -55,7 +55,10 @@ def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[
     """Params after `cfg.sft.steps` supervised steps from a seed-`cfg.sft.seed` random init, and
     a small report. Cached when `cfg.sft.cache`."""
     sft = cfg.sft
-    trainer_cfg = dataclasses.replace(cfg.trainer_config(), learning_rate=sft.learning_rate,
+    # Supervised learning of the demonstrations: plain cross-entropy (temperature 1, no
+    # truncation, fast reductions) whatever the RL run's sampling settings, so one warm start
+    # serves every RL configuration of the same task and model.
+    trainer_cfg = dataclasses.replace(cfg.trainer, learning_rate=sft.learning_rate,
                                       schedule="cosine", warmup_steps=min(20, sft.steps // 10),
                                       total_steps=max(sft.steps, 1))
     key = config_hash(_Key(cfg.task, cfg.model, sft, trainer_cfg))
