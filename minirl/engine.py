@@ -26,8 +26,8 @@ steps in one `lax.fori_loop`: every slot decodes, a slot whose token budget is s
 advancing). Python runs once per chunk, to detect finished sequences and refill slots, so its
 overhead is paid once per `decode_chunk` tokens; the price is up to `decode_chunk - 1` wasted
 steps when a slot finishes early in a chunk (EOS and stop sequences are found after the chunk).
-Compiled shapes are bounded (buckets x row counts, one decode), so nothing compiles in steady
-state.
+Compiled shapes are bounded (prefill: buckets x row counts; decode: one per attention window,
+minirl/decoding.py), so nothing compiles in steady state.
 
 Each token's behaviour log-prob is `model.token_logprobs` of the logits it was sampled from
 (temperature, top-k, top-p applied as in minirl/sampling.py); each token's version is the weight
@@ -44,18 +44,16 @@ decode chunk (minirl/paged_cache.py).
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Iterable
+from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from minirl import paged_cache as P
-from minirl.model import KVCache, ModelConfig, Transformer, token_logprobs
-from minirl.sampling import request_ids, sample_tokens, token_keys
+from minirl.decoding import Settings, compiled, prepare_params
+from minirl.model import KVCache, ModelConfig
+from minirl.sampling import request_ids
 from minirl.scheduler import Request, Scheduler, finish_reason, prefill_groups
 from minirl.types import Rollout
 
@@ -86,36 +84,47 @@ class EngineConfig:
     dtype: str | None = None  # compute dtype override ("float32", "bfloat16"); None = model's
 
     def __post_init__(self):
-        positive = ("slots", "cache_len", "prefill_rows", "decode_chunk", "block_size")
-        for name in positive:
+        for name in ("slots", "cache_len", "prefill_rows", "decode_chunk", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.temperature == 0 and (self.top_k or self.top_p < 1.0):
-            raise ValueError("greedy decoding (temperature 0) takes no top_k / top_p")
-        if not self.prefill_buckets or any(b < 1 for b in self.prefill_buckets):
-            raise ValueError(f"prefill_buckets must be positive lengths, got {self.prefill_buckets}")
-        if any(not stop or not isinstance(stop, tuple) for stop in self.stop_sequences):
-            raise ValueError("stop_sequences must be non-empty tuples of token ids")
-        if self.dtype not in (None, "float32", "bfloat16"):
-            raise ValueError(f"dtype must be None, 'float32' or 'bfloat16', got {self.dtype!r}")
-        if self.paged and self.cache_len % self.block_size:
-            raise ValueError(f"paged: cache_len ({self.cache_len}) must be a multiple of "
-                             f"block_size ({self.block_size})")
-        if self.paged and self.num_blocks is not None and self.num_blocks - 1 < self.blocks_per_slot:
-            raise ValueError(f"paged: num_blocks={self.num_blocks} cannot hold one full sequence "
-                             f"({self.blocks_per_slot} blocks + the null block)")
+        t, k, p, blocks = self.temperature, self.top_k, self.top_p, self.num_blocks
+        problems = [
+            (t < 0, f"temperature must be >= 0 (0 = greedy), got {t}"),
+            (not 0.0 < p <= 1.0, f"top_p must be in (0, 1], got {p}"),
+            (k < 0, f"top_k must be >= 0 (0 = off), got {k}"),
+            (t == 0 and (k or p < 1.0), "greedy decoding (temperature 0) takes no top_k / top_p"),
+            (not self.prefill_buckets or min(self.prefill_buckets) < 1,
+             f"prefill_buckets must be positive lengths, got {self.prefill_buckets}"),
+            (any(not s or not isinstance(s, tuple) for s in self.stop_sequences),
+             "stop_sequences must be non-empty tuples of token ids"),
+            (self.dtype not in (None, "float32", "bfloat16"),
+             f"dtype must be None, 'float32' or 'bfloat16', got {self.dtype!r}"),
+            (self.paged and self.cache_len % self.block_size,
+             f"paged: cache_len {self.cache_len} must be a multiple of block_size {self.block_size}"),
+            (self.paged and blocks is not None and blocks - 1 < self.blocks_per_slot,
+             f"paged: num_blocks={blocks} cannot hold one full sequence plus the null block"),
+        ]  # fmt: skip
+        for bad, message in problems:
+            if bad:
+                raise ValueError(message)
 
     @property
     def buckets(self) -> tuple[int, ...]:
         """Prefill lengths: the configured buckets below cache_len, plus cache_len itself (an
         interrupted sequence is re-prefilled with up to cache_len - 1 tokens)."""
-        return tuple(sorted({b for b in self.prefill_buckets if b < self.cache_len} | {self.cache_len}))
+        below = {b for b in self.prefill_buckets if b < self.cache_len}
+        return tuple(sorted(below | {self.cache_len}))
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """Decode attends over the smallest of these prefixes of the cache that holds every
+        active sequence: 64, 128, ... (block multiples when paged), and cache_len."""
+        step = self.block_size if self.paged else 1
+        widths, w = {self.cache_len}, 64
+        while w < self.cache_len:
+            widths.add(min(self.cache_len, -(-w // step) * step))
+            w *= 2
+        return tuple(sorted(widths))
 
     @property
     def blocks_per_slot(self) -> int:
@@ -131,135 +140,46 @@ class EngineConfig:
         return self.temperature or 1.0
 
 
-class _Static(NamedTuple):
-    """What the compiled functions are specialised on (hashable; shared between engines)."""
-
-    model: ModelConfig
-    temperature: float
-    top_k: int
-    top_p: float
-    exact: bool
-    chunk: int
-    paged: bool
-
-
-def _abstract_model(cfg: ModelConfig):
-    return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0))))
-
-
-def _sample(s: _Static, logits, keys):
-    """logits [B, V] -> (token [B], behaviour log-prob [B])."""
-    tok = sample_tokens(keys, logits, s.temperature, s.top_k, s.top_p, s.exact)
-    logp = token_logprobs(logits[:, None], tok[:, None], s.temperature or 1.0, s.exact,
-                          s.top_k, s.top_p)[:, 0]
-    return tok, logp
-
-
-def _write_rows(cache: KVCache, rows: KVCache, slot_ids, lengths) -> KVCache:
-    """Prefill into a contiguous cache: rows [R, T] go to slots `slot_ids` (>= B: dropped)."""
-    t = rows.k[0].shape[1]
-    put = lambda c, r: c.at[slot_ids, :t].set(r.astype(c.dtype), mode="drop")
-    return KVCache(tuple(map(put, cache.k, rows.k)), tuple(map(put, cache.v, rows.v)),
-                   cache.lengths.at[slot_ids].set(lengths, mode="drop"))
-
-
-def _prefill(graphdef, s: _Static, params, cache, tokens, lengths, slot_ids, ids, index, seed):
-    """tokens [R, T] right-padded, lengths [R]: run them, write their keys/values into slots
-    `slot_ids`, sample each row's next token (completion index `index`) from its last logits."""
-    model = nnx.merge(graphdef, params)
-    rows, t = tokens.shape
-    logits, fresh = model(tokens, cache=KVCache.zeros(s.model, rows, t), num_new=lengths,
-                          exact=s.exact)  # [R, T, V]
-    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [R, V]
-    tok, logp = _sample(s, last, token_keys(seed, ids, index))
-    write = P.write_rows if s.paged else _write_rows
-    return write(cache, fresh, slot_ids, lengths), tok, logp
-
-
-def _decode(graphdef, s: _Static, params, cache, last, index, ids, budget, seed):
-    """`s.chunk` decode steps for every slot. last [B] pending tokens, index [B] completion
-    index of the next token, budget [B] steps each slot may take. -> tokens, log-probs [B, N]."""
-    model = nnx.merge(graphdef, params)
-    view = P.gather_view(cache) if s.paged else cache
-    starts = view.lengths
-
-    def one_step(i, carry):
-        view, last, toks, logps = carry
-        live = (i < budget).astype(jnp.int32)  # [B] a spent slot writes but does not advance
-        logits, view = model(last[:, None], cache=view, num_new=live, exact=s.exact)
-        tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index + i))
-        return view, tok, toks.at[:, i].set(tok), logps.at[:, i].set(logp)
-
-    b = last.shape[0]
-    init = (view, last, jnp.zeros((b, s.chunk), jnp.int32), jnp.zeros((b, s.chunk), jnp.float32))
-    view, _, toks, logps = jax.lax.fori_loop(0, s.chunk, one_step, init)
-    cache = P.write_back(cache, view, starts, budget, s.chunk) if s.paged else view
-    return cache, toks, logps
-
-
-@functools.lru_cache(maxsize=32)
-def _functions(s: _Static):
-    """The jitted prefill and decode for one static setting (engines with equal settings share
-    them, and so share their compiled executables)."""
-    graphdef = _abstract_model(s.model)[0]
-    prefill = jax.jit(functools.partial(_prefill, graphdef, s), donate_argnums=(1,))
-    decode = jax.jit(functools.partial(_decode, graphdef, s), donate_argnums=(1,))
-    return prefill, decode
-
-
-def _path_key(path) -> str:
-    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-
-
 class Engine:
     """Continuous-batching rollout engine over `config.slots` slots (see the module docstring)."""
 
     def __init__(self, model_config: ModelConfig, config: EngineConfig | None = None):
         config = config or EngineConfig()
         if config.cache_len > model_config.max_seq_len:
-            raise ValueError(f"cache_len {config.cache_len} exceeds the model's max_seq_len "
-                             f"{model_config.max_seq_len}")
+            raise ValueError(
+                f"cache_len {config.cache_len} exceeds the model's max_seq_len "
+                f"{model_config.max_seq_len}"
+            )
         if config.eos_id is not None and not 0 <= config.eos_id < model_config.vocab_size:
             raise ValueError(f"eos_id {config.eos_id} is outside the vocabulary")
         dtype = config.dtype or model_config.dtype
         self.config = config
         self.model_config = dataclasses.replace(model_config, dtype=dtype, param_dtype=dtype)
-        self._static = _Static(self.model_config, config.temperature, config.top_k, config.top_p,
-                               config.exact, config.decode_chunk, config.paged)
-        template = nnx.to_pure_dict(_abstract_model(self.model_config)[1])
-        flat, self._treedef = jax.tree_util.tree_flatten_with_path(template)
-        self._template = {_path_key(p): leaf for p, leaf in flat}
+        c = config
+        self._static = Settings(self.model_config, c.temperature, c.top_k, c.top_p, c.exact,
+                                c.decode_chunk, c.paged)  # fmt: skip
         self._sched = Scheduler(config.slots)
-        self._alloc = (P.BlockAllocator(config.pool_blocks, config.block_size, config.slots,
-                                        config.blocks_per_slot) if config.paged else None)
+        self._alloc = (
+            P.BlockAllocator(
+                config.pool_blocks, config.block_size, config.slots, config.blocks_per_slot
+            )
+            if config.paged
+            else None
+        )
         self._params = None
         self._version: int | None = None
         self._cache = None  # allocated at the first step (no work in the constructor)
         self._peak_tokens = 0
-        self.stats = dict(prefill_calls=0, prefill_rows=0, decode_calls=0, tokens=0,
-                          finished=0, discarded=0, preempted=0, rebuilt=0)
+        counters = ("prefill_calls", "prefill_rows", "decode_calls", "tokens", "finished",
+                    "discarded", "preempted", "rebuilt")  # fmt: skip
+        self.stats = dict.fromkeys(counters, 0)
 
     # ---- the interface -------------------------------------------------------------------
 
     def load_weights(self, version: int, params: Any) -> None:
         """Use `params` (`nnx.split(model)[1]`, or `nnx.to_pure_dict` of it, with numpy or JAX
         leaves) from now on; tokens sampled from now on carry `version`."""
-        if isinstance(params, nnx.State):
-            params = nnx.to_pure_dict(params)
-        if not isinstance(params, Mapping):
-            raise TypeError(f"params must be an nnx.State or a nested dict, got {type(params)}")
-        given = {_path_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-        if given.keys() != self._template.keys():
-            missing = sorted(self._template.keys() - given.keys())[:3]
-            extra = sorted(given.keys() - self._template.keys())[:3]
-            raise ValueError(f"params do not match the model: missing {missing}, extra {extra}")
-        leaves = []
-        for key, want in self._template.items():
-            if tuple(np.shape(given[key])) != want.shape:
-                raise ValueError(f"param {key}: shape {np.shape(given[key])}, model expects "
-                                 f"{want.shape}")
-            leaves.append(jnp.asarray(given[key], want.dtype))  # cast once, not every step
-        self._params = jax.tree_util.tree_unflatten(self._treedef, leaves)
+        self._params = prepare_params(params, self.model_config)
         self._version = int(version)
 
     def submit(self, requests: Iterable[Request]) -> None:
@@ -267,11 +187,15 @@ class Engine:
         for req in requests:
             p = len(req.prompt.tokens)
             if p + req.max_new_tokens > self.config.cache_len:
-                raise ValueError(f"prompt {req.prompt.uid}: {p} prompt + {req.max_new_tokens} "
-                                 f"new tokens exceed cache_len {self.config.cache_len}")
+                raise ValueError(
+                    f"prompt {req.prompt.uid}: {p} prompt + {req.max_new_tokens} "
+                    f"new tokens exceed cache_len {self.config.cache_len}"
+                )
             if p > self.config.buckets[-1]:
-                raise ValueError(f"prompt {req.prompt.uid} ({p} tokens) exceeds the largest "
-                                 f"prefill bucket {self.config.buckets[-1]}")
+                raise ValueError(
+                    f"prompt {req.prompt.uid} ({p} tokens) exceeds the largest "
+                    f"prefill bucket {self.config.buckets[-1]}"
+                )
             toks = np.asarray(req.prompt.tokens)
             if toks.min() < 0 or toks.max() >= self.model_config.vocab_size:
                 raise ValueError(f"prompt {req.prompt.uid} has token ids outside the vocabulary")
@@ -307,8 +231,10 @@ class Engine:
     def generate(self, requests: Iterable[Request]) -> list[Rollout]:
         """Run `requests` to completion on an idle engine; rollouts in request order."""
         if not self._sched.idle:
-            raise RuntimeError("generate() needs an idle engine; use submit() and step() to mix "
-                               "with work already in flight")
+            raise RuntimeError(
+                "generate() needs an idle engine; use submit() and step() to mix "
+                "with work already in flight"
+            )
         requests = list(requests)
         self.submit(requests)
         done: list[Rollout] = []
@@ -335,32 +261,33 @@ class Engine:
 
     def compile_counts(self) -> dict[str, int]:
         """Compiled executables of the (shared) prefill and decode functions."""
-        prefill, decode = _functions(self._static)
+        prefill, decode = compiled(self._static)
         return {"prefill": prefill._cache_size(), "decode": decode._cache_size()}
 
     def memory_stats(self) -> dict[str, int]:
         """KV-cache bytes: allocated (persistent), used now, peak used, and the per-call
         temporary (the paged cache's gathered view)."""
-        c = self.config
+        c, a = self.config, self._alloc
         per_token = P.kv_bytes_per_token(self.model_config, self.model_config.compute_dtype)
         if c.paged:
-            a = self._alloc
-            return {"allocated": c.pool_blocks * c.block_size * per_token,
-                    "used": a.num_used * c.block_size * per_token,
-                    "peak_used": a.peak_used * c.block_size * per_token,
-                    "transient": c.slots * c.cache_len * per_token}
-        used = sum(self._sched.slots[b].cache_len for b in self._sched.active())
-        return {"allocated": c.slots * c.cache_len * per_token, "used": used * per_token,
-                "peak_used": self._peak_tokens * per_token, "transient": 0}
+            tokens = (c.pool_blocks, a.num_used, a.peak_used)
+            allocated, used, peak = (n * c.block_size * per_token for n in tokens)
+            view = c.cache_len  # worst case: the widest window is gathered
+        else:
+            allocated, peak = c.slots * c.cache_len * per_token, self._peak_tokens * per_token
+            used = sum(self._sched.slots[b].cache_len for b in self._sched.active()) * per_token
+            view = max((w for w in c.windows if w < c.cache_len), default=0)  # a window copy
+        return {"allocated": allocated, "used": used, "peak_used": peak,
+                "transient": c.slots * view * per_token}  # fmt: skip
 
     # ---- the work ------------------------------------------------------------------------
 
     def _empty_cache(self):
         c, m = self.config, self.model_config
-        if c.paged:
-            return P.PagedKVCache.zeros(m, c.slots, c.pool_blocks, c.block_size,
-                                        c.blocks_per_slot, m.compute_dtype)
-        return KVCache.zeros(m, c.slots, c.cache_len)
+        if not c.paged:
+            return KVCache.zeros(m, c.slots, c.cache_len)
+        shape = (c.slots, c.pool_blocks, c.block_size, c.blocks_per_slot)
+        return P.PagedKVCache.zeros(m, *shape, m.compute_dtype)
 
     def _device_cache(self):
         if self.config.paged:  # the host's block table is the truth
@@ -378,21 +305,21 @@ class Engine:
             toks = seq.cached_tokens() if rebuild else np.asarray(seq.request.prompt.tokens)
             tokens[r, : len(toks)], lengths[r], slot_ids[r] = toks, len(toks), b
             ids[r], index[r] = request_ids(seq.request.prompt.uid, seq.request.sample_index), 0
-        prefill, _ = _functions(self._static)
-        self._cache, tok, logp = prefill(self._params, self._device_cache(), tokens, lengths,
-                                         slot_ids, ids, index, np.uint32(c.seed))
+        prefill, _ = compiled(self._static)
+        args = (tokens, lengths, slot_ids, ids, index, np.uint32(c.seed))
+        self._cache, tok, logp = prefill(self._params, self._device_cache(), *args)
         self.stats["prefill_calls"] += 1
         self.stats["prefill_rows"] += len(slots)
         return tok, logp
 
     def _rebuild(self) -> None:
         """interrupt("continue"): recompute the cache of flagged sequences with current weights."""
-        todo = [(b, self._sched.slots[b].cache_len) for b in self._sched.active()
-                if self._sched.slots[b].needs_rebuild]
-        for length, rows, group in prefill_groups(todo, self.config.buckets, self.config.prefill_rows):
+        slots, c = self._sched.slots, self.config
+        todo = [(b, slots[b].cache_len) for b in self._sched.active() if slots[b].needs_rebuild]
+        for length, rows, group in prefill_groups(todo, c.buckets, c.prefill_rows):
             self._prefill(group, rows, length, rebuild=True)
             for b in group:
-                self._sched.slots[b].needs_rebuild = False
+                slots[b].needs_rebuild = False
             self.stats["rebuilt"] += len(group)
 
     def _admit(self) -> list[Rollout]:
@@ -442,11 +369,12 @@ class Engine:
         for b in active:
             last[b], index[b] = slots[b].tokens[-1], len(slots[b].tokens)
             ids[b] = request_ids(slots[b].request.prompt.uid, slots[b].request.sample_index)
-        self._peak_tokens = max(self._peak_tokens,
-                                sum(slots[b].cache_len + int(budget[b]) for b in active))
-        _, decode = _functions(self._static)
-        self._cache, toks, logps = decode(self._params, self._device_cache(), last, index, ids,
-                                          budget, np.uint32(c.seed))
+        ends = [slots[b].cache_len + int(budget[b]) for b in active]  # positions after the chunk
+        self._peak_tokens = max(self._peak_tokens, sum(ends))
+        width = next(w for w in c.windows if w >= max(ends))
+        _, decode = compiled(self._static)
+        args = (last, index, ids, budget, np.uint32(c.seed))
+        self._cache, toks, logps = decode(self._params, self._device_cache(), *args, width=width)
         toks, logps = np.asarray(toks), np.asarray(logps)  # [B, N] the one sync per chunk
         self.stats["decode_calls"] += 1
         finished = []
@@ -471,4 +399,3 @@ class Engine:
     def _release_blocks(self, b: int) -> None:
         if self._alloc is not None:
             self._alloc.release(b)
-

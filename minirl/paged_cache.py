@@ -84,19 +84,31 @@ class PagedKVCache(NamedTuple):
     table: jax.Array  # [B, M] int32 block of each slot's M-th page
 
     @staticmethod
-    def zeros(cfg: ModelConfig, slots: int, num_blocks: int, block_size: int,
-              max_blocks_per_slot: int, dtype) -> PagedKVCache:
+    def zeros(
+        cfg: ModelConfig,
+        slots: int,
+        num_blocks: int,
+        block_size: int,
+        max_blocks_per_slot: int,
+        dtype,
+    ) -> PagedKVCache:
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         pool = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
-        return PagedKVCache(pool(), pool(), jnp.zeros((slots,), jnp.int32),
-                            jnp.zeros((slots, max_blocks_per_slot), jnp.int32))
+        return PagedKVCache(
+            pool(),
+            pool(),
+            jnp.zeros((slots,), jnp.int32),
+            jnp.zeros((slots, max_blocks_per_slot), jnp.int32),
+        )
 
 
-def gather_view(cache: PagedKVCache) -> KVCache:
-    """The contiguous view the model attends over: [B, M * Bs, K, Dh] per layer."""
+def gather_view(cache: PagedKVCache, width: int | None = None) -> KVCache:
+    """The contiguous view the model attends over: the first `width` positions (default all,
+    M * Bs; a multiple of Bs) of every slot, [B, width, K, Dh] per layer."""
+    table = cache.table if width is None else cache.table[:, : width // cache.k[0].shape[1]]
 
-    def view(pool):  # [N, Bs, K, Dh] -> [B, M*Bs, K, Dh]
-        pages = pool[cache.table]  # [B, M, Bs, K, Dh]
+    def view(pool):  # [N, Bs, K, Dh] -> [B, width, K, Dh]
+        pages = pool[table]  # [B, M, Bs, K, Dh]
         return pages.reshape(pages.shape[0], -1, *pages.shape[3:])
 
     return KVCache(tuple(map(view, cache.k)), tuple(map(view, cache.v)), cache.lengths)
@@ -111,8 +123,9 @@ def _scatter(cache: PagedKVCache, slot_ids, positions, valid, values_k, values_v
     block = jnp.where(valid, block, n)  # n is out of range: dropped
     offset = positions % bs
     write = lambda pool, vals: pool.at[block, offset].set(vals.astype(pool.dtype), mode="drop")
-    return cache._replace(k=tuple(map(write, cache.k, values_k)),
-                          v=tuple(map(write, cache.v, values_v)))
+    return cache._replace(
+        k=tuple(map(write, cache.k, values_k)), v=tuple(map(write, cache.v, values_v))
+    )
 
 
 def write_rows(cache: PagedKVCache, rows: KVCache, slot_ids, lengths) -> PagedKVCache:
@@ -133,6 +146,7 @@ def write_back(cache: PagedKVCache, view: KVCache, starts, count, steps: int) ->
     valid = jnp.arange(steps)[None, :] < count[:, None]
     index = jnp.minimum(positions, s - 1)[:, :, None, None]
     pick = lambda x: jnp.take_along_axis(x, index, axis=1)  # [B, steps, K, Dh]
-    cache = _scatter(cache, jnp.arange(b), positions, valid,
-                     tuple(map(pick, view.k)), tuple(map(pick, view.v)))
+    cache = _scatter(
+        cache, jnp.arange(b), positions, valid, tuple(map(pick, view.k)), tuple(map(pick, view.v))
+    )
     return cache._replace(lengths=view.lengths)

@@ -64,8 +64,14 @@ def truncate_logits(z: jax.Array, top_k: int = 0, top_p: float = 1.0, exact: boo
     return z
 
 
-def sample_tokens(keys: jax.Array, logits: jax.Array, temperature: float, top_k: int = 0,
-                  top_p: float = 1.0, exact: bool = False) -> jax.Array:
+def sample_tokens(
+    keys: jax.Array,
+    logits: jax.Array,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    exact: bool = False,
+) -> jax.Array:
     """One token per row: keys [B] (typed PRNG keys), logits [B, V] -> tokens [B] int32.
     temperature 0 is greedy (argmax of the raw logits; keys unused)."""
     if temperature == 0:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterable, Sequence as Seq
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
 
 import numpy as np
 
@@ -80,20 +81,25 @@ class Sequence:
         self.versions.append(int(version))
 
     def to_rollout(self, reason: str) -> Rollout:
-        return Rollout(prompt=self.request.prompt, sample_index=self.request.sample_index,
-                       tokens=np.array(self.tokens, np.int32),
-                       logprobs=np.array(self.logprobs, np.float32),
-                       versions=np.array(self.versions, np.int32), finish_reason=reason)
+        return Rollout(
+            prompt=self.request.prompt,
+            sample_index=self.request.sample_index,
+            tokens=np.array(self.tokens, np.int32),
+            logprobs=np.array(self.logprobs, np.float32),
+            versions=np.array(self.versions, np.int32),
+            finish_reason=reason,
+        )
 
 
-def finish_reason(seq: Sequence, eos_id: int | None,
-                  stop_sequences: Seq[tuple[int, ...]]) -> str | None:
+def finish_reason(
+    seq: Sequence, eos_id: int | None, stop_sequences: Seq[tuple[int, ...]]
+) -> str | None:
     """Why `seq` must stop after its last token, or None. EOS and stop-sequence tokens stay in
     the completion (they were sampled and have behaviour log-probs the trainer needs)."""
     if eos_id is not None and seq.tokens[-1] == eos_id:
         return "eos"
     for stop in stop_sequences:
-        if len(seq.tokens) >= len(stop) and tuple(seq.tokens[-len(stop):]) == stop:
+        if len(seq.tokens) >= len(stop) and tuple(seq.tokens[-len(stop) :]) == stop:
             return "stop"
     if seq.remaining <= 0:
         return "length"
@@ -108,15 +114,16 @@ def bucket(length: int, buckets: Seq[int]) -> int:
     raise ValueError(f"length {length} exceeds the largest bucket {buckets[-1]}")
 
 
-def prefill_groups(items: Seq[tuple[int, int]], buckets: Seq[int],
-                   max_rows: int) -> list[tuple[int, int, list[int]]]:
+def prefill_groups(
+    items: Seq[tuple[int, int]], buckets: Seq[int], max_rows: int
+) -> list[tuple[int, int, list[int]]]:
     """Group (slot, length) pairs into prefill calls: sorted by length, at most max_rows per
     call. Returns (length bucket, row bucket, slots); row buckets are powers of two <= max_rows,
     so at most len(buckets) x log2(max_rows) shapes ever compile."""
     items = sorted(items, key=lambda item: item[1])
     groups = []
     for start in range(0, len(items), max_rows):
-        part = items[start:start + max_rows]
+        part = items[start : start + max_rows]
         rows = min(1 << (len(part) - 1).bit_length(), max_rows)
         groups.append((bucket(part[-1][1], buckets), rows, [slot for slot, _ in part]))
     return groups

@@ -1,0 +1,181 @@
+"""The rollout engine's compiled device functions: prefill and chunked decode.
+
+What it is: the two pure functions `minirl.engine.Engine` calls, jitted once per setting with
+the KV cache donated (updated in place):
+
+  prefill   a group of prompts right-padded to [R, T] (R rows: a power of two, T: a length
+            bucket) runs through the model with a fresh [R, T] cache; its keys/values are
+            written into the rows' slots of the engine's cache; each row's next token is
+            sampled from its last real position.
+  decode    `chunk` single-token steps for every slot in one `lax.fori_loop`; step i samples
+            completion index `index + i` with the key fold_in(seed, uid, sample, index + i).
+            A slot whose budget is spent keeps computing (shapes are static) but stops
+            advancing its length. The chunk attends over the first `width` positions of the
+            cache only (enough for the longest active sequence), and writes the new positions
+            back into the full cache (contiguous) or the block pool (paged).
+
+Both report each sampled token's behaviour log-prob with `model.token_logprobs` on the logits it
+was sampled from — the function the trainer uses — so exact mode is bitwise reproducible.
+
+Simplified on purpose: sampling settings are static (one compile per temperature / top-k /
+top-p), and every slot decodes every step of a chunk.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from minirl import paged_cache as P
+from minirl.model import KVCache, ModelConfig, Transformer, token_logprobs
+from minirl.sampling import sample_tokens, token_keys
+
+
+class Settings(NamedTuple):
+    """What the compiled functions are specialised on (hashable; shared between engines)."""
+
+    model: ModelConfig
+    temperature: float
+    top_k: int
+    top_p: float
+    exact: bool
+    chunk: int
+    paged: bool
+
+
+def abstract_model(cfg: ModelConfig):
+    return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0))))
+
+
+def _sample(s: Settings, logits, keys):
+    """logits [B, V] -> (token [B], behaviour log-prob [B])."""
+    tok = sample_tokens(keys, logits, s.temperature, s.top_k, s.top_p, s.exact)
+    logp = token_logprobs(
+        logits[:, None], tok[:, None], s.temperature or 1.0, s.exact, s.top_k, s.top_p
+    )[:, 0]
+    return tok, logp
+
+
+def _write_rows(cache: KVCache, rows: KVCache, slot_ids, lengths) -> KVCache:
+    """Prefill into a contiguous cache: rows [R, T] go to slots `slot_ids` (>= B: dropped)."""
+    t = rows.k[0].shape[1]
+    put = lambda c, r: c.at[slot_ids, :t].set(r.astype(c.dtype), mode="drop")
+    return KVCache(
+        tuple(map(put, cache.k, rows.k)),
+        tuple(map(put, cache.v, rows.v)),
+        cache.lengths.at[slot_ids].set(lengths, mode="drop"),
+    )
+
+
+def prefill(graphdef, s: Settings, params, cache, tokens, lengths, slot_ids, ids, index, seed):
+    """tokens [R, T] right-padded, lengths [R]: run them, write their keys/values into slots
+    `slot_ids`, sample each row's next token (completion index `index`) from its last logits."""
+    model = nnx.merge(graphdef, params)
+    rows, t = tokens.shape
+    logits, fresh = model(
+        tokens, cache=KVCache.zeros(s.model, rows, t), num_new=lengths, exact=s.exact
+    )  # [R, T, V]
+    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [R, V]
+    tok, logp = _sample(s, last, token_keys(seed, ids, index))
+    write = P.write_rows if s.paged else _write_rows
+    return write(cache, fresh, slot_ids, lengths), tok, logp
+
+
+def _window(cache: KVCache, width: int) -> KVCache:
+    """The first `width` positions of every slot: what a decode chunk attends over."""
+    if width == cache.size:
+        return cache
+    cut = lambda x: x[:, :width]
+    return KVCache(tuple(map(cut, cache.k)), tuple(map(cut, cache.v)), cache.lengths)
+
+
+def _write_back(cache: KVCache, view: KVCache, starts, count, steps: int) -> KVCache:
+    """Copy each slot's new positions starts[b] .. starts[b] + count[b] - 1 from a window view
+    back into the full contiguous cache."""
+    if view.size == cache.size:
+        return view
+    positions = starts[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]  # [B, N]
+    target = jnp.where(jnp.arange(steps)[None, :] < count[:, None], positions, cache.size)
+    index = jnp.minimum(positions, view.size - 1)[:, :, None, None]
+    rows = jnp.arange(positions.shape[0])[:, None]
+
+    def put(full, part):
+        new = jnp.take_along_axis(part, index, axis=1)  # [B, N, K, Dh]
+        return full.at[rows, target].set(new, mode="drop")  # out-of-range targets: dropped
+
+    return KVCache(tuple(map(put, cache.k, view.k)), tuple(map(put, cache.v, view.v)), view.lengths)
+
+
+def decode(graphdef, s: Settings, params, cache, last, index, ids, budget, seed, *, width: int):
+    """`s.chunk` decode steps for every slot, attending over the first `width` cache positions
+    (enough for the longest active sequence). last [B] pending tokens, index [B] completion index
+    of the next token, budget [B] steps each slot may take. -> tokens, log-probs [B, N]."""
+    model = nnx.merge(graphdef, params)
+    view = P.gather_view(cache, width) if s.paged else _window(cache, width)
+    starts = view.lengths
+
+    def one_step(i, carry):
+        view, last, toks, logps = carry
+        live = (i < budget).astype(jnp.int32)  # [B] a spent slot writes but does not advance
+        logits, view = model(last[:, None], cache=view, num_new=live, exact=s.exact)
+        tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index + i))
+        return view, tok, toks.at[:, i].set(tok), logps.at[:, i].set(logp)
+
+    b = last.shape[0]
+    init = (view, last, jnp.zeros((b, s.chunk), jnp.int32), jnp.zeros((b, s.chunk), jnp.float32))
+    view, _, toks, logps = jax.lax.fori_loop(0, s.chunk, one_step, init)
+    write = P.write_back if s.paged else _write_back
+    return write(cache, view, starts, budget, s.chunk), toks, logps
+
+
+@functools.lru_cache(maxsize=32)
+def compiled(s: Settings):
+    """The jitted prefill and decode for one static setting (engines with equal settings share
+    them, and so share their compiled executables)."""
+    graphdef = abstract_model(s.model)[0]
+    prefill_fn = jax.jit(functools.partial(prefill, graphdef, s), donate_argnums=(1,))
+    decode_fn = jax.jit(
+        functools.partial(decode, graphdef, s), donate_argnums=(1,), static_argnames=("width",)
+    )
+    return prefill_fn, decode_fn
+
+
+def _path_key(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+@functools.lru_cache(maxsize=32)
+def _template(cfg: ModelConfig):
+    flat, treedef = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(abstract_model(cfg)[1]))
+    return {_path_key(p): leaf for p, leaf in flat}, treedef
+
+
+def prepare_params(params: Any, cfg: ModelConfig) -> dict:
+    """`nnx.split(model)[1]` or its `nnx.to_pure_dict` form (numpy or JAX leaves; integer or
+    string list keys) -> the pure dict the compiled functions take, every leaf checked against
+    the model's shapes and cast once to the compute dtype (the model casts each use to it anyway,
+    so this is bitwise the same and saves a cast per step)."""
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be an nnx.State or a nested dict, got {type(params)}")
+    template, treedef = _template(cfg)
+    given = {_path_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    if given.keys() != template.keys():
+        missing = sorted(template.keys() - given.keys())[:3]
+        extra = sorted(given.keys() - template.keys())[:3]
+        raise ValueError(f"params do not match the model: missing {missing}, extra {extra}")
+    leaves = []
+    for key, want in template.items():
+        if tuple(np.shape(given[key])) != want.shape:
+            raise ValueError(
+                f"param {key}: shape {np.shape(given[key])}, model expects {want.shape}"
+            )
+        leaves.append(jnp.asarray(given[key], want.dtype))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
