@@ -1,0 +1,151 @@
+"""Every tutorial's fast mode runs, exits 0, prints its results and writes what it promises.
+
+Each lesson is run as a user would run it, `python tutorials/NN_name.py --fast --out DIR`, in a
+subprocess (fresh JAX, its own argument parsing, its own `if __name__ == "__main__"`). The checks
+are on what the lesson claims: the figure is a real PNG, `results.json` holds the numbers, and the
+printed text contains the lines the lesson's docstring tells the reader to look for. Each lesson
+also checks its own claims and exits non-zero when one fails (e.g. exact mode not bitwise), so a
+regression in the library shows up here as a failing lesson.
+
+The static tests check the rules of tutorials/README.md: every lesson has a `--fast` flag and
+quotes its measured full-mode output together with the command and the machine, and the table
+of contents lists every lesson.
+
+Cost: the fast modes together take about 1-2 minutes of CPU time (each about 10-30 s). They
+share the JAX persistent compilation cache with the rest of the suite (tests/conftest.py).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TUTORIALS = ROOT / "tutorials"
+LESSONS = sorted(p.name for p in TUTORIALS.glob("[0-9][0-9]_*.py"))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TIMEOUT_S = 900  # generous: the machine may be shared; a fast mode takes ~10-30 s alone
+
+# What each lesson promises in fast mode: files it writes, lines it prints, facts in results.json.
+EXPECTED = {
+    "01_model_and_kv_cache.py": dict(
+        files=["kv_cache_mismatch.png"],
+        prints=[
+            "full forward (trainer) vs prefill + decode",
+            "exact / default =",
+            "exact mode: decode and full forward are bitwise equal",
+        ],
+        check=lambda r: (
+            r["comparison"]["float32/exact"]["bitwise_equal"]
+            and r["comparison"]["bfloat16/exact"]["bitwise_equal"]
+            and 0 <= r["comparison"]["float32/default"]["max_abs_dlogit"] < 1e-4
+            and r["timing"]["full_forward"]["exact_over_default"] > 0
+        ),
+    ),
+    "02_rollout_engine.py": dict(
+        files=["static_vs_continuous.png"],
+        prints=["continuous / static", "behaviour log-probs", "sampled alone == inside the batch"],
+        check=lambda r: (
+            r["throughput_ratio"] > 0
+            and r["decode_calls"]["static"] > r["decode_calls"]["continuous"]
+            and r["logprobs_match_trainer"]
+            and r["logprob_checks"]["alone_equals_in_batch"]
+            and len(r["versions_of_rollout_0"]) == 2
+        ),
+    ),
+    "03_verifiers.py": dict(
+        files=["verdicts.png"],
+        prints=[
+            "accepted (3/3 tests)",
+            "wrong answer on test 1",
+            "time limit on test 1",
+            "no sandbox process left",
+        ],
+        check=lambda r: (
+            all(r["host_checks"].values())
+            and r["code"]["correct"]["reward"] == 1.0
+            and all(h["reward"] == 0.0 for h in r["hostile"].values())
+            and [m["reward"] for m in r["math"]][:3] == [1.0, 1.0, 1.0]
+        ),
+    ),
+    "04_loss_as_parts.py": dict(
+        files=["clip_mask_vs_regulariser.png"],
+        prints=["== get_preset('cispo'): True", "grpo_A_pos_masked_beyond_1.2     True"],
+        check=lambda r: (
+            all(r["claims"].values())
+            and r["final_ratio_of_rewarded_token"]["GRPO"]
+            < 1.5
+            < r["final_ratio_of_rewarded_token"]["CISPO"]
+        ),
+    ),
+    "05_first_rl_run.py": dict(
+        files=["pass_at_k.png", "run/summary.json", "run/metrics.jsonl"],
+        prints=["held-out before RL", "held-out after RL"],
+        check=lambda r: all(
+            0.0 <= r[w][k] <= 1.0
+            for w in ("before", "after")
+            for k in ("pass@1", f"pass@{r['samples']}")
+        ),
+    ),
+}
+
+
+def test_every_lesson_has_an_expectation():
+    assert LESSONS, f"no lessons found in {TUTORIALS}"
+    assert set(LESSONS) <= set(EXPECTED)  # every lesson in the repository has its expectations
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_fast_mode_runs_and_delivers(lesson, tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("MINIRL_CACHE", str(tmp_path / "cache"))  # warm starts: never the user's cache
+    proc = subprocess.run(
+        [sys.executable, str(TUTORIALS / lesson), "--fast", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+        cwd=tmp_path,
+    )
+    tail = f"\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"{lesson} --fast exited with {proc.returncode}{tail}"
+    expected = EXPECTED[lesson]
+    for line in expected["prints"]:
+        assert line in proc.stdout, f"{lesson} did not print {line!r}{tail}"
+    for name in expected["files"] + ["results.json"]:
+        assert (out / name).is_file(), f"{lesson} did not write {name}{tail}"
+    for name in expected["files"]:
+        if name.endswith(".png"):
+            data = (out / name).read_bytes()
+            assert data.startswith(PNG_MAGIC) and len(data) > 10_000, f"{name} is not a real figure"
+    results = json.loads((out / "results.json").read_text())
+    assert results["mode"] == "fast"
+    assert expected["check"](results), f"{lesson}: results.json does not show the claim: {results}"
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_lesson_text_follows_the_rules(lesson):
+    """A docstring that IS the lesson: the idea, how to run it, and the measured full-mode output
+    with the command and the machine that produced it."""
+    text = (TUTORIALS / lesson).read_text()
+    doc = text.split('"""')[1]
+    assert doc.startswith(f"Lesson {lesson[:2]} — "), "the docstring opens with 'Lesson NN — title'"
+    for section in ("THE IDEA", "WHAT THE SCRIPT DOES", "Expected output (full mode, measured)"):
+        assert section in doc, f"{lesson}: the docstring has no {section!r} section"
+    measured = doc.split("Expected output (full mode, measured)")[1]
+    assert f"python tutorials/{lesson}" in measured, "the measured output names its command"
+    assert re.search(r"nproc\s*=?\s*\d", measured), "the measured output names the machine (nproc)"
+    assert re.search(r"20\d\d-\d\d-\d\d", measured), "the measured output is dated"
+    assert "--fast" in text and 'add_argument("--fast"' in text
+
+
+def test_readme_lists_every_lesson():
+    readme = (TUTORIALS / "README.md").read_text()
+    for lesson in LESSONS:
+        assert f"({lesson})" in readme, f"tutorials/README.md does not link {lesson}"
