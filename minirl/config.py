@@ -117,7 +117,8 @@ class RunConfig:
 
 
 def _countdown() -> RunConfig:
-    return RunConfig()
+    # The default `minirl train`: RL stops after 5 minutes (or rl.steps), whichever comes first.
+    return RunConfig(rl=RLConfig(time_budget=300.0))
 
 
 def _arithmetic() -> RunConfig:
