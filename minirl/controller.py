@@ -42,6 +42,7 @@ from minirl.data.filters import dynamic_filter
 from minirl.data.mixture import Mixture
 from minirl.diagnostics import batch_diagnostics
 from minirl.evaluation import decode_rollouts
+from minirl.losses import get_preset
 from minirl.metrics_log import flatten_metrics
 from minirl.scheduler import Request
 from minirl.types import Rollout, Score
@@ -83,6 +84,9 @@ class Controller:
     def __init__(self, cfg, *, engine, trainer, verifier, store, mixture: Mixture, tokenizer,
                  max_new_tokens: int, clock: Callable[[], float] = time.perf_counter, log=print):
         self.cfg, self.rl = cfg, cfg.rl
+        # DAPO's dynamic sampling is part of its preset (Objective.dynamic_filtering), so
+        # `rl.loss=dapo` filters without also setting rl.dynamic_filter.
+        self.dynamic_filter = cfg.rl.dynamic_filter or get_preset(cfg.rl.loss).dynamic_filtering
         self.engine, self.trainer, self.verifier, self.store = engine, trainer, verifier, store
         self.mixture, self.tokenizer, self.max_new_tokens = mixture, tokenizer, max_new_tokens
         self.clock, self.log = clock, log
@@ -158,7 +162,7 @@ class Controller:
             groups = [rollouts[i:i + rl.group_size] for i in range(0, len(rollouts), rl.group_size)]
             self._add_groups(groups)
             rounds += 1
-            if rl.dynamic_filter and rounds >= 32 and c.groups_produced < upto:
+            if self.dynamic_filter and rounds >= 32 and c.groups_produced < upto:
                 raise RuntimeError(f"dynamic filtering dropped {c.groups_filtered} groups and could not "
                                    "fill a batch in 32 rounds: every group has equal rewards (the task is "
                                    "too easy or too hard for the current model)")
@@ -230,7 +234,7 @@ class Controller:
         """Count, filter (DAPO) and buffer scored groups, tagging their production order."""
         c = self.counters
         c.rollouts_generated += sum(len(g) for g in groups)
-        if self.rl.dynamic_filter:
+        if self.dynamic_filter:
             groups, dropped = dynamic_filter(groups)
             c.groups_filtered += dropped
         added = []

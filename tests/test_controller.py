@@ -101,6 +101,17 @@ def test_nonfinite_step_publishes_nothing(tmp_path, monkeypatch):
     assert summary["counters"]["version"] == 0
 
 
+def test_dapo_preset_filters_groups_with_equal_rewards(tmp_path):
+    # DAPO's dynamic sampling belongs to its preset: rl.loss=dapo filters without
+    # rl.dynamic_filter. The random fixture model succeeds ~10% of the time, so most groups of 4
+    # are all-zero and get dropped; every group trained on has mixed rewards.
+    summary = quiet_run(fixture_cfg(steps=2, loss="dapo"), tmp_path).train()
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert summary["counters"]["groups_filtered"] > 0
+    assert all(r["reward/mixed_groups"] == 1.0 for r in recs)
+    assert summary["counters"]["groups_trained"] == 2 * 8
+
+
 @pytest.mark.parametrize("task", ["countdown", "arithmetic", "program_synthesis"])
 def test_every_builtin_task_runs_end_to_end(tmp_path, task):
     base = make_config("fixture")
