@@ -1,31 +1,41 @@
 """RL against the honest control: does the reward teach what the demonstrations cannot?
 
-The experiment (issue #7). On countdown the only demonstrations that honestly exist are random
+The experiment of issue #7. On countdown the only demonstrations that honestly exist are random
 well-formed expressions over the given numbers that IGNORE the target (docs/tasks.md): they
-teach the format, not how to hit the target. From one shared warm-start base (supervised on those
-demonstrations, cached), for each seed we spend the same wall-clock budget T two ways:
+teach the format, not how to hit the target. From the default warm-start base (supervised on
+those demonstrations, cached), for each seed the same training budget T is spent two ways:
 
-  RL    the default `minirl train` loop (minirl.controller.Controller, the config's loss), for T
-        seconds of training;
-  SFT   more supervised training on the same kind of demonstrations (fresh ones, never seen by
-        the warm start), same optimiser and learning rate as the warm start, for T seconds.
+  RL    the `minirl train` loop (minirl.controller.Controller with the config's loss);
+  SFT   more supervised training on the same kind of demonstrations (fresh ones the warm start
+        never saw), the warm start's optimiser, at `--sft-lr` (default: the warm start's peak).
 
 Both arms are evaluated on the held-out test split (pass@1 over `eval.samples` samples of
-`eval.prompts` prompts, the same prompts and sampling keys for every evaluation) every
-`--eval-every` seconds of training. The evaluation itself is not charged to the budget: the clock
-stops while it runs. Compilation is charged (each arm pays its own, as a user would).
+`eval.prompts` prompts, the same prompts and sampling keys at every evaluation) every
+`--eval-every` seconds of training and at the end. The clock stops during evaluations. XLA
+compilation is not charged either: before the first seed, each arm takes a few throwaway steps
+from the base (results discarded), so every seed starts with warm compile caches.
 
-The claim is met when, for every seed, RL's final held-out pass@1 is at least the BASE model's
-pass@8 (RL turned "sometimes right in 8 tries" into "right at the first try"), and above the SFT
+`--clock wall` (default) charges wall-clock seconds, as the acceptance is stated (a quiet 2-core
+CPU). `--clock cpu` charges this process's CPU seconds (all threads), for a machine shared with
+other jobs: there wall-clock time measures the load, not the method. On a quiet 2-core machine a
+wall-clock second is worth 1-2 CPU seconds, so a CPU budget of T gives each arm at most the work
+it would do in T wall-clock seconds there.
+
+Decoys (countdown): every held-out prompt is also shown with its target replaced by another
+target the same numbers can reach, and scored against the TRUE target. A policy that ignores
+the target scores the same on decoys as on the real prompts; one that reads it scores lower.
+
+The claim holds for a seed when RL's final held-out pass@1 is at least the BASE model's pass@8
+(RL turned "sometimes right in 8 tries" into "right at the first try") and above the SFT
 control's final pass@1.
 
-How to read the plot (`rl_vs_sft.png`): x = seconds of training (evaluation excluded), y =
-held-out pass@1. Solid lines are RL, dashed lines SFT, one colour per seed. The dotted
-horizontal line is the base model's pass@1, the dash-dot line its pass@8 (the target). SFT
-should stay near the base (it can only learn the format better); RL should climb past pass@8.
+The plot (`rl_vs_sft.png`): x = training seconds (evaluation excluded), y = held-out pass@1;
+solid = RL, dashed = SFT, one colour per seed; dotted = the base's pass@1, dash-dot = its
+pass@8 (the target); crosses at the end = decoy pass@1.
 
-    PYTHONPATH=. python experiments/rl_vs_sft.py                       # 3 seeds, default config
-    PYTHONPATH=. python experiments/rl_vs_sft.py --seeds 0 --budget 60 --set rl.loss=grpo
+    python experiments/rl_vs_sft.py --seeds 0 1 2                  # the acceptance (~45 min)
+    python experiments/rl_vs_sft.py --seeds 0 1 2 --clock cpu      # on a shared machine
+    python experiments/rl_vs_sft.py --fast --out /tmp/rvs          # a smoke test (~2 min)
 
 Writes `<out>/rl_vs_sft.json` (every number), `<out>/rl_vs_sft.png`, and prints a table.
 """
@@ -45,9 +55,12 @@ import numpy as np
 from minirl.batching import make_batch
 from minirl.config import make_config
 from minirl.controller import Controller
+from minirl.data.countdown import sample_in_range
 from minirl.data.mixture import Mixture
+from minirl.evaluation import decode_rollouts, heldout_prompts
 from minirl.losses import get_preset
 from minirl.runner import Run
+from minirl.scheduler import Request
 from minirl.trainer import Trainer
 from minirl.warmstart import demonstration_rollouts, warm_start
 from minirl.weights import InMemoryWeightStore
@@ -56,119 +69,187 @@ from minirl.workers import InProcessWorker
 # The warm start read demonstrations of train prompts 0 .. sft.steps * batch_size - 1; the SFT
 # control reads from here on, so every demonstration it sees is new to the model.
 SFT_CONTROL_OFFSET = 10_000_000
+DECOY_SEED = 7  # keys the decoy targets (the same for every seed and arm)
+FAST = ["eval.prompts=32", "eval.samples=4"]  # --fast: a smoke test of the whole script
+RL_KEYS = ("reward/mean", "reward/mixed_groups", "time/generate", "time/verify", "time/train", "time/step")
 
 
 class Clock:
-    """Training seconds: wall-clock time with the evaluations taken out."""
+    """Training seconds with the evaluations taken out: wall-clock or this process's CPU time."""
 
-    def __init__(self):
+    def __init__(self, kind: str = "wall"):
+        self.read = time.perf_counter if kind == "wall" else time.process_time
         self.spent, self._t0 = 0.0, None
 
     def start(self):
-        self._t0 = time.perf_counter()
+        self._t0 = self.read()
 
     def stop(self):
-        self.spent += time.perf_counter() - self._t0
+        self.spent += self.read() - self._t0
         self._t0 = None
 
     def now(self) -> float:
-        return self.spent + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
+        return self.spent + (self.read() - self._t0 if self._t0 is not None else 0.0)
 
 
-def _loop(step, evaluate, budget: float, eval_every: float) -> list[dict]:
-    """Call `step()` until `budget` training seconds are spent, evaluating at 0 and every
-    `eval_every` seconds (and once at the end). Returns the curve [{t, steps, **eval}]."""
-    clock, steps = Clock(), 0
-    curve = [{"t": 0.0, "steps": 0, **evaluate()}]
-    next_eval = eval_every
-    clock.start()
-    while clock.now() < budget:
-        step()
-        steps += 1
-        if clock.now() >= next_eval and clock.now() < budget:
-            clock.stop()
-            curve.append({"t": clock.spent, "steps": steps, **evaluate()})
-            print(f"    t={clock.spent:6.1f}s step {steps:4d}  pass@1 {curve[-1]['pass@1']:.3f}", flush=True)
-            next_eval += eval_every
-            clock.start()
-    clock.stop()
-    curve.append({"t": clock.spent, "steps": steps, **evaluate()})
-    print(f"    t={clock.spent:6.1f}s step {steps:4d}  pass@1 {curve[-1]['pass@1']:.3f}  (final)", flush=True)
-    return curve
+@dataclasses.dataclass
+class Arm:
+    """One way of spending the budget: `step()` trains a little and appends one record to `log`
+    (RL: reward and time split; SFT: loss); `params()` are the current weights."""
+
+    step: object
+    params: object
+    log: list
 
 
-def run_rl(run: Run, base, budget: float, eval_every: float) -> list[dict]:
-    """The `minirl train` loop (as minirl.runner.Run.train builds it) for `budget` seconds."""
+def rl_arm(run: Run, base, sft_lr: float | None = None) -> Arm:
+    """The `minirl train` loop, built as minirl.runner.Run.train builds it."""
     cfg = run.cfg
-    engine = run.engine(0, base)
     trainer = Trainer(cfg.model, base, get_preset(cfg.rl.loss), cfg.trainer_config())
     store = InMemoryWeightStore(keep=max(4, cfg.rl.reload_every + 2))
-    controller = Controller(cfg, engine=InProcessWorker(engine), trainer=InProcessWorker(trainer),
-                            verifier=InProcessWorker(run.task.verifier), store=store,
-                            mixture=Mixture({run.task.name: run.task}, seed=cfg.rl.seed),
-                            tokenizer=run.tokenizer, max_new_tokens=run.task.max_new_tokens)
+    controller = Controller(cfg, engine=InProcessWorker(run.engine(0, base)),
+                            trainer=InProcessWorker(trainer), verifier=InProcessWorker(run.task.verifier),
+                            store=store, mixture=Mixture({run.task.name: run.task}, seed=cfg.rl.seed),
+                            tokenizer=run.tokenizer, max_new_tokens=run.task.max_new_tokens, log=lambda *a: None)
     store.put(0, trainer.params(host=True))
-    rewards = []
+    log = []
 
     def step():
-        rewards.append(controller.step()["reward/mean"])
+        m = controller.step()
+        log.append({k: m[k] for k in RL_KEYS})
 
-    def evaluate():
-        engine.load_weights(controller.counters.version, trainer.params())
-        return run.evaluate(engine)
-
-    curve = _loop(step, evaluate, budget, eval_every)
-    curve[-1]["train_reward"] = rewards
-    return curve
+    return Arm(step, trainer.params, log)
 
 
-def run_sft(run: Run, base, budget: float, eval_every: float) -> list[dict]:
-    """Supervised training on fresh format-only demonstrations, the warm start's optimiser."""
+def sft_arm(run: Run, base, sft_lr: float | None = None) -> Arm:
+    """Supervised training on fresh format-only demonstrations (constant learning rate)."""
     cfg = run.cfg
-    trainer_cfg = dataclasses.replace(cfg.trainer_config(), learning_rate=cfg.sft.learning_rate)
+    trainer_cfg = dataclasses.replace(cfg.trainer_config(), learning_rate=sft_lr or cfg.sft.learning_rate)
     trainer = Trainer(cfg.model, base, None, trainer_cfg)
-    engine = run.engine(0, base)
     bs, start = cfg.sft.batch_size, SFT_CONTROL_OFFSET * (cfg.rl.seed + 1)
-    losses = []
+    log = []
 
     def step():
-        demos = demonstration_rollouts(run.task, run.tokenizer, start + len(losses) * bs, bs,
-                                       seed=cfg.rl.seed + 1)
-        losses.append(trainer.sft_step(make_batch(demos, run.tokenizer.pad_id))["loss"])
+        demos = demonstration_rollouts(run.task, run.tokenizer, start + len(log) * bs, bs, seed=cfg.rl.seed + 1)
+        log.append({"loss": trainer.sft_step(make_batch(demos, run.tokenizer.pad_id))["loss"]})
 
-    def evaluate():
-        engine.load_weights(len(losses), trainer.params())
-        return run.evaluate(engine)
+    return Arm(step, trainer.params, log)
 
-    curve = _loop(step, evaluate, budget, eval_every)
-    curve[-1]["train_loss"] = losses
-    return curve
+
+ARMS = {"rl": rl_arm, "sft": sft_arm}
+
+
+def warm_up(run: Run, base, sft_lr, steps: int = 3) -> float:
+    """Compile both arms' functions with throwaway steps from `base`; returns the seconds spent."""
+    t0 = time.perf_counter()
+    for make in ARMS.values():
+        arm = make(run, base, sft_lr)
+        for _ in range(steps):
+            arm.step()
+    return time.perf_counter() - t0
+
+
+def decoy_prompts(run: Run) -> list | None:
+    """Countdown only: the held-out prompts with the target replaced by another reachable target
+    of the same numbers (scored against the TRUE target, see decoy_pass1)."""
+    if run.task.name != "countdown":
+        return None
+    c, out = run.task.config, []
+    for p in heldout_prompts(run.task, run.cfg.eval.prompts):
+        rng = np.random.default_rng([DECOY_SEED, p.uid])
+        decoy = p.meta["target"]
+        for _ in range(100):  # almost every problem has several reachable targets
+            found = sample_in_range(p.meta["numbers"], c.ops, c.max_target, rng)
+            if found is not None and found[1] != p.meta["target"]:
+                decoy = found[1]
+                break
+        text = " ".join(map(str, p.meta["numbers"])) + f" -> {decoy}:"
+        out.append(dataclasses.replace(p, text=text, tokens=np.asarray(run.tokenizer.encode(text), np.int32)))
+    return out
+
+
+def decoy_pass1(run: Run, engine, decoys) -> float:
+    """pass@1 on the decoy prompts, scored against each prompt's true target."""
+    requests = [Request(p, i, run.task.max_new_tokens) for p in decoys for i in range(run.cfg.eval.samples)]
+    rollouts = engine.generate(requests)
+    decode_rollouts(rollouts, run.tokenizer)
+    truth = {q.uid: q for q in heldout_prompts(run.task, len(decoys))}  # decoys keep the uid
+    for r in rollouts:
+        r.prompt = truth[r.prompt.uid]
+    return float(np.mean([s.reward >= 1.0 for s in run.task.verifier.score(rollouts)]))
+
+
+def curve(run: Run, arm: Arm, budget: float, eval_every: float, clock: Clock, decoys=None) -> dict:
+    """Train until `budget` seconds are spent, evaluating held-out pass@k at 0, every
+    `eval_every` seconds and at the end (clock stopped)."""
+    points, engine = [], run.engine(0, arm.params())
+    load_before = os.getloadavg()
+
+    def record():
+        clock.stop()
+        engine.load_weights(len(points), arm.params())
+        points.append({"t": clock.spent, "steps": len(arm.log), **run.evaluate(engine)})
+        print(f"    t={clock.spent:6.1f}s step {len(arm.log):4d}  pass@1 {points[-1]['pass@1']:.3f}", flush=True)
+        clock.start()
+
+    clock.start()
+    record()
+    next_eval = eval_every
+    while clock.now() < budget:
+        arm.step()
+        if next_eval <= clock.now() < budget:
+            record()
+            next_eval += eval_every
+    record()
+    clock.stop()
+    out = {"curve": points, "final": points[-1], "steps": len(arm.log),
+           "load": [load_before[0], os.getloadavg()[0]], "log": arm.log}
+    if decoys is not None:
+        out["final"]["decoy_pass@1"] = decoy_pass1(run, engine, decoys)
+    return out
 
 
 def plot(results: dict, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7.5, 4.5))
+    fig = Figure(figsize=(7, 4.2), dpi=90)
     ax = fig.add_subplot()
     k = results["eval_samples"]
-    for i, seed in enumerate(results["seeds"]):
-        r, color = results["per_seed"][str(seed)], f"C{i}"
+    for i, (seed, r) in enumerate(results["per_seed"].items()):
         for arm, style in (("rl", "-"), ("sft", "--")):
             if arm in r:
-                ax.plot([p["t"] for p in r[arm]], [p["pass@1"] for p in r[arm]], style, color=color,
-                        marker="o", ms=3, label=f"{arm.upper()} seed {seed}")
-    base = results["per_seed"][str(results["seeds"][0])]["base"]
+                c = r[arm]["curve"]
+                ax.plot([p["t"] for p in c], [p["pass@1"] for p in c], style, color=f"C{i}", marker="o", ms=3,
+                        label=f"{arm.upper()} seed {seed}")
+                if "decoy_pass@1" in r[arm]["final"]:
+                    ax.plot([c[-1]["t"]], [r[arm]["final"]["decoy_pass@1"]], "x", color=f"C{i}", ms=7)
+    base = next(iter(results["per_seed"].values()))["base"]
     ax.axhline(base["pass@1"], color="gray", ls=":", label=f"base pass@1 ({base['pass@1']:.3f})")
     ax.axhline(base[f"pass@{k}"], color="black", ls="-.", label=f"base pass@{k} ({base[f'pass@{k}']:.3f})")
-    ax.set_xlabel("training seconds (evaluation excluded)")
+    ax.set_xlabel(f"training seconds ({results['clock']} clock, evaluation excluded)")
     ax.set_ylabel("held-out pass@1")
-    ax.set_title(f"RL vs SFT on format-only demonstrations ({results['task']})", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(f"RL vs SFT on format-only demonstrations ({results['task']}); x = decoy pass@1", fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
     FigureCanvasAgg(fig).print_png(str(path))
+
+
+def table(results: dict) -> str:
+    k = results["eval_samples"]
+    rows = [f"{'seed':>4}  {'base p@1':>8}  {f'base p@{k}':>8}  {'RL p@1':>7}  {'SFT p@1':>7}  "
+            f"{'RL decoy':>8}  {'RL steps':>8}  {'SFT steps':>9}  {'met':>4}  load (1-min avg, RL / SFT)"]
+    for seed, r in results["per_seed"].items():
+        rl, sft = r.get("rl"), r.get("sft")
+        rl_p = rl["final"]["pass@1"] if rl else np.nan
+        sft_p = sft["final"]["pass@1"] if sft else np.nan
+        met = rl_p >= r["base"][f"pass@{k}"] and (sft is None or rl_p > sft_p)
+        loads = " / ".join(f"{a['load'][0]:.1f}-{a['load'][1]:.1f}" for a in (rl, sft) if a)
+        rows.append(f"{seed:>4}  {r['base']['pass@1']:8.3f}  {r['base'][f'pass@{k}']:8.3f}  {rl_p:7.3f}  {sft_p:7.3f}  "
+                    f"{rl['final'].get('decoy_pass@1', np.nan) if rl else np.nan:8.3f}  "
+                    f"{rl['steps'] if rl else 0:8d}  {sft['steps'] if sft else 0:9d}  {'yes' if met else 'no':>4}  {loads}")
+    return "\n".join(rows)
 
 
 def main(argv=None) -> int:
@@ -176,48 +257,47 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="countdown")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--budget", type=float, default=None, help="seconds per arm (default: rl.time_budget)")
+    p.add_argument("--budget", type=float, default=None, help="training seconds per arm (default: rl.time_budget)")
     p.add_argument("--eval-every", type=float, default=None, help="seconds between evaluations (default: budget/6)")
-    p.add_argument("--arms", nargs="+", default=["rl", "sft"], choices=["rl", "sft"])
-    p.add_argument("--out", default="experiments/results")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="what a training second is")
+    p.add_argument("--arms", nargs="+", default=["rl", "sft"], choices=list(ARMS))
+    p.add_argument("--sft-lr", type=float, default=None, help="SFT control learning rate (default: sft.learning_rate)")
+    p.add_argument("--fast", action="store_true", help="smoke test: 10 s per arm, 32 x 4 evaluation samples")
+    p.add_argument("--out", default="experiments/results/rl_vs_sft")
     args = p.parse_args(argv)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    overrides = [*(FAST if args.fast else []), *args.overrides]
     results = {"command": " ".join(["experiments/rl_vs_sft.py", *(argv or [])]), "seeds": args.seeds,
-               "machine": platform.platform(), "cpus": os.cpu_count(), "per_seed": {}}
+               "clock": args.clock, "machine": platform.platform(), "cpus": os.cpu_count(), "per_seed": {}}
     for seed in args.seeds:
-        cfg = make_config(args.preset, [*args.overrides, f"rl.seed={seed}"])
-        budget = args.budget or cfg.rl.time_budget
+        cfg = make_config(args.preset, [*overrides, f"rl.seed={seed}"])
+        budget = args.budget or (10.0 if args.fast else cfg.rl.time_budget)
         if not budget:
             raise SystemExit("no budget: pass --budget or set rl.time_budget")
         eval_every = args.eval_every or budget / 6
         run = Run(cfg, out / "unused", progress=False)
         base, _ = warm_start(cfg, run.tokenizer, run.task, progress=False)
+        if "warmup_seconds" not in results:
+            results["warmup_seconds"] = warm_up(run, base, args.sft_lr)
         results.update(task=f"{cfg.task.name} {cfg.task.args}", eval_samples=cfg.eval.samples,
-                       eval_prompts=cfg.eval.prompts, budget=budget, config=dataclasses.asdict(cfg))
-        r = {"load_before": os.getloadavg()}
-        r["base"] = run.evaluate(run.engine(0, base))
+                       eval_prompts=cfg.eval.prompts, budget=budget, sft_lr=args.sft_lr or cfg.sft.learning_rate,
+                       config=dataclasses.asdict(cfg))
+        decoys = decoy_prompts(run)
+        engine = run.engine(0, base)
+        r = {"base": run.evaluate(engine)}
+        if decoys is not None:
+            r["base"]["decoy_pass@1"] = decoy_pass1(run, engine, decoys)
         print(f"seed {seed}: base {r['base']}", flush=True)
         for arm in args.arms:
             print(f"  {arm}", flush=True)
-            r[arm] = (run_rl if arm == "rl" else run_sft)(run, base, budget, eval_every)
-        r["load_after"] = os.getloadavg()
+            r[arm] = curve(run, ARMS[arm](run, base, args.sft_lr), budget, eval_every, Clock(args.clock), decoys)
         results["per_seed"][str(seed)] = r
         (out / "rl_vs_sft.json").write_text(json.dumps(results, indent=1, default=str))
         plot(results, out / "rl_vs_sft.png")
 
-    k = results["eval_samples"]
-    print(f"\n{'seed':>4}  {'base p@1':>8}  {f'base p@{k}':>8}  {'RL p@1':>7}  {'SFT p@1':>7}  "
-          f"{'RL steps':>8}  {'met':>4}  load (1-min avg before/after)")
-    for seed in args.seeds:
-        r = results["per_seed"][str(seed)]
-        rl = r["rl"][-1] if "rl" in r else {"pass@1": np.nan, "steps": 0}
-        sft = r["sft"][-1] if "sft" in r else {"pass@1": np.nan}
-        met = rl["pass@1"] >= r["base"][f"pass@{k}"] and rl["pass@1"] > sft["pass@1"]
-        print(f"{seed:>4}  {r['base']['pass@1']:8.3f}  {r['base'][f'pass@{k}']:8.3f}  {rl['pass@1']:7.3f}  "
-              f"{sft['pass@1']:7.3f}  {rl['steps']:8d}  {'yes' if met else 'no':>4}  "
-              f"{r['load_before'][0]:.1f}/{r['load_after'][0]:.1f}")
+    print("\n" + table(results))
     print(f"\n{out / 'rl_vs_sft.json'}\n{out / 'rl_vs_sft.png'}")
     return 0
 
