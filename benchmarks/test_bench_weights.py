@@ -94,28 +94,40 @@ def drop_from_page_cache(path) -> None:
 
 def run(benchmark, name, ours, baselines, rounds, before_each=lambda: None):
     """Alternate the baselines (timed here, in pytest-benchmark's untimed setup) and ours (timed
-    by pytest-benchmark) round by round; report baseline median / our median per baseline."""
+    by pytest-benchmark) round by round; report baseline median / our median per baseline, for
+    wall time and for CPU time (all threads of the process: `time.process_time`)."""
     times = {label: [] for label in baselines}
+    cpu = {label: [] for label in ["minirl", *baselines]}
 
     def setup():
         for label, baseline in baselines.items():
             gc.collect()
             before_each()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             baseline()
             times[label].append(time.perf_counter() - t)
+            cpu[label].append(time.process_time() - c)
         gc.collect()
         before_each()
 
-    benchmark.pedantic(ours, setup=setup, rounds=rounds, iterations=1, warmup_rounds=1)
+    def timed_ours():
+        c = time.process_time()
+        ours()
+        cpu["minirl"].append(time.process_time() - c)
+
+    benchmark.pedantic(timed_ours, setup=setup, rounds=rounds, iterations=1, warmup_rounds=1)
     ours_median = benchmark.stats.stats.median
-    line = f"\n{name}: minirl {ours_median * 1e3:.1f} ms"
+    median_cpu = {label: float(np.median(ts[1:])) for label, ts in cpu.items()}  # [0]: warm-up
+    line = f"\n{name} (load {os.getloadavg()[0]:.1f}): minirl {ours_median * 1e3:.1f} ms"
+    cpu_line = f"  CPU time: minirl {median_cpu['minirl'] * 1e3:.1f} ms"
     for label, ts in times.items():
-        base_median = float(np.median(ts[1:]))  # ts[0] ran with the warm-up round
+        base_median = float(np.median(ts[1:]))
         benchmark.extra_info[f"{label} median s"] = base_median
         benchmark.extra_info[f"ratio vs {label}"] = base_median / ours_median
         line += f" | {label} {base_median * 1e3:.1f} ms, ratio {base_median / ours_median:.2f}"
-    print(line)
+        cpu_ratio = median_cpu[label] / median_cpu["minirl"]
+        cpu_line += f" | {label} {median_cpu[label] * 1e3:.1f} ms, ratio {cpu_ratio:.2f}"
+    print(line + "\n" + cpu_line)
 
 
 def test_store_put_get(benchmark, params):
