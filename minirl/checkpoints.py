@@ -56,7 +56,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from minirl.serialization import TreeMismatchError, match_template, read_tree, to_bytes, write_tree
+import numpy as np
+
+from minirl.serialization import (
+    TreeMismatchError,
+    from_bytes,
+    match_template,
+    to_buffer,
+    write_tree,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +73,7 @@ MANIFEST = "manifest.json"
 FILES = ("params.tree", "opt_state.tree", "controller_state.tree")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 CHUNK_BYTES = 8 << 20  # a sha256 for each 8 MiB of a file, so chunks hash in parallel
+READ_BYTES = 16 << 20  # bytes per read call on restore
 HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
 
 
@@ -82,6 +91,13 @@ class Checkpoint:
     params: Any
     opt_state: Any
     controller_state: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class _Serialized:
+    """A tree already turned into its file's bytes (by `save_async`, which must copy at once)."""
+
+    data: np.ndarray  # uint8, from `to_buffer`
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,8 +144,8 @@ class _ChunkHashes:
         return [f.result() for f in self.futures]
 
 
-class _HashedFile:
-    """A raw binary file whose every written or read byte also goes into `hashes`."""
+class _HashedWriter:
+    """A raw binary file whose every written byte also goes into `hashes`."""
 
     def __init__(self, f, hashes: _ChunkHashes):
         self.f, self.hashes = f, hashes
@@ -142,12 +158,6 @@ class _HashedFile:
         self.hashes.add(view)
         return view.nbytes
 
-    def readinto(self, buffer) -> int:
-        n = self.f.readinto(buffer)
-        if n:
-            self.hashes.add(memoryview(buffer).cast("B")[:n])
-        return n
-
 
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -158,16 +168,23 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_file(path: Path, payload: Any, pool: ThreadPoolExecutor) -> tuple[int, _ChunkHashes]:
-    """Write a tree (or the bytes of one, from `to_bytes`) and fsync it: (size, its hashes)."""
+    """Write a tree (or a `_Serialized` one) and fsync it: (size, its hashes)."""
     with open(path, "wb", buffering=0) as f:
-        hashed = _HashedFile(f, _ChunkHashes(pool, CHUNK_BYTES))
-        size = hashed.write(payload) if isinstance(payload, bytes) else write_tree(hashed, payload)
+        hashed = _HashedWriter(f, _ChunkHashes(pool, CHUNK_BYTES))
+        if isinstance(payload, _Serialized):
+            size = hashed.write(payload.data)
+        else:
+            size = write_tree(hashed, payload)
         os.fsync(f.fileno())  # the hashing goes on meanwhile
     return size, hashed.hashes
 
 
 def _read_file(path: Path, entry: dict, pool: ThreadPoolExecutor) -> tuple[Any, _ChunkHashes]:
-    """Read a tree after checking its size: (tree, its hashes) for the caller to compare."""
+    """A file's bytes, after checking its size, hashed while they arrive: (bytes, hashes).
+
+    The bytes go into one numpy buffer (numpy backs large ones with huge pages, so allocating
+    it costs little) and the restored arrays are views into it: one read, no copy.
+    """
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -176,13 +193,19 @@ def _read_file(path: Path, entry: dict, pool: ThreadPoolExecutor) -> tuple[Any, 
         raise CorruptCheckpointError(
             f"{path.name} has {size} bytes, the manifest says {entry['size']} (truncated?)"
         )
+    data = np.empty(size, np.uint8)
+    hashes = _ChunkHashes(pool, entry["chunk_bytes"])
     with open(path, "rb", buffering=0) as f:
-        hashed = _HashedFile(f, _ChunkHashes(pool, entry["chunk_bytes"]))
-        try:
-            tree = read_tree(hashed, size=size)
-        except Exception as e:  # noqa: BLE001 - a damaged file can fail in any way
-            raise CorruptCheckpointError(f"{path.name} cannot be decoded: {e}") from e
-    return tree, hashed.hashes
+        for start in range(0, size, READ_BYTES):
+            view = memoryview(data[start : start + READ_BYTES])
+            done = 0
+            while done < view.nbytes:
+                n = f.readinto(view[done:])
+                if not n:
+                    raise CorruptCheckpointError(f"{path.name} shrank while it was read")
+                done += n
+            hashes.add(view)
+    return data, hashes
 
 
 def _check_hashes(name: str, entry: dict, hashes: _ChunkHashes) -> None:
@@ -289,7 +312,7 @@ class CheckpointManager:
         while `max_pending` saves (each holding its host copy) wait behind the one in progress."""
         self._raise_background_error()
         files = self._payloads(step, params, opt_state, controller_state)
-        files = {name: to_bytes(tree) for name, tree in files.items()}  # the host copy
+        files = {name: _Serialized(to_buffer(tree)) for name, tree in files.items()}  # host copy
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._worker, name="minirl-checkpoint-writer", daemon=True
@@ -437,10 +460,16 @@ class CheckpointManager:
         ckpt = self.path(step)
         entries = _read_manifest(ckpt, step)
         with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="minirl-sha256") as pool:
-            loaded = [_read_file(ckpt / name, entries[name], pool) for name in FILES]
-            for name, (_, hashes) in zip(FILES, loaded, strict=True):
+            loaded = {name: _read_file(ckpt / name, entries[name], pool) for name in FILES}
+            for name, (_, hashes) in loaded.items():
                 _check_hashes(name, entries[name], hashes)
-        return Checkpoint(step, *(tree for tree, _ in loaded))
+        trees = []
+        for name, (data, _) in loaded.items():
+            try:
+                trees.append(from_bytes(data))  # the arrays are (writable) views into `data`
+            except ValueError as e:  # intact bytes, yet not a tree: written by something else
+                raise CorruptCheckpointError(f"{name} cannot be decoded: {e}") from e
+        return Checkpoint(step, *trees)
 
     def _into_template(self, ckpt: Checkpoint, template: Any) -> Checkpoint:
         if template is None:

@@ -79,6 +79,7 @@ def test_round_trip_with_optax_state_bf16_and_controller_state(tmp_path, adam):
 
     ckpt = mgr.restore(template=(params, opt_state))
     assert ckpt.step == 12
+    assert ckpt.params["embed"].flags.writeable  # views into the file's buffer, not read-only
     host = jax.tree_util.tree_map(np.asarray, (params, opt_state))
     assert_trees_equal((ckpt.params, ckpt.opt_state), host)  # bf16 bit-exact, namedtuples back
     assert ckpt.params["embed"].dtype == BF16
