@@ -18,9 +18,9 @@ shared machine are noisy; compare the ratios. On a saturated machine wall time f
                          "warm" = files in the page cache; "cold" = evicted with
                          posix_fadvise(DONTNEED) before every round, as after a preemption.
 
-sha256 costs ~0.55 s of CPU per GB here (1.8 GB/s) and a page-cache read ~0.1 s, so a verified warm
-restore cannot reach half the raw read's speed on 2 cores even when they are free (see
-docs/weights.md, "Speed"); "raw+sha256" shows how close it gets to the bound.
+sha256 costs ~0.55 s of CPU per GB here (1.8 GB/s) and a page-cache read ~0.1 s, so a
+verified warm restore cannot reach half the raw read's speed on 2 cores even when they are free
+(see docs/weights.md, "Speed"); "raw+sha256" shows how close it gets to that bound.
 
 Parameter sets are random numpy pytrees with the shapes of a Llama-style decoder (the model
 module is not needed): "tiny" ~3.2M and "mid" ~25M float32 parameters. A checkpoint holds the
