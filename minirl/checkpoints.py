@@ -26,12 +26,10 @@ deletes. Damage that happens later (a truncated copy, a flipped bit, a deleted f
 restore by the manifest: every file's size is checked, then every byte is hashed as it is read,
 and a damaged checkpoint is reported with `logging.warning` and skipped for the one before it.
 
-Why a sha256 per 8 MiB chunk rather than one per file: sha256 (OpenSSL, with the CPU's SHA
-instructions) hashes ~1.8 GB/s per core, several times slower than copying from the page cache,
-so one hash per file would run on one core; independent chunks hash on every core, overlapped
-with the disk. `split -b 8388608 FILE` + `sha256sum` reproduces the list. Restore reads each file
-into one buffer, checks every chunk, and only then decodes (the arrays are views into the buffer,
-so nothing is copied twice). Format-1 manifests (one sha256 per file) are still read.
+The bytes are written and read by hashed_files.py, with a sha256 per 8 MiB chunk hashed on every
+core while the disk works (why per chunk: that file's docstring). Restore reads each file into
+one buffer, checks every chunk, and only then decodes (the arrays are views into the buffer, so
+nothing is copied twice). Format-1 manifests (one sha256 per file) are still read.
 
 Optimizer state: optax states are tuples of namedtuples. They are stored by structure, with each
 namedtuple as a dict of its fields (see serialization.py). `restore(template=(params, opt_state))`
@@ -50,7 +48,6 @@ run directory, and no sharding: every tree is one file.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -60,33 +57,30 @@ import secrets
 import shutil
 import threading
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from minirl.serialization import (
-    TreeMismatchError,
-    from_bytes,
-    match_template,
-    to_buffer,
-    write_tree,
+from minirl.hashed_files import (
+    HASH_THREADS,
+    CorruptCheckpointError,
+    Serialized,
+    check_hashes,
+    fsync_dir,
+    n_chunks,
+    read_file,
+    write_file,
+    write_file_bytes,
 )
+from minirl.serialization import TreeMismatchError, from_bytes, match_template, to_buffer
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # 1: one sha256 per file (still read); 2: one per CHUNK_BYTES of a file
+CHUNK_BYTES = 8 << 20  # a sha256 for each 8 MiB of a file, so chunks hash in parallel
 MANIFEST = "manifest.json"
 FILES = ("params.tree", "opt_state.tree", "controller_state.tree")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-CHUNK_BYTES = 8 << 20  # a sha256 for each 8 MiB of a file, so chunks hash in parallel
-READ_BYTES = 16 << 20  # bytes per read call on restore
-HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
-
-
-class CorruptCheckpointError(RuntimeError):
-    """A checkpoint that cannot be used: missing or damaged manifest or file."""
 
 
 class CheckpointSaveError(RuntimeError):
@@ -99,137 +93,6 @@ class Checkpoint:
     params: Any
     opt_state: Any
     controller_state: dict
-
-
-@dataclasses.dataclass(frozen=True)
-class _Serialized:
-    """A tree already turned into its file's bytes (by `save_async`, which must copy at once)."""
-
-    data: np.ndarray  # uint8, from `to_buffer`
-
-
-# ----------------------------------------------------------------------------------------------
-# Files: write and read with a sha256 per chunk, fsync
-
-
-def _sha256(pieces: list[memoryview]) -> str:
-    h = hashlib.sha256()
-    for piece in pieces:
-        h.update(piece)  # releases the GIL on large buffers
-    return h.hexdigest()
-
-
-class _ChunkHashes:
-    """The sha256 of every `chunk_bytes`-long piece of a byte stream, hashed on a thread pool.
-
-    Bytes are fed in order with `add` (memoryviews: nothing is copied). Each completed chunk is
-    handed to `pool` at once, so chunks are hashed in parallel with each other and with the disk
-    transfer or copy that goes on in the caller's thread. The fed buffers must stay unchanged
-    until `hexdigests()` returns. A stream always has at least one chunk (possibly empty).
-    """
-
-    def __init__(self, pool: ThreadPoolExecutor, chunk_bytes: int):
-        self.pool, self.chunk_bytes = pool, chunk_bytes
-        self.futures: list[Future] = []
-        self.pieces: list[memoryview] = []  # of the chunk being filled
-        self.filled = 0
-
-    def add(self, view: memoryview) -> None:
-        while view.nbytes:
-            take = min(view.nbytes, self.chunk_bytes - self.filled)
-            self.pieces.append(view[:take])
-            self.filled, view = self.filled + take, view[take:]
-            if self.filled == self.chunk_bytes:
-                self._submit()
-
-    def _submit(self) -> None:
-        pieces, self.pieces, self.filled = self.pieces, [], 0
-        self.futures.append(self.pool.submit(_sha256, pieces))
-
-    def hexdigests(self) -> list[str]:
-        if self.pieces or not self.futures:
-            self._submit()
-        return [f.result() for f in self.futures]
-
-
-class _HashedWriter:
-    """A raw binary file whose every written byte also goes into `hashes`."""
-
-    def __init__(self, f, hashes: _ChunkHashes):
-        self.f, self.hashes = f, hashes
-
-    def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        rest = view
-        while rest.nbytes:  # raw files may write less than asked
-            rest = rest[self.f.write(rest) :]
-        self.hashes.add(view)
-        return view.nbytes
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, payload: Any, pool: ThreadPoolExecutor) -> tuple[int, _ChunkHashes]:
-    """Write a tree (or a `_Serialized` one) and fsync it: (size, its hashes)."""
-    with open(path, "wb", buffering=0) as f:
-        hashed = _HashedWriter(f, _ChunkHashes(pool, CHUNK_BYTES))
-        if isinstance(payload, _Serialized):
-            size = hashed.write(payload.data)
-        else:
-            size = write_tree(hashed, payload)
-        os.fsync(f.fileno())  # the hashing goes on meanwhile
-    return size, hashed.hashes
-
-
-def _read_file(
-    path: Path, entry: dict, pool: ThreadPoolExecutor
-) -> tuple[np.ndarray, _ChunkHashes]:
-    """A file's bytes, after checking its size, hashed while they arrive: (bytes, hashes).
-
-    The bytes go into one numpy buffer (numpy backs large ones with huge pages, so allocating
-    it costs little) and the restored arrays are views into it: one read, no copy.
-    """
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{path.name} is missing") from None
-    if size != entry["size"]:
-        raise CorruptCheckpointError(
-            f"{path.name} has {size} bytes, the manifest says {entry['size']} (truncated?)"
-        )
-    data = np.empty(size, np.uint8)
-    hashes = _ChunkHashes(pool, entry["chunk_bytes"])
-    with open(path, "rb", buffering=0) as f:
-        for start in range(0, size, READ_BYTES):
-            view = memoryview(data[start : start + READ_BYTES])
-            done = 0
-            while done < view.nbytes:
-                n = f.readinto(view[done:])
-                if not n:
-                    raise CorruptCheckpointError(f"{path.name} shrank while it was read")
-                done += n
-            hashes.add(view)
-    return data, hashes
-
-
-def _check_hashes(name: str, entry: dict, hashes: _ChunkHashes) -> None:
-    for i, (got, want) in enumerate(zip(hashes.hexdigests(), entry["sha256"], strict=True)):
-        if got != want:
-            first = i * entry["chunk_bytes"]
-            last = min(first + entry["chunk_bytes"], entry["size"])
-            raise CorruptCheckpointError(
-                f"{name} fails its sha256 check in bytes {first}..{last} (damaged contents)"
-            )
-
-
-def _n_chunks(size: int, chunk_bytes: int) -> int:
-    return max(1, -(-size // chunk_bytes))
 
 
 def _read_manifest(ckpt: Path, step: int) -> dict:
@@ -252,7 +115,7 @@ def _read_manifest(ckpt: Path, step: int) -> dict:
                 chunk_bytes = manifest["chunk_bytes"]
             ok = ok and type(size) is int and size >= 0  # (type(): no bools)
             ok = ok and type(chunk_bytes) is int and chunk_bytes >= 1
-            ok = ok and isinstance(sha, list) and len(sha) == _n_chunks(size, chunk_bytes)
+            ok = ok and isinstance(sha, list) and len(sha) == n_chunks(size, chunk_bytes)
             entries[name] = {"size": size, "chunk_bytes": chunk_bytes, "sha256": sha}
     except (KeyError, TypeError):
         ok = False
@@ -323,7 +186,7 @@ class CheckpointManager:
         while `max_pending` saves (each holding its host copy) wait behind the one in progress."""
         self._raise_background_error()
         files = self._payloads(step, params, opt_state, controller_state)
-        files = {name: _Serialized(to_buffer(tree)) for name, tree in files.items()}  # host copy
+        files = {name: Serialized(to_buffer(tree)) for name, tree in files.items()}  # host copy
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._worker, name="minirl-checkpoint-writer", daemon=True
@@ -391,7 +254,10 @@ class CheckpointManager:
             tmp.mkdir()
             try:
                 with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="minirl-sha256") as pool:
-                    written = {name: _write_file(tmp / name, t, pool) for name, t in files.items()}
+                    written = {
+                        name: write_file(tmp / name, t, pool, CHUNK_BYTES)
+                        for name, t in files.items()
+                    }
                     entries = {
                         name: {"size": size, "sha256": hashes.hexdigests()}
                         for name, (size, hashes) in written.items()
@@ -402,13 +268,13 @@ class CheckpointManager:
                     "chunk_bytes": CHUNK_BYTES,
                     "files": entries,
                 }
-                _write_file_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
-                _fsync_dir(tmp)
+                write_file_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+                fsync_dir(tmp)
                 final = self.path(step)
                 if final.exists():  # the same step again, after a resume: replace it
                     self._delete(final)
                 os.rename(tmp, final)  # the checkpoint exists from this instant on
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
@@ -471,9 +337,9 @@ class CheckpointManager:
         ckpt = self.path(step)
         entries = _read_manifest(ckpt, step)
         with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="minirl-sha256") as pool:
-            loaded = {name: _read_file(ckpt / name, entries[name], pool) for name in FILES}
+            loaded = {name: read_file(ckpt / name, entries[name], pool) for name in FILES}
             for name, (_, hashes) in loaded.items():
-                _check_hashes(name, entries[name], hashes)
+                check_hashes(name, entries[name], hashes)
         trees = []
         for name, (data, _) in loaded.items():
             try:
@@ -496,10 +362,3 @@ class CheckpointManager:
         except TreeMismatchError as e:
             raise TreeMismatchError(f"cannot restore {self.path(ckpt.step)}: {e}") from e
         return dataclasses.replace(ckpt, params=params, opt_state=opt)
-
-
-def _write_file_bytes(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
