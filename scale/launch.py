@@ -138,19 +138,12 @@ def _token() -> str:
     return token
 
 
-def _mesh_config(text: str):
-    from scale.mesh import MeshConfig
-
-    sizes = dict(item.split("=") for item in text.split(",") if item)
-    return MeshConfig(**{k: int(v) for k, v in sizes.items()})
-
-
 def _start_jax(args) -> None:
     """Fake CPU devices (if asked) must be set before JAX starts; then join the job."""
     if args.cpu_devices:
-        os.environ["JAX_PLATFORMS"] = "cpu"
-        flag = f"--xla_force_host_platform_device_count={args.cpu_devices}"
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+        from scale import use_cpu_devices
+
+        use_cpu_devices(args.cpu_devices)
     from scale.mesh import DistributedConfig, initialize
 
     initialize(DistributedConfig(args.coordinator, args.num_processes, args.process_id))
@@ -190,9 +183,9 @@ def run_trainer(args) -> None:
     token = _token()
     cfg, task = _config(args)
     base, _ = warm_start(cfg, CharTokenizer(), task, progress=False)
-    mesh = M.make_mesh(_mesh_config(args.mesh))
+    mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
     trainer = Trainer(cfg.model, M.place_params(base, mesh, M.fsdp()), get_preset(cfg.rl.loss),
-                      cfg.trainer_config())  # fmt: skip
+                      cfg.trainer_config(), placement=M.RowPlacement(mesh, M.fsdp()))  # fmt: skip
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
     _serve(TrainerRole(trainer, store), args.listen, token)
 
@@ -207,7 +200,7 @@ def run_engine(args) -> None:
     token = _token()
     cfg, _ = _config(args)
     engine_cfg = dataclasses.replace(cfg.engine, eos_id=CharTokenizer().eos_id, seed=cfg.rl.seed)
-    mesh = M.make_mesh(_mesh_config(args.mesh))
+    mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
     role = EngineRole(Engine(cfg.model, engine_cfg), store, mesh, M.tensor_parallel())
     _serve(role, args.listen, token)
