@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from minirl.mismatch import add_diagnose_parser
 
-    add_diagnose_parser(sub)  # minirl diagnose: |Δlogp| per mismatch source (minirl/mismatch.py)
+    add_diagnose_parser(sub)  # minirl diagnose: |Δlogp| per mismatch source (minirl/mismatch/)
 
     p = sub.add_parser("config", help="print every knob with its value and meaning")
     add_config_arguments(p)

@@ -2,14 +2,15 @@
 
 Pure numpy on host arrays, called once per step; each function is a few vectorised passes over
 the [B, T] batch. Nothing here feeds the loss — these numbers exist to be logged and plotted
-(`minirl/plots.py`, `docs/diagnostics.md`).
+(`minirl/plots/`, `docs/diagnostics.md`).
 
 Notation (LOSSES.md): log mu = behaviour log-prob reported by the engine, log pi = the trainer's
 recompute (`prox_logp`). Per token, Delta = log pi - log mu and rho = pi / mu = exp(Delta).
 
 - `mismatch_metrics`  training-inference mismatch (TIM): mean / p95 / max of |Delta| (RLAX §7.2,
   Fig. 5: p95 over steps of the per-step mean, 0.044 without recomputation, 0.020 with) and
-  KL estimates.
+  KL estimates. Fig. 5's two series themselves come from the trainer's first update
+  (minirl/trainer.py `first_update_dlogp`, the same function on other pairs).
 - `zero_centred_contributions`  VeXact Eq. 5: A (c - 1), summed separately over A > 0 and A < 0.
 - `lag_buckets`        PipelineRL §5.2: ratio statistics per lag bucket (Table 3, §7.3).
 - `snis_baseline_proxy` PipelineRL Eq. 7-8: plain vs self-normalised IS group baseline by lag.

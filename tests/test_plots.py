@@ -1,4 +1,4 @@
-"""Plots (minirl/plots.py) from synthetic metrics.jsonl files: PNGs are written, missing keys and
+"""Plots (minirl/plots/) from synthetic metrics.jsonl files: PNGs are written, missing keys and
 empty files give a message PNG and a warning, and the lag table's numbers are the right ones."""
 
 import math
