@@ -39,9 +39,9 @@ for tokens of older versions the second also holds the real policy change since 
 
 Placement (the one door to devices): every micro-batch array enters the jitted functions through
 `placement.rows(x)` (axis 0 = rows) and every row-shaped result leaves through
-`placement.host(x)`. The default, `HostPlacement`, hands numpy to jit (one device, no mesh);
-scale/mesh.py's `RowPlacement` splits the rows over a mesh's data axes, which with parameters
-placed by `scale.mesh.place_params` makes the step data- and FSDP-parallel.
+`placement.host(x)` (minirl/placement.py). The default, `HostPlacement`, hands numpy to jit (one
+device, no mesh); scale/mesh.py's `RowPlacement` splits the rows over a mesh's data axes, which
+with parameters placed by `scale.mesh.place_params` makes the step data- and FSDP-parallel.
 
 How it stays fast on a CPU: the NNX model is split once (`nnx.split`); the forward, the
 per-micro-batch gradient accumulation and the optimizer update are pure functions under
@@ -75,13 +75,14 @@ import optax
 from flax import nnx
 
 from minirl import microbatch as mbt
-from minirl.diagnostics import mismatch_metrics
+from minirl.diagnostics import first_update_dlogp
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
 from minirl.model import ModelConfig, Transformer, token_entropy, token_logprobs
+from minirl.placement import HostPlacement, place_like
 from minirl.serialization import match_template
 from minirl.types import Batch
 
-__all__ = ["HostPlacement", "Trainer", "TrainerConfig", "learning_rate"]
+__all__ = ["Trainer", "TrainerConfig", "learning_rate"]
 
 REMAT_POLICIES = {
     "none": None,
@@ -314,44 +315,6 @@ _NLL = _TokenNLL()
 
 
 # ---------------------------------------------------------------------------------------------
-# Placement and the first update's mismatch
-
-
-class HostPlacement:
-    """The default placement: no mesh. Micro-batch arrays go to the jitted functions as numpy
-    (jit puts them on the default device); results come back as numpy copies. A placement for
-    a mesh (scale/mesh.py `RowPlacement`) has the same two methods."""
-
-    def rows(self, x: np.ndarray) -> Any:
-        """A host array whose axis 0 is micro-batch rows -> what the jitted functions take."""
-        return x
-
-    def host(self, tree: Any) -> Any:
-        """Device arrays (a pytree) -> numpy copies, the same on every process of a job."""
-        return jax.tree.map(lambda x: np.array(x, copy=True), tree)
-
-
-def _place_like(value, like):
-    """A host value laid out like the device array it replaces (a trainer placed on a mesh stays
-    on it after `load_state_dict`)."""
-    host = np.asarray(value)
-    if not isinstance(like, jax.Array):
-        return jnp.asarray(host)
-    return jax.make_array_from_callback(host.shape, like.sharding, lambda index: host[index])
-
-
-def first_update_dlogp(train_logp, prox_logp, behav_logp, mask) -> dict[str, float]:
-    """RLAX Fig. 5's two per-step numbers: |log pi_theta - log pi_old| over `mask` ([B, T] all)
-    with pi_old = pi_prox (recomputation) and pi_old = mu (none): mean, p95 and max of each."""
-    out = {}
-    for name, old in (("dlogp_recompute", prox_logp), ("dlogp_no_recompute", behav_logp)):
-        m = mismatch_metrics(old, train_logp, mask)
-        for stat in ("mean_abs_dlogp", "p95_abs_dlogp", "max_abs_dlogp"):
-            out[f"{name}/{stat}"] = m[stat]
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # The stateful part
 
 
@@ -444,15 +407,15 @@ class Trainer:
                 m, s, logp = self._update(
                     self.objective, batch, prepared, sub, scale=batch.num_rows / len(rows)
                 )
-                if first is None:  # the first update: the step's starting weights
-                    first = self._fig5(batch, prox_logp, sub, rows, logp)
+                first = first or (sub, rows, logp)  # the first update: the start weights
                 parts += m
                 stats.append(s)
             epochs.append({k: float(v) for k, v in finalize_metrics(jax.device_get(parts)).items()})
         metrics = {
             k: (max if k.endswith("_max") else np.mean)([e[k] for e in epochs]) for k in epochs[0]
         }
-        metrics = {k: float(v) for k, v in {**metrics, **first}.items()}
+        metrics |= self._fig5(batch, prox_logp, *first)
+        metrics = {k: float(v) for k, v in metrics.items()}
         return self._finish(metrics, stats, plan, t0, t_recompute)
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
@@ -481,10 +444,10 @@ class Trainer:
         """Restore a `state_dict()` (also after a round trip through minirl.serialization).
         Every array keeps the layout of the one it replaces (a sharded trainer stays sharded)."""
         params = match_template(state["params"], _abstract_model(self.model_cfg)[1])
-        self._params = jax.tree.map(_place_like, params, self._params)
+        self._params = jax.tree.map(place_like, params, self._params)
         template = self._optimizer_state()  # laid out like the params
         opt_state = match_template(state["opt_state"], template, what="optimizer state entry")
-        self._opt_state = jax.tree.map(_place_like, opt_state, template)
+        self._opt_state = jax.tree.map(place_like, opt_state, template)
         self.step = int(state["step"])
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
         self.last_step_ok = True

@@ -319,9 +319,9 @@ def to_host(x: Any) -> np.ndarray:
 
 
 class RowPlacement:
-    """A `minirl.trainer.Trainer` placement: each micro-batch's rows split over `rules`' batch
-    axes on `mesh` (with `fsdp()`: data x fsdp, so the trainer is data parallel); results come
-    back as whole numpy arrays on every process.
+    """A `minirl.trainer.Trainer` placement (minirl/placement.py): each micro-batch's rows
+    split over `rules`' batch axes on `mesh` (with `fsdp()`: data x fsdp, so the trainer is data
+    parallel); results come back as whole numpy arrays on every process.
 
         trainer = Trainer(cfg, place_params(p, mesh, fsdp()), obj, tcfg,
                           placement=RowPlacement(mesh, fsdp()))

@@ -20,11 +20,11 @@ from flax import nnx
 
 from minirl import microbatch as mbt
 from minirl.batching import bucket_length, make_batch
-from minirl.diagnostics import mismatch_metrics
+from minirl.diagnostics import first_update_dlogp, mismatch_metrics
 from minirl.losses import get_preset
 from minirl.model import KVCache, ModelConfig, init_model, token_logprobs
 from minirl.serialization import from_bytes, to_bytes
-from minirl.trainer import Trainer, TrainerConfig, first_update_dlogp, learning_rate
+from minirl.trainer import Trainer, TrainerConfig, learning_rate
 from minirl.types import Batch, Prompt, Rollout, Score
 
 CFG = ModelConfig(
