@@ -55,9 +55,9 @@ elementwise work) or `nothing_saveable` ("nothing": recompute the whole block in
 pass — RLAX's "nothing-saveable" setting, which keeps the training forward closest to the
 inference graph), or not at all ("none"). docs/trainer.md reports what each costs here.
 
-Simplified on purpose: no mesh of its own (scale/ places parameters and rows); no critic (objectives with
-`needs_values` are refused: the model has no value head); rows are padded, not packed
-padding-free (the model has no segment mask).
+Simplified on purpose: no mesh of its own (scale/ places parameters and rows); no critic
+(objectives with `needs_values` are refused: the model has no value head); rows are padded, not
+packed padding-free (the model has no segment mask).
 """
 
 from __future__ import annotations
