@@ -28,6 +28,21 @@ What one `train_step(batch)` does:
 `sft_step(batch)` runs the same machinery on the mean token negative log-likelihood over the
 mask (the supervised warm-start). `recompute_logprobs(batch)` is step 2 on its own.
 
+RLAX Fig. 5, every step, at no extra forward: the training forward of the FIRST update (the
+weights the step starts from) is what the PPO ratio's numerator sees, and its denominator is
+either the recompute (log pi_prox: "with recomputation", minirl's way) or the engine's log mu
+("without recomputation", what a trainer that trusts the engine would use). `train_step` returns
+mean / p95 / max of both |log pi_theta - log pi_old| over the first update's counted tokens:
+`dlogp_recompute/*` and `dlogp_no_recompute/*` (docs/diagnostics.md). On-policy the first is pure
+numerics (the training graph vs the recompute graph), the second adds the decode-vs-forward gap;
+for tokens of older versions the second also holds the real policy change since then.
+
+Placement (the one door to devices): every micro-batch array enters the jitted functions through
+`placement.rows(x)` (axis 0 = rows) and every row-shaped result leaves through
+`placement.host(x)` (minirl/placement.py). The default, `HostPlacement`, hands numpy to jit (one
+device, no mesh); scale/mesh.py's `RowPlacement` splits the rows over a mesh's data axes, which
+with parameters placed by `scale.mesh.place_params` makes the step data- and FSDP-parallel.
+
 How it stays fast on a CPU: the NNX model is split once (`nnx.split`); the forward, the
 per-micro-batch gradient accumulation and the optimizer update are pure functions under
 `jax.jit`, shared between trainers with equal settings (so tests and benchmarks reuse compiles),
@@ -40,9 +55,9 @@ elementwise work) or `nothing_saveable` ("nothing": recompute the whole block in
 pass — RLAX's "nothing-saveable" setting, which keeps the training forward closest to the
 inference graph), or not at all ("none"). docs/trainer.md reports what each costs here.
 
-Simplified on purpose: one device (scale/ adds meshes); no critic (objectives with
-`needs_values` are refused: the model has no value head); rows are padded, not packed
-padding-free (the model has no segment mask).
+Simplified on purpose: no mesh of its own (scale/ places parameters and rows); no critic
+(objectives with `needs_values` are refused: the model has no value head); rows are padded, not
+packed padding-free (the model has no segment mask).
 """
 
 from __future__ import annotations
@@ -60,8 +75,10 @@ import optax
 from flax import nnx
 
 from minirl import microbatch as mbt
+from minirl.diagnostics import first_update_dlogp
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
 from minirl.model import ModelConfig, Transformer, token_entropy, token_logprobs
+from minirl.placement import HostPlacement, place_like
 from minirl.serialization import match_template
 from minirl.types import Batch
 
@@ -196,16 +213,18 @@ def _logprobs(s: _Static, params, tokens, targets):
 
 
 def _accumulate(s: _Static, loss, params, acc, tokens, targets, part):
-    """Phase 2 on one micro-batch: add its gradient and loss to the accumulator `acc`."""
+    """Phase 2 on one micro-batch: add its gradient and loss to the accumulator `acc`. Also
+    returns the training forward's log-probs [R, Tb] (for the RLAX Fig. 5 metrics)."""
 
     def micro_loss(p):
         logp, logits = _logprobs_and_logits(s, p, tokens, targets, remat=True)
         entropy = token_entropy(logits, s.temperature) if loss.needs_entropy else None
-        return loss.loss(logp, part, entropy=entropy)
+        value, metrics = loss.loss(logp, part, entropy=entropy)
+        return value, (metrics, jax.lax.stop_gradient(logp))
 
-    (value, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params)
+    (value, (metrics, logp)), grads = jax.value_and_grad(micro_loss, has_aux=True)(params)
     acc_grads, acc_loss = acc
-    return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + value), metrics
+    return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + value), metrics, logp
 
 
 def _zeros(params):
@@ -299,10 +318,6 @@ _NLL = _TokenNLL()
 # The stateful part
 
 
-def _host(tree):
-    return jax.tree.map(lambda x: np.array(x, copy=True), tree)
-
-
 class Trainer:
     """Holds the parameters, optimizer state and step counter; everything else is pure functions.
 
@@ -310,7 +325,8 @@ class Trainer:
     leaves) or an `nnx.State`. They are also the reference policy for KL terms, unless
     `ref_params` is given (on resume: construct with the run's initial params, then
     `load_state_dict`). `objective`: a `minirl.losses.Objective`, or None for a trainer that only
-    runs `sft_step`.
+    runs `sft_step`. `placement`: how micro-batch rows reach the devices and results come back
+    (default `HostPlacement()`: one device; see the module docstring).
     """
 
     def __init__(
@@ -320,8 +336,10 @@ class Trainer:
         objective=None,
         cfg: TrainerConfig | None = None,
         ref_params: Any = None,
+        placement: Any = None,
     ):
         cfg = cfg or TrainerConfig()
+        self._placement = placement if placement is not None else HostPlacement()
         if objective is not None and objective.needs_values:
             raise ValueError(
                 f"objective {objective.name!r} trains a critic (value_coef > 0), but minirl's "
@@ -349,7 +367,7 @@ class Trainer:
         """The current parameters as a pure dict (what `Engine.load_weights` and
         `WeightStore.put` accept). JAX arrays, never mutated or donated afterwards; `host=True`
         returns numpy copies."""
-        return _host(self._params) if host else self._params
+        return self._placement.host(self._params) if host else self._params
 
     def recompute_logprobs(self, batch: Batch) -> np.ndarray:
         """log pi(targets) under the current weights, with the engine's settings.  [B, T] float32,
@@ -381,20 +399,22 @@ class Trainer:
         prepared = jax.device_get(_prepare_fn(self.objective)(inputs))
         t_recompute = time.perf_counter() - t0
 
-        epochs, stats = [], []
+        epochs, stats, first = [], [], None
         for epoch in range(self.cfg.ppo_epochs):
             parts = []
             for rows in self._minibatches(batch.num_rows, epoch):
                 sub = plan if len(rows) == batch.num_rows else self._plan(batch, rows)
-                m, s = self._update(
+                m, s, logp = self._update(
                     self.objective, batch, prepared, sub, scale=batch.num_rows / len(rows)
                 )
+                first = first or (sub, rows, logp)  # the first update: the start weights
                 parts += m
                 stats.append(s)
             epochs.append({k: float(v) for k, v in finalize_metrics(jax.device_get(parts)).items()})
         metrics = {
             k: (max if k.endswith("_max") else np.mean)([e[k] for e in epochs]) for k in epochs[0]
         }
+        metrics |= self._fig5(batch, prox_logp, *first)
         metrics = {k: float(v) for k, v in metrics.items()}
         return self._finish(metrics, stats, plan, t0, t_recompute)
 
@@ -403,7 +423,7 @@ class Trainer:
         t0 = time.perf_counter()
         self._check_batch(batch)
         plan = self._plan(batch)
-        parts, stat = self._update(_NLL, batch, _NLL.prepare(batch.mask), plan, scale=1.0)
+        parts, stat, _ = self._update(_NLL, batch, _NLL.prepare(batch.mask), plan, scale=1.0)
         parts = jax.device_get(parts)
         metrics = {
             "loss": float(sum(p["loss"] for p in parts)),
@@ -414,18 +434,20 @@ class Trainer:
     def state_dict(self) -> dict:
         """Everything to resume training: params, optimizer state, counters (numpy copies)."""
         return {
-            "params": _host(self._params),
-            "opt_state": _host(self._optimizer_state()),
+            "params": self._placement.host(self._params),
+            "opt_state": self._placement.host(self._optimizer_state()),
             "step": self.step,
             "skipped_nonfinite": self.skipped_nonfinite,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a `state_dict()` (also after a round trip through minirl.serialization)."""
-        self._params = self._check_params(state["params"])
-        template = jax.eval_shape(_transform(self._opt).init, self._params)
+        """Restore a `state_dict()` (also after a round trip through minirl.serialization).
+        Every array keeps the layout of the one it replaces (a sharded trainer stays sharded)."""
+        params = match_template(state["params"], _abstract_model(self.model_cfg)[1])
+        self._params = jax.tree.map(place_like, params, self._params)
+        template = self._optimizer_state()  # laid out like the params
         opt_state = match_template(state["opt_state"], template, what="optimizer state entry")
-        self._opt_state = jax.tree.map(jnp.asarray, opt_state)
+        self._opt_state = jax.tree.map(place_like, opt_state, template)
         self.step = int(state["step"])
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
         self.last_step_ok = True
@@ -441,15 +463,32 @@ class Trainer:
             rows=rows,
         )
 
+    def _rows(self, x: np.ndarray, mb: mbt.MicroBatch):
+        """Micro-batch `mb`'s rows of the [B, ...] host array `x`, placed for the jitted functions."""
+        return self._placement.rows(mbt.gather(x, mb))
+
+    def _scatter(self, results: list, plan, shape) -> np.ndarray:
+        """Per-micro-batch [R, Tb] device results -> one [B, T] host array (0 elsewhere)."""
+        out = np.zeros(shape, np.float32)
+        for mb, logp in zip(plan, self._placement.host(results), strict=True):
+            mbt.scatter(logp, mb, out)
+        return out
+
     def _logprobs(self, params, batch: Batch, plan) -> np.ndarray:
         fn = _forward_fns(self._static)
-        out = np.zeros(batch.mask.shape, np.float32)  # [B, T]
         results = [
-            fn(params, mbt.gather(batch.tokens, mb), mbt.gather(batch.targets, mb)) for mb in plan
+            fn(params, self._rows(batch.tokens, mb), self._rows(batch.targets, mb)) for mb in plan
         ]
-        for mb, logp in zip(plan, jax.device_get(results), strict=True):
-            mbt.scatter(logp, mb, out)
+        out = self._scatter(results, plan, batch.mask.shape)  # [B, T]
         return np.where(batch.mask > 0, out, 0.0).astype(np.float32)
+
+    def _fig5(self, batch: Batch, prox_logp, plan, rows, logps) -> dict[str, float]:
+        """The first update's |log pi_theta - log pi_old| with and without recomputation, over
+        the counted tokens of the rows it trained on."""
+        train_logp = self._scatter(logps, plan, batch.mask.shape)  # [B, T]
+        mask = np.zeros_like(batch.mask)
+        mask[rows] = batch.mask[rows]
+        return first_update_dlogp(train_logp, prox_logp, batch.behaviour_logprobs, mask)
 
     def _minibatches(self, num_rows: int, epoch: int) -> list[np.ndarray]:
         k = self.cfg.num_minibatches
@@ -464,22 +503,23 @@ class Trainer:
 
     def _update(self, loss, batch: Batch, prepared, plan, scale: float):
         """Accumulate the gradient over `plan`'s micro-batches, then one guarded optimizer update.
-        Returns (per-micro-batch metrics, update statistics)."""
+        Returns (per-micro-batch metrics, update statistics, per-micro-batch training-forward
+        log-probs on device)."""
         accumulate = _accumulate_fn(self._static, loss)
         _, zeros, apply = _opt_fns(self._opt)
         acc = zeros(self._params)
-        metrics = []
+        metrics, logps = [], []
         for mb in plan:
-            part = jax.tree.map(lambda x, mb=mb: mbt.gather(x, mb), prepared)
-            acc, m = accumulate(
-                self._params, acc, mbt.gather(batch.tokens, mb), mbt.gather(batch.targets, mb), part
-            )
+            part = jax.tree.map(lambda x, mb=mb: self._rows(x, mb), prepared)
+            tokens, targets = self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
+            acc, m, logp = accumulate(self._params, acc, tokens, targets, part)
             metrics.append(m)
+            logps.append(logp)
         lr = learning_rate(self.cfg, self.step)
         self._params, self._opt_state, ok, grad_norm = apply(
             self._params, self._optimizer_state(), acc, jnp.float32(scale), jnp.float32(lr)
         )
-        return metrics, {"ok": ok, "grad_norm": grad_norm, "lr": lr}
+        return metrics, {"ok": ok, "grad_norm": grad_norm, "lr": lr}, logps
 
     def _finish(
         self, metrics: dict, stats: list, plan, t0: float, t_recompute: float

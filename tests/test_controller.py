@@ -8,7 +8,9 @@ import pytest
 
 from minirl.config import EvalConfig, RLConfig, SFTConfig, TaskSpec, make_config
 from minirl.configlib import ConfigError
-from minirl.runner import Run
+from minirl.controller import Counters
+from minirl.metrics_log import read_metrics
+from minirl.runner import Run, checkpoint_due, open_run_dir
 from minirl.serialization import assert_trees_equal
 
 
@@ -69,6 +71,25 @@ def test_resume_is_bitwise_exact(tmp_path):
     mb = [json.loads(x) for x in (part / "metrics.jsonl").read_text().splitlines()]
     for x, y in zip(ma, mb, strict=True):
         assert x["reward/mean"] == y["reward/mean"] and x["train/loss"] == y["train/loss"]
+
+
+def test_checkpoint_due_by_hand():
+    cfg = fixture_cfg(steps=5, checkpoint_every=2)
+    due = lambda steps, engine_version=None, async_=False: checkpoint_due(
+        cfg, Counters(version=steps, engine_version=steps if engine_version is None
+                      else engine_version, steps=steps), async_)  # fmt: skip
+    assert [due(s) for s in range(1, 6)] == [False, True, False, True, True]  # every 2, the last
+    assert not due(4, engine_version=3)  # lockstep: only where the engine holds the version
+    assert due(4, engine_version=3, async_=True)
+
+
+def test_a_fresh_start_drops_metrics_of_an_attempt_that_never_checkpointed(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    with pytest.raises(ConfigError, match="already holds a run"):
+        open_run_dir(fixture_cfg(), tmp_path, resume=False)
+    _, restored = open_run_dir(fixture_cfg(), tmp_path, resume=True)
+    assert restored is None and read_metrics(tmp_path) == []  # those steps run again
+    assert json.loads((tmp_path / "config.json").read_text())["config"]["task"]["name"] == "fixture"
 
 
 def test_resume_with_another_config_is_refused(tmp_path):
