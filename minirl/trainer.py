@@ -196,7 +196,8 @@ def _logprobs(s: _Static, params, tokens, targets):
 
 
 def _accumulate(s: _Static, loss, params, acc, tokens, targets, part):
-    """Phase 2 on one micro-batch: add its gradient and loss to the accumulator `acc`."""
+    """Phase 2 on one micro-batch: add its gradient and loss to the accumulator `acc`, or start
+    the accumulator with them if `acc` is None (no zeros to write and add on the first one)."""
 
     def micro_loss(p):
         logp, logits = _logprobs_and_logits(s, p, tokens, targets, remat=True)
@@ -204,12 +205,9 @@ def _accumulate(s: _Static, loss, params, acc, tokens, targets, part):
         return loss.loss(logp, part, entropy=entropy)
 
     (value, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params)
-    acc_grads, acc_loss = acc
-    return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + value), metrics
-
-
-def _zeros(params):
-    return jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32)
+    if acc is None:
+        return (grads, value), metrics
+    return jax.tree.map(jnp.add, acc, (grads, value)), metrics
 
 
 class _Opt(NamedTuple):
@@ -240,12 +238,12 @@ def _apply(o: _Opt, params, opt_state, acc, scale, lr):
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
-    def update(params, opt_state):
-        direction, opt_state = _transform(o).update(grads, opt_state, params)
-        return jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), params, direction), opt_state
-
-    params, opt_state = jax.lax.cond(ok, update, lambda p, s: (p, s), params, opt_state)
-    return params, opt_state, ok, grad_norm
+    direction, new_state = _transform(o).update(grads, opt_state, params)
+    new_params = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), params, direction)
+    # A select per leaf, not lax.cond: XLA CPU copied every parameter into the cond's buffers on
+    # every call; a select fuses into the update's single pass over each leaf.
+    keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(ok, new, old))
+    return keep(new_params, params), keep(new_state, opt_state), ok, grad_norm
 
 
 @functools.lru_cache(maxsize=32)
@@ -267,7 +265,6 @@ def _accumulate_fn(s: _Static, loss):
 def _opt_fns(o: _Opt):
     return (
         jax.jit(_transform(o).init),
-        jax.jit(_zeros),
         jax.jit(functools.partial(_apply, o), donate_argnums=(1, 2)),
     )
 
@@ -466,9 +463,8 @@ class Trainer:
         """Accumulate the gradient over `plan`'s micro-batches, then one guarded optimizer update.
         Returns (per-micro-batch metrics, update statistics)."""
         accumulate = _accumulate_fn(self._static, loss)
-        _, zeros, apply = _opt_fns(self._opt)
-        acc = zeros(self._params)
-        metrics = []
+        apply = _opt_fns(self._opt)[1]
+        acc, metrics = None, []
         for mb in plan:
             part = jax.tree.map(lambda x, mb=mb: mbt.gather(x, mb), prepared)
             acc, m = accumulate(
