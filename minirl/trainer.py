@@ -35,9 +35,11 @@ state, counters) and the order of operations.
 
 How it stays fast on a CPU: the NNX model is split once (`nnx.split`); the forward, the
 per-micro-batch gradient accumulation and the optimizer update are pure functions under
-`jax.jit`, shared between trainers with equal settings (so tests and benchmarks reuse compiles),
-with the gradient accumulator and the optimizer state donated. Parameters are NOT donated: the
-engine and the weight store may still hold the arrays `params()` handed out.
+`jax.jit`, shared between trainers with equal settings (so tests and benchmarks reuse compiles).
+Only the gradient accumulator is donated: the engine and the weight store may still hold the
+parameter arrays `params()` handed out, and donating the optimizer state made XLA CPU copy it
+(minirl/optimizer.py). The hand-written dense backward and the causal block skipping in
+minirl/exact.py are what brought the `small` step to the matmul-peak target (docs/trainer.md).
 
 Simplified on purpose: one device (scale/ adds meshes); no critic (objectives with
 `needs_values` are refused: the model has no value head); rows are padded, not packed
