@@ -162,9 +162,9 @@ def causal_attention(q, k, v, visible, exact: bool = False, blocks: int = 4):
     for every row (a query's softmax only ever included its visible keys). Exact mode keeps the
     one full block (its bitwise tests pin that computation)."""
     t = q.shape[1]
-    size = -(-t // blocks)
-    if exact or size < 32:  # short rows: one block (many small kernels would cost more)
+    if exact or t < 128:  # short rows: one block (many small kernels would cost more)
         return attention(q, k, v, visible, exact)
+    size = -(-t // blocks)
     outs = []
     for start in range(0, t, size):
         end = min(start + size, t)
