@@ -104,6 +104,7 @@ class Controller:
         self._generate(upto=(c.version + rl.eta + 1) * rl.prompts_per_step)  # run ahead (eta)
         t_train = self.clock()
         metrics, batch, prox = self._train(groups)
+        t_trained = self.clock()
         metrics.update(self._batch_metrics(batch, prox, groups))
         self._count_trained(groups)
         t_publish = self.clock()
@@ -111,11 +112,12 @@ class Controller:
         t_end = self.clock()
         metrics.update({
             "time/generate": self.times["generate"], "time/verify": self.times["verify"],
-            "time/train": t_publish - t_train, "time/publish": t_end - t_publish,
+            "time/train": t_trained - t_train, "time/publish": t_end - t_publish,
             "time/step": t_end - t_start, "published": float(published),
             "generate/tokens": float(self.times["tokens"]),
             "generate/tokens_per_s": self.times["tokens"] / max(self.times["generate"], 1e-9),
         })
+        # The controller's own overhead: batching decisions, diagnostics, publishing, bookkeeping.
         metrics["time/other"] = max(0.0, metrics["time/step"] - self.times["generate"]
                                     - self.times["verify"] - metrics["time/train"])
         return self._with_counters(metrics)
@@ -269,7 +271,9 @@ class Controller:
         if metrics.get("train/skipped_nonfinite", 0.0) > 0:
             c.skipped_steps += 1
             return False
-        params = self.trainer.call("params", True).result()
+        # The trainer's JAX arrays, never mutated or donated: the store makes the one host copy
+        # and an in-process engine uses them as they are (no copy back to the device).
+        params = self.trainer.call("params").result()
         self.store.put(c.version + 1, params)
         c.version += 1
         if reload_engine and self.reload_due():

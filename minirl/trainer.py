@@ -43,17 +43,18 @@ Placement (the one door to devices): every micro-batch array enters the jitted f
 device, no mesh); scale/mesh.py's `RowPlacement` splits the rows over a mesh's data axes, which
 with parameters placed by `scale.mesh.place_params` makes the step data- and FSDP-parallel.
 
+The parts live in their own files: minirl/microbatch.py plans micro-batches, minirl/forward.py
+is the engine-matched forward with its remat policy and the per-micro-batch gradient,
+minirl/optimizer.py the guarded AdamW update. This file holds the state (params, optimizer
+state, counters) and the order of operations.
+
 How it stays fast on a CPU: the NNX model is split once (`nnx.split`); the forward, the
 per-micro-batch gradient accumulation and the optimizer update are pure functions under
-`jax.jit`, shared between trainers with equal settings (so tests and benchmarks reuse compiles),
-with the gradient accumulator and the optimizer state donated. Parameters are NOT donated: the
-engine and the weight store may still hold the arrays `params()` handed out.
-
-Remat (`TrainerConfig.remat`): each decoder block of the training forward is wrapped in
-`jax.checkpoint` with XLA's `dots_saveable` ("dots": keep matmul outputs, recompute the cheap
-elementwise work) or `nothing_saveable` ("nothing": recompute the whole block in the backward
-pass — RLAX's "nothing-saveable" setting, which keeps the training forward closest to the
-inference graph), or not at all ("none"). docs/trainer.md reports what each costs here.
+`jax.jit`, shared between trainers with equal settings (so tests and benchmarks reuse compiles).
+Only the gradient accumulator is donated: the engine and the weight store may still hold the
+parameter arrays `params()` handed out, and donating the optimizer state made XLA CPU copy it
+(minirl/optimizer.py). The hand-written dense backward and the causal block skipping in
+minirl/exact.py are what brought the `small` step to the matmul-peak target (docs/trainer.md).
 
 Simplified on purpose: no mesh of its own (scale/ places parameters and rows); no critic
 (objectives with `needs_values` are refused: the model has no value head); rows are padded, not
@@ -66,31 +67,25 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from minirl import microbatch as mbt
+from minirl import optimizer
 from minirl.diagnostics import first_update_dlogp
+from minirl.forward import REMAT_POLICIES, ForwardSpec, abstract_model, accumulate_fn, forward_fn
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
-from minirl.model import ModelConfig, Transformer, token_entropy, token_logprobs
+from minirl.model import ModelConfig
+from minirl.optimizer import learning_rate
 from minirl.placement import HostPlacement, place_like
 from minirl.serialization import match_template
 from minirl.types import Batch
 
 __all__ = ["Trainer", "TrainerConfig", "learning_rate"]
-
-REMAT_POLICIES = {
-    "none": None,
-    "dots": jax.checkpoint_policies.dots_saveable,
-    "nothing": jax.checkpoint_policies.nothing_saveable,
-}
-SCHEDULES = ("constant", "cosine")
-
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
@@ -124,7 +119,7 @@ class TrainerConfig:
         s = self
         rules = [  # (holds, what must hold)
             (s.learning_rate > 0 and math.isfinite(s.learning_rate), "learning_rate > 0, finite"),
-            (s.schedule in SCHEDULES, f"schedule in {SCHEDULES}"),
+            (s.schedule in optimizer.SCHEDULES, f"schedule in {optimizer.SCHEDULES}"),
             (s.warmup_steps >= 0, "warmup_steps >= 0"),
             (
                 s.schedule != "cosine" or s.total_steps > s.warmup_steps,
@@ -148,147 +143,13 @@ class TrainerConfig:
                 raise ValueError(f"TrainerConfig: {rule} must hold; got {self}")
 
 
-def learning_rate(cfg: TrainerConfig, step: int) -> float:
-    """The learning rate of train step `step` (0-based): linear warm-up from lr/(W+1) to lr over
-    W = warmup_steps steps, then constant, or cosine down to min_lr_ratio * lr at total_steps."""
-    warm = min(1.0, (step + 1) / (cfg.warmup_steps + 1))
-    if cfg.schedule == "constant":
-        return cfg.learning_rate * warm
-    progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / (cfg.total_steps - cfg.warmup_steps)))
-    cosine = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-    return cfg.learning_rate * warm * cosine
-
-
 # ---------------------------------------------------------------------------------------------
-# Pure functions (jitted once per static setting, shared between trainers)
-
-
-class _Static(NamedTuple):
-    """What the forward is specialised on (hashable)."""
-
-    model: ModelConfig
-    temperature: float
-    top_k: int
-    top_p: float
-    exact: bool
-    remat: str
-
-
-@functools.lru_cache(maxsize=16)
-def _abstract_model(cfg: ModelConfig):
-    """(graphdef, pure-dict template of ShapeDtypeStructs), without initialising any weights."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0))))
-    return graphdef, nnx.to_pure_dict(state)
-
-
-class _Checkpointed(nnx.Module):
-    """A decoder block whose activations the backward pass recomputes (`jax.checkpoint`)."""
-
-    def __init__(self, block, policy):
-        self.block = block
-        self.policy = policy
-
-    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False):
-        assert layer_cache is None, "remat is for the training forward (no KV cache)"
-        graphdef, state = nnx.split(self.block)
-
-        def run(state, x, positions, inv_freq, starts):
-            return nnx.merge(graphdef, state)(x, positions, inv_freq, None, starts, exact)[0]
-
-        return jax.checkpoint(run, policy=self.policy)(state, x, positions, inv_freq, starts), None
-
-
-def _logprobs_and_logits(s: _Static, params, tokens, targets, remat: bool):
-    """tokens, targets [R, Tb] -> (log-probs [R, Tb], logits [R, Tb, V]): the model's forward
-    and the engine's `token_logprobs` with the engine's settings."""
-    model = nnx.merge(_abstract_model(s.model)[0], params)
-    if remat and REMAT_POLICIES[s.remat] is not None:
-        model.layers = nnx.List([_Checkpointed(b, REMAT_POLICIES[s.remat]) for b in model.layers])
-    logits = model(tokens, exact=s.exact)  # [R, Tb, V]
-    return token_logprobs(logits, targets, s.temperature, s.exact, s.top_k, s.top_p), logits
-
-
-def _logprobs(s: _Static, params, tokens, targets):
-    return _logprobs_and_logits(s, params, tokens, targets, remat=False)[0]
-
-
-def _accumulate(s: _Static, loss, params, acc, tokens, targets, part):
-    """Phase 2 on one micro-batch: add its gradient and loss to the accumulator `acc`. Also
-    returns the training forward's log-probs [R, Tb] (for the RLAX Fig. 5 metrics)."""
-
-    def micro_loss(p):
-        logp, logits = _logprobs_and_logits(s, p, tokens, targets, remat=True)
-        entropy = token_entropy(logits, s.temperature) if loss.needs_entropy else None
-        value, metrics = loss.loss(logp, part, entropy=entropy)
-        return value, (metrics, jax.lax.stop_gradient(logp))
-
-    (value, (metrics, logp)), grads = jax.value_and_grad(micro_loss, has_aux=True)(params)
-    acc_grads, acc_loss = acc
-    return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + value), metrics, logp
-
-
-def _zeros(params):
-    return jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32)
-
-
-class _Opt(NamedTuple):
-    """Optimizer settings (hashable)."""
-
-    b1: float
-    b2: float
-    eps: float
-    weight_decay: float
-    max_grad_norm: float
-
-
-def _transform(o: _Opt) -> optax.GradientTransformation:
-    """clip -> Adam moments -> decoupled weight decay (matrices only); the caller scales by -lr."""
-    return optax.chain(
-        optax.clip_by_global_norm(o.max_grad_norm) if o.max_grad_norm > 0 else optax.identity(),
-        optax.scale_by_adam(o.b1, o.b2, o.eps),
-        optax.add_decayed_weights(
-            o.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
-        ),
-    )
-
-
-def _apply(o: _Opt, params, opt_state, acc, scale, lr):
-    """One optimizer update from summed gradients, or none at all (the old params and optimizer
-    state, bit for bit) if the loss or any gradient is non-finite."""
-    grads, loss = jax.tree.map(lambda g: (g * scale).astype(g.dtype), acc)  # keep bf16 as bf16
-    grad_norm = optax.tree.norm(grads)
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-    def update(params, opt_state):
-        direction, opt_state = _transform(o).update(grads, opt_state, params)
-        return jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), params, direction), opt_state
-
-    params, opt_state = jax.lax.cond(ok, update, lambda p, s: (p, s), params, opt_state)
-    return params, opt_state, ok, grad_norm
-
-
-@functools.lru_cache(maxsize=32)
-def _forward_fns(s: _Static):
-    return jax.jit(functools.partial(_logprobs, s))
+# Loss phases: the objective's phase 1, jitted; the supervised loss
 
 
 @functools.lru_cache(maxsize=32)
 def _prepare_fn(objective):
     return jax.jit(objective.prepare)
-
-
-@functools.lru_cache(maxsize=32)
-def _accumulate_fn(s: _Static, loss):
-    return jax.jit(functools.partial(_accumulate, s, loss), donate_argnums=(1,))
-
-
-@functools.lru_cache(maxsize=8)
-def _opt_fns(o: _Opt):
-    return (
-        jax.jit(_transform(o).init),
-        jax.jit(_zeros),
-        jax.jit(functools.partial(_apply, o), donate_argnums=(1, 2)),
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,8 +186,7 @@ class Trainer:
     leaves) or an `nnx.State`. They are also the reference policy for KL terms, unless
     `ref_params` is given (on resume: construct with the run's initial params, then
     `load_state_dict`). `objective`: a `minirl.losses.Objective`, or None for a trainer that only
-    runs `sft_step`. `placement`: how micro-batch rows reach the devices and results come back
-    (default `HostPlacement()`: one device; see the module docstring).
+    runs `sft_step`.
     """
 
     def __init__(
@@ -346,10 +206,8 @@ class Trainer:
                 "model has no value head; use value_coef=0"
             )
         self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
-        self._static = _Static(
-            model_cfg, cfg.temperature, cfg.top_k, cfg.top_p, cfg.exact, cfg.remat
-        )
-        self._opt = _Opt(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
+        self._spec = ForwardSpec.of(model_cfg, cfg)
+        self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
         self._params = self._check_params(params)
         self._ref_params = None
         if objective is not None and objective.needs_ref:
@@ -443,7 +301,7 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         """Restore a `state_dict()` (also after a round trip through minirl.serialization).
         Every array keeps the layout of the one it replaces (a sharded trainer stays sharded)."""
-        params = match_template(state["params"], _abstract_model(self.model_cfg)[1])
+        params = match_template(state["params"], abstract_model(self.model_cfg)[1])
         self._params = jax.tree.map(place_like, params, self._params)
         template = self._optimizer_state()  # laid out like the params
         opt_state = match_template(state["opt_state"], template, what="optimizer state entry")
@@ -475,7 +333,7 @@ class Trainer:
         return out
 
     def _logprobs(self, params, batch: Batch, plan) -> np.ndarray:
-        fn = _forward_fns(self._static)
+        fn = forward_fn(self._spec)
         results = [
             fn(params, self._rows(batch.tokens, mb), self._rows(batch.targets, mb)) for mb in plan
         ]
@@ -505,10 +363,9 @@ class Trainer:
         """Accumulate the gradient over `plan`'s micro-batches, then one guarded optimizer update.
         Returns (per-micro-batch metrics, update statistics, per-micro-batch training-forward
         log-probs on device)."""
-        accumulate = _accumulate_fn(self._static, loss)
-        _, zeros, apply = _opt_fns(self._opt)
-        acc = zeros(self._params)
-        metrics, logps = [], []
+        accumulate = accumulate_fn(self._spec, loss)
+        apply = optimizer.compiled(self._opt)[1]
+        acc, metrics, logps = None, [], []
         for mb in plan:
             part = jax.tree.map(lambda x, mb=mb: self._rows(x, mb), prepared)
             tokens, targets = self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
@@ -546,13 +403,13 @@ class Trainer:
 
     def _optimizer_state(self):
         if self._opt_state is None:
-            self._opt_state = _opt_fns(self._opt)[0](self._params)
+            self._opt_state = optimizer.compiled(self._opt)[0](self._params)
         return self._opt_state
 
     def _check_params(self, params) -> dict:
         if isinstance(params, nnx.State):
             params = nnx.to_pure_dict(params)
-        template = _abstract_model(self.model_cfg)[1]
+        template = abstract_model(self.model_cfg)[1]
         return jax.tree.map(jnp.asarray, match_template(params, template, what="parameter"))
 
     def _check_batch(self, batch: Batch) -> None:

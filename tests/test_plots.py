@@ -22,6 +22,7 @@ from minirl.plots import (
     plot_mismatch,
     plot_zero_centred,
     series,
+    time_shares,
 )
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -156,6 +157,21 @@ def test_series_skips_absent_keys_and_reads_null_as_nan(tmp_path):
     assert list(xs) == [5, 7] and ys[0] == 1.0 and math.isnan(ys[1])
     xs, _ = series(recs, "a", x="time")
     assert list(xs) == [0.0, 5.0]  # seconds since the first record
+
+
+def test_time_shares_hand_computed():
+    """The dashboard's step-time shares: the run's sums, "other" derived when not logged."""
+    logged = [
+        {"time/generate": 2.0, "time/verify": 0.5, "time/train": 1.0, "time/other": 0.5,
+         "time/step": 4.0},
+        {"time/generate": 4.0, "time/verify": 0.5, "time/train": 1.0, "time/other": 0.5,
+         "time/step": 6.0},
+    ]
+    shares = time_shares(logged)
+    assert shares == pytest.approx({"generate": 0.6, "verify": 0.1, "train": 0.2, "other": 0.1})
+    derived = [{k: v for k, v in r.items() if k != "time/other"} for r in logged]
+    assert time_shares(derived) == pytest.approx(shares)
+    assert time_shares([{"reward/mean": 1.0}]) == {}
 
 
 def test_lag_table_hand_computed():

@@ -30,8 +30,9 @@ import optax
 from flax import nnx
 
 from minirl import microbatch as mbt
+from minirl.forward import ForwardSpec, logprobs_and_logits
 from minirl.model import KVCache, ModelConfig, Transformer, token_logprobs
-from minirl.trainer import TrainerConfig, _logprobs_and_logits, _Static
+from minirl.trainer import TrainerConfig
 from minirl.types import Batch
 
 # ---------------------------------------------------------------------------------------------
@@ -144,10 +145,10 @@ def decode_logprobs(
 
 
 @functools.lru_cache(maxsize=16)
-def _train_forward_fn(s: _Static):
+def _train_forward_fn(s: ForwardSpec):
     def run(params, tokens, targets, mask):
         def loss(p):
-            logp = _logprobs_and_logits(s, p, tokens, targets, remat=True)[0]  # [R, Tb]
+            logp = logprobs_and_logits(s, p, tokens, targets, remat=True)[0]  # [R, Tb]
             return jnp.sum(jnp.where(mask > 0, logp, 0.0)), logp
 
         (_, logp), grads = jax.value_and_grad(loss, has_aux=True)(params)
@@ -162,9 +163,7 @@ def train_forward_logprobs(
 ) -> np.ndarray:
     """log pi_theta of `batch.targets` as the training step's forward computes it (its remat
     policy, its micro-batches, inside `jax.value_and_grad`): [B, T] float32, 0 off the mask."""
-    fn = _train_forward_fn(
-        _Static(model_cfg, cfg.temperature, cfg.top_k, cfg.top_p, cfg.exact, cfg.remat)
-    )
+    fn = _train_forward_fn(ForwardSpec.of(model_cfg, cfg))
     plan = mbt.pack_rows(
         mbt.row_lengths(batch.mask),
         cfg.micro_batch_tokens,

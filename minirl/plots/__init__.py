@@ -8,6 +8,7 @@ is an error.
 
   dashboard.py  `plot_dashboard`    reward, pass@k, loss, ratio / correction, clipping, time split
                 `plot_compare`      one metric of several runs against step or wall-clock time
+                `time_shares`       each time part's share of the run's step time (overhead)
   mismatch.py   `plot_mismatch`     |Δ log p| with and without recomputation (RLAX Fig. 5), the
                                     engine-vs-recompute mismatch, one run or several
                 `plot_zero_centred` A (c - 1) by advantage sign (VeXact Eq. 5, Fig. 5)
@@ -24,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from minirl.plots.common import series
-from minirl.plots.dashboard import plot_compare, plot_dashboard
+from minirl.plots.dashboard import plot_compare, plot_dashboard, time_parts, time_shares
 from minirl.plots.lag import lag_table, plot_lag
 from minirl.plots.mismatch import plot_mismatch, plot_zero_centred
 
@@ -37,6 +38,8 @@ __all__ = [
     "plot_mismatch",
     "plot_zero_centred",
     "series",
+    "time_parts",
+    "time_shares",
 ]
 
 

@@ -38,21 +38,42 @@ DASHBOARD = (  # (title, key regex, log y)
 )
 
 
-def _time_split(ax, records):
-    """Stacked seconds per step: generate / verify / train / other (other derived from
-    time/step when the controller did not log it)."""
-    xs = np.asarray([r.get("step", i) for i, r in enumerate(records)], dtype=np.float64)
-    parts = {}
-    for p in TIME_PARTS:
-        vals = [num(r.get(f"time/{p}")) for r in records]
-        parts[p] = np.asarray([math.nan if v is None else v for v in vals])
+def _series_of(records, key) -> np.ndarray:
+    return np.asarray([math.nan if (v := num(r.get(key))) is None else v for r in records])
+
+
+def time_parts(records: list[dict]) -> dict[str, np.ndarray]:
+    """Seconds per step of each of TIME_PARTS present (nan where a record lacks it). "other" is
+    the controller's own overhead (everything but generate, verify and train); when a run did
+    not log it, it is time/step minus the three."""
+    parts = {p: _series_of(records, f"time/{p}") for p in TIME_PARTS}
     if np.isnan(parts["other"]).all() and keys(records, r"^time/step$"):
-        total = np.asarray([num(r.get("time/step")) for r in records], dtype=np.float64)
         known = np.nansum([parts[p] for p in TIME_PARTS[:3]], axis=0)
-        parts["other"] = np.maximum(total - known, 0.0)
-    present = [p for p in TIME_PARTS if not np.isnan(parts[p]).all()]
-    ax.stackplot(xs, *[np.nan_to_num(parts[p]) for p in present], labels=present, alpha=0.8)
-    style(ax, "step time split (s), keys time/<part>", legend=False)
+        parts["other"] = np.maximum(_series_of(records, "time/step") - known, 0.0)
+    return {p: v for p, v in parts.items() if not np.isnan(v).all()}
+
+
+def time_shares(records: list[dict]) -> dict[str, float]:
+    """Each part's share of the run's total step time (sums over all steps)."""
+    parts = time_parts(records)
+    total = float(np.nansum(_series_of(records, "time/step")))
+    if not total > 0:
+        total = float(sum(np.nansum(v) for v in parts.values()))
+    return {p: float(np.nansum(v)) / total for p, v in parts.items()} if total > 0 else {}
+
+
+def _time_split(ax, records):
+    """Stacked seconds per step: generate / verify / train / other, each with its share."""
+    xs = np.asarray([r.get("step", i) for i, r in enumerate(records)], dtype=np.float64)
+    parts, shares = time_parts(records), time_shares(records)
+    labels = [f"{p} {100 * shares[p]:.1f}%" for p in parts]
+    ax.stackplot(xs, *[np.nan_to_num(v) for v in parts.values()], labels=labels, alpha=0.8)
+    title = "step time split (s), keys time/<part>; % of the run's step time"
+    if "other" in shares:  # step 1 also compiles the trainer: the share without it, too
+        later = time_shares(records[1:]).get("other", math.nan)
+        title += f"\ncontroller overhead (other) {100 * shares['other']:.1f}%, "
+        title += f"after step 1 {100 * later:.1f}%"
+    style(ax, title, legend=False)
     ax.legend(fontsize=7, loc="upper left")
 
 
