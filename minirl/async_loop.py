@@ -7,8 +7,9 @@ Two threads share the controller's buffer under one lock:
                    buffers them; when the trainer has published a version j or more ahead of the
                    engine's, it interrupts in-flight requests (`rl.reload_policy`: discard them
                    and start over, or continue them with the new weights) and reloads
-  trainer thread   (the caller) waits for enough acceptable groups, takes the freshest, trains,
-                   publishes the new version to the weight store
+  trainer thread   (the caller) waits for enough acceptable groups, takes the freshest (or,
+                   with rl.batch_order = "oldest", the oldest), trains, publishes the new
+                   version to the weight store
 
 The bounds of the lockstep scheduler hold here too, enforced rather than scheduled:
   eta: groups produced + groups in flight <= (v + eta + 1) * prompts_per_step  (AReaL's rate limit)
