@@ -88,6 +88,8 @@ class RolloutThread(threading.Thread):
     def _admit(self) -> None:
         ctl, rl = self.ctl, self.ctl.rl
         with ctl.cond:
+            if ctl.reload_due():  # the trainer published since _maybe_reload: reload first, or the
+                return            # new prompts would be sampled by weights the bound k may refuse
             c = ctl.counters
             allowed = (c.version + rl.eta + 1) * rl.prompts_per_step - c.groups_produced - len(self.in_flight)
             prompts = ctl.usable(ctl.mixture.next_prompts(allowed)) if allowed > 0 else []
