@@ -81,7 +81,12 @@ What reproduces, and what does not:
   on every step). (1, 2) trained on one-step-old data (lag 2 on almost every step). With j = 4 the
   lag cycles as the engine falls behind and reloads (mean 2.5 and 3.4). Generation that ran ahead
   was partly wasted: the trainer prefers the freshest groups, so older ones aged past k and were
-  discarded (48 of 688 groups generated for (4, 4), 96 of 752 for (4, 8)).
+  discarded (48 of 688 groups generated for (4, 4), 96 of 752 for (4, 8)). Note what that did to
+  eta: minirl's rate limit counts every group generated, discarded ones included, so each
+  discarded group permanently shortens how far generation may run ahead. In (4, 4) the 3 batches
+  generated ahead at the start had all aged out by step 7, and from then on generation never ran
+  ahead again (the run was synchronous, apart from j); in (4, 8) the lead fell from 7 batches to
+  1 by step 10. AReaL avoids this by training on the oldest data first (lesson 07).
 - Time per step: RLAX's direction reproduces. Accepting older data than the reload interval let
   the trainer stop waiting: with k > j it never waited for data (0% of the step), against 17-18%
   with k = j. Mean step time fell from 8.0 s to 5.2 s for j = 1 (0.65x) and from 8.2 s to 6.8 s for
