@@ -52,8 +52,8 @@ when lesson 05 ran first), with 16 prompts x 8 samples per step and 40 steps per
 Two warnings for reading the numbers. (1) Wall-clock results depend on the machine: on two cores
 the engine and the trainer compete for the same cores, and XLA already spreads one computation
 over both, so overlap gains less here than on separate accelerators. The lesson prints the CPU
-load. (2) Async runs are not bitwise reproducible (which batch gets which rollouts depends on
-timing), so the reward curves differ a little from run to run.
+load. (2) Async runs are not guaranteed to be bitwise reproducible: which batch gets which
+rollouts may depend on timing, so the reward curves may differ a little from run to run.
 
 WHAT THE SCRIPT DOES
 --------------------
@@ -68,59 +68,68 @@ WHAT THE SCRIPT DOES
 
 Expected output (full mode, measured)
 -------------------------------------
-Measured on 2026-11-23 with `python tutorials/06_staleness_knobs.py --out /tmp/t11/m06/out` at
-commit b79de54 on a shared virtual machine with 2 cores (nproc = 2), under heavy load from other
-jobs (load average 12-18 throughout). It took 1,275 s of wall time and 196 s of CPU time
-(user + sys). The warm start was loaded from the cache that lesson 05 had filled; without it, add
-about 150 s of CPU time. The figure is figures/06_staleness_knobs.png (drawn from this run's
-metrics by the script's `plot`, after a change of line colours only).
+Measured on 2026-11-23 with `python tutorials/06_staleness_knobs.py --out /tmp/t11/m06b/out`,
+library at commit d47d9f8, on a shared virtual machine with 2 cores (nproc = 2), under load from
+other jobs (load average 6-12). It took 403 s of wall time and 186 s of CPU time (user + sys).
+The warm start was loaded from the cache that lesson 05 had filled; without it, add about 140 s
+of CPU time. The figure is figures/06_staleness_knobs.png.
 
 What reproduces, and what does not:
 
-- The bounds hold, and the lag behaves as the knobs say. (1, 1) trained only on fresh data (lag 1
-  on every step). (1, 2) trained on one-step-old data (lag 2 on almost every step). With j = 4 the
-  lag cycles as the engine falls behind and reloads (mean 2.5 and 3.4). Generation that ran ahead
-  was partly wasted: the trainer prefers the freshest groups, so older ones aged past k and were
-  discarded (48 of 688 groups generated for (4, 4), 96 of 752 for (4, 8)). Note what that did to
-  eta: minirl's rate limit counts every group generated, discarded ones included, so each
-  discarded group permanently shortens how far generation may run ahead. In (4, 4) the 3 batches
-  generated ahead at the start had all aged out by step 7, and from then on generation never ran
-  ahead again (the run was synchronous, apart from j); in (4, 8) the lead fell from 7 batches to
-  1 by step 10. AReaL avoids this by training on the oldest data first (lesson 07).
-- Time per step: RLAX's direction reproduces. Accepting older data than the reload interval let
-  the trainer stop waiting: with k > j it never waited for data (0% of the step), against 17-18%
-  with k = j. Mean step time fell from 8.0 s to 5.2 s for j = 1 (0.65x) and from 8.2 s to 6.8 s for
-  j = 4 (0.82x); RLAX measured 75 s to 45 s (0.60x). On this machine the TRAINER dominates a step
-  (the trainer waited only 18% of a synchronous step, so generation is the smaller half), and the
-  load changed during the runs, so read the ratios as a direction, not as a measurement of the
-  overlap: rerun on an idle machine for that.
+- The bounds hold, and the lag behaves as the knobs say. (1, 1) trained only on fresh data (lag
+  1 on every step). (1, 2) trained on one-step-old data (lag 2 on almost every step). With j = 4
+  the lag cycles as the engine falls behind and reloads (mean 2.5 and 3.4). Generation that ran
+  ahead was partly wasted: the trainer prefers the freshest groups, so older ones aged past k
+  and were discarded (48 of 688 groups generated for (4, 4), 96 of 752 for (4, 8)). Note what
+  that did to eta: minirl's rate limit counts every group generated, discarded ones included, so
+  each discarded group permanently shortens how far generation may run ahead. In (4, 4) the 3
+  batches generated ahead at the start had all aged out by step 7, and from then on generation
+  never ran ahead again; in (4, 8) the lead fell from 7 batches to 1 by step 10. AReaL avoids
+  this by training on the oldest data first (lesson 07).
+
+- Time per step: RLAX's result does NOT reproduce on this machine. With k > j the trainer never
+  waited for data (0% of the step, against 18% with k = j), yet the step did not get shorter:
+  2.47 s against 2.28 s for j = 1, 2.35 s against 2.10 s for j = 4. The engine and the trainer
+  share the same two cores, and XLA already spreads each of their computations over both, so
+  running them at the same time only moves the work around. Generation was also the small part
+  of a step here (the trainer waited 18% of a synchronous step), so even perfect overlap could
+  save at most about a fifth. RLAX runs generation and training on separate accelerators, where
+  the overlap is real. A warning about timing on a shared machine: an earlier run of the same
+  command, at load 12-18 (library at b79de54, which differs only in a rare race fixed since),
+  printed the same rewards and lags to the last digit, but step-time ratios of 0.65x (j = 1) and
+  0.82x (j = 4), the RLAX direction. Under heavy load a process with two busy threads gets a
+  larger share of the crowded CPUs than one with a single busy thread, so that "gain" came from
+  the operating system's scheduler, not from the algorithm.
+
 - Reward per step: the same for all four settings within the noise of a 40-step run (final
   training reward 0.68-0.72; the curves wander by +-0.07 around 0.72 and show no trend), and
   held-out pass@1 rose from 0.688 to 0.736-0.758 in every setting. So "staleness did not hurt"
   holds here, but only in the weak sense that 40 steps at lesson 05's learning rate (1e-4) move
   the policy too little for 4-8 versions of staleness to matter. Lesson 07 makes the data much
-  staler and shows when it does.
+  staler and shows when it does. (The async runs happened to give the same rewards in both
+  measurements: sampling keys are counter-based, so a batch's rollouts depend on which prompts
+  and weights it got, not on when.)
 
     mode: full   preset 'arithmetic' with ['task.args.max_operands=3', 'task.args.max_digits=2', 'model.dim=128', 'model.head_dim=32', 'model.mlp_dim=384', 'sft.steps=300', 'rl.steps=40', 'rl.prompts_per_step=16', 'rl.scheduler=async', 'rl.checkpoint_every=1000', 'eval.prompts=64']
-    load average at the start: 14.6 (on 2 CPUs)
+    load average at the start: 6.0 (on 2 CPUs)
 
     Step 1-2. one run per (j, k) with eta = k - 1: Run(cfg, run_dir).train()
-      j = 1, k = 1: 40 steps in  401s wall,   53s CPU (load average 17.4)
-      j = 1, k = 2: 40 steps in  218s wall,   46s CPU (load average 14.5)
-      j = 4, k = 4: 40 steps in  341s wall,   47s CPU (load average 18.3)
-      j = 4, k = 8: 40 steps in  286s wall,   47s CPU (load average 15.5)
+      j = 1, k = 1: 40 steps in  108s wall,   48s CPU (load average 9.3)
+      j = 1, k = 2: 40 steps in  102s wall,   45s CPU (load average 10.5)
+      j = 4, k = 4: 40 steps in   89s wall,   44s CPU (load average 11.4)
+      j = 4, k = 8: 40 steps in  100s wall,   46s CPU (load average 11.6)
 
     Step 3. per setting (times exclude step 1, which compiles; final reward = mean of the last 10 steps)
        j  k  lag: mean worst  stale groups  step time  trainer waits  final reward  held-out pass@1
-       1  1       1.00  1.00             0      8.02s           18%         0.718   0.688 -> 0.746
-       1  2       1.98  2.00             0      5.22s            0%         0.706   0.688 -> 0.746
-       4  4       2.50  4.00            48      8.24s           17%         0.680   0.688 -> 0.758
-       4  8       3.40  5.00            96      6.78s            0%         0.693   0.688 -> 0.736
+       1  1       1.00  1.00             0      2.28s           18%         0.718   0.688 -> 0.746
+       1  2       1.98  2.00             0      2.47s            0%         0.706   0.688 -> 0.746
+       4  4       2.50  4.00            48      2.10s           18%         0.680   0.688 -> 0.758
+       4  8       3.40  5.00            96      2.35s            0%         0.693   0.688 -> 0.736
       -> every batch within its bound k: True (the controller also asserts it for every group: a violation would have stopped the run)
-      -> step time relative to (1, 1): (j=1, k=1) 1.00x,  (j=1, k=2) 0.65x,  (j=4, k=4) 1.03x,  (j=4, k=8) 0.84x
+      -> step time relative to (1, 1): (j=1, k=1) 1.00x,  (j=1, k=2) 1.09x,  (j=4, k=4) 0.92x,  (j=4, k=8) 1.03x
 
-    wall time 1248s, CPU time 194s, load average now 15.5
-    wrote /tmp/t11/m06/out/reward_vs_step_and_time.png and /tmp/t11/m06/out/results.json
+    wall time 400s, CPU time 184s, load average now 11.8
+    wrote /tmp/t11/m06b/out/reward_vs_step_and_time.png and /tmp/t11/m06b/out/results.json
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ whitened advantages, a clipped ratio); only the clip's centre differs: `ClippedR
 the tiny training-inference mismatch of lesson 01, and the two losses are the same. That is why
 AReaL's Table 2 has a single "oracle" number at eta = 0, and why this lesson runs that row once.
 
-AReaL's result (a 1.5B model, 250 steps, math): naive PPO loses accuracy as eta grows (AIME24
+AReaL's result (a 1.5B model, 250 steps, math): naive PPO loses accuracy on stale data (AIME24
 42.0 at eta = 0, 23.3 at eta = 4, 35.8 at eta = 16), while decoupled PPO stays close to the
 oracle (42.2 at eta = 4, 38.7 at eta = 16).
 
@@ -59,7 +59,11 @@ the one the tests use (`fixture`, minirl/data/fixture.py): the prompt is a numbe
 and any completion that starts with a digit of the same parity earns reward 1. A randomly
 initialised model (no warm start) writes a digit about 7% of the time. Learning to "write a
 digit" lifts the reward to about 0.5; reading the prompt's last digit and matching its parity
-lifts it to 1. Each run has 100 steps of 32 prompts x 8 samples, with a learning rate of 3e-3.
+lifts it to 1. Each run has 100 steps of 32 prompts x 8 samples, with a learning rate of 3e-3
+and ONE update per step (as in lessons 05 and 06). So decoupled PPO's own clip never acts (r = 1
+when the gradient is taken), and the comparison isolates what differs: the centre of naive PPO's
+clip, and decoupled PPO's weight c. AReaL makes several mini-batch updates per step
+(`trainer.num_minibatches`).
 
 The runs use the LOCKSTEP scheduler. Generation runs eta batches ahead LOGICALLY: the engine
 produces the next batches with the weights it has, then the trainer trains. So the staleness is
