@@ -7,8 +7,9 @@ Two threads share the controller's buffer under one lock:
                    buffers them; when the trainer has published a version j or more ahead of the
                    engine's, it interrupts in-flight requests (`rl.reload_policy`: discard them
                    and start over, or continue them with the new weights) and reloads
-  trainer thread   (the caller) waits for enough acceptable groups, takes the freshest, trains,
-                   publishes the new version to the weight store
+  trainer thread   (the caller) waits for enough acceptable groups, takes the freshest (or,
+                   with rl.batch_order = "oldest", the oldest), trains, publishes the new
+                   version to the weight store
 
 The bounds of the lockstep scheduler hold here too, enforced rather than scheduled:
   eta: groups produced + groups in flight <= (v + eta + 1) * prompts_per_step  (AReaL's rate limit)
@@ -87,6 +88,8 @@ class RolloutThread(threading.Thread):
     def _admit(self) -> None:
         ctl, rl = self.ctl, self.ctl.rl
         with ctl.cond:
+            if ctl.reload_due():  # the trainer published since _maybe_reload: reload first, or the
+                return            # new prompts would be sampled by weights the bound k may refuse
             c = ctl.counters
             allowed = (c.version + rl.eta + 1) * rl.prompts_per_step - c.groups_produced - len(self.in_flight)
             prompts = ctl.usable(ctl.mixture.next_prompts(allowed)) if allowed > 0 else []

@@ -21,8 +21,10 @@ staleness knobs act as follows (RLAX §3.1; AReaL §5.1):
                         it runs ahead exactly that far, generating the next batches with the
                         weights it has while the trainer trains (logically in parallel).
 
-The trainer prefers the freshest groups (ties: first produced first); groups that can no
-longer be accepted are discarded and counted.
+The trainer prefers the freshest groups (ties: first produced first), as RLAX's trainer does;
+groups that can no longer be accepted are discarded and counted. `rl.batch_order = "oldest"`
+takes the oldest acceptable groups first instead, as AReaL does (§5.1): then nothing generated is
+wasted, and once generation runs eta batches ahead every batch is eta versions stale.
 
 Workers are called through `minirl.workers` futures, so the same code drives in-process parts
 or parts in other processes.
@@ -254,9 +256,11 @@ class Controller:
             self.buffer = [g for g in self.buffer if self._lag(g) <= k]
 
     def _take_batch(self) -> list[Group]:
-        """The freshest `prompts_per_step` acceptable groups (ties: first produced first)."""
+        """The freshest (or, `rl.batch_order="oldest"`, the oldest) `prompts_per_step` acceptable
+        groups; ties: first produced first."""
         self.discard_stale()
-        order = sorted(self.buffer, key=lambda g: (-g.version, g.produced))
+        sign = -1 if self.rl.batch_order == "freshest" else 1
+        order = sorted(self.buffer, key=lambda g: (sign * g.version, g.produced))
         taken = order[: self.rl.prompts_per_step]
         if len(taken) < self.rl.prompts_per_step:
             raise RuntimeError("not enough acceptable groups in the buffer: check rl.max_lag / rl.eta")

@@ -138,3 +138,18 @@ def test_every_builtin_task_runs_end_to_end(tmp_path, task):
     summary = quiet_run(cfg, tmp_path).train()
     assert summary["counters"]["steps"] == 2
     assert 0.0 <= summary["after"]["pass@1"] <= 1.0
+
+
+def test_batch_order_decides_how_stale_the_data_eta_allows_is(tmp_path):
+    """Lockstep with eta = 3: generation runs 3 batches ahead of training. Taking the freshest
+    groups (RLAX) trains on data one version old and leaves the rest in the buffer; taking the
+    oldest (AReaL) trains on data exactly eta versions old once the pipeline is full."""
+    lags = {}
+    for order in ("freshest", "oldest"):
+        run_dir = tmp_path / order
+        quiet_run(fixture_cfg(steps=7, eta=3, batch_order=order), run_dir).train()
+        lags[order] = [r["lag/mean"] for r in read_metrics(run_dir)]
+    assert lags["freshest"] == [0, 1, 1, 1, 1, 1, 1]
+    assert lags["oldest"] == [0, 1, 2, 3, 3, 3, 3]
+    with pytest.raises(ValueError, match="rl.batch_order must be one of"):
+        fixture_cfg(batch_order="newest")
