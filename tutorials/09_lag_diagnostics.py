@@ -59,7 +59,7 @@ WHAT THE SCRIPT DOES
    more and more, and feeds the ratios to `minirl.diagnostics.lag_buckets`. The mean ρ stays 1,
    the max ρ and k3 grow, and k3 estimates the exact KL(μ‖π).
 2. A real run: `minirl train --preset fixture` with a bf16 engine, `rl.reload_every=J`,
-   no lag bound, on-policy GRPO otherwise. Every step's `lag/<bucket>/...` and `snis/...`
+   no lag bound, the preset's GRPO loss. Every step's `lag/<bucket>/...` and `snis/...`
    numbers go to metrics.jsonl (the controller calls `batch_diagnostics` on every batch).
 3. `minirl.plots.lag_table` turns them into Table 3, printed next to the paper's rows.
 4. Checks the lesson's claims on the table and says which of the paper's findings reproduce.
