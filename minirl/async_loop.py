@@ -38,7 +38,9 @@ class RolloutThread(threading.Thread):
         self.ctl, self.engine = controller, engine  # the engine object itself: only this thread uses it
         self.in_flight: dict[int, dict] = {}  # prompt uid -> {"prompt", "rollouts"}
         self.error: BaseException | None = None
-        self.busy_seconds = 0.0
+        # where this thread's time goes (seconds since start): engine steps (prefill + decode),
+        # verification, weight reloads, and waiting because the eta bound allows no new prompt
+        self.seconds = dict.fromkeys(("busy", "verify", "reload", "idle"), 0.0)
         self._halt = threading.Event()
 
     def stop(self) -> None:
@@ -57,20 +59,24 @@ class RolloutThread(threading.Thread):
     def run(self) -> None:
         try:
             while not self._halt.is_set():
-                self._maybe_reload()
+                self._timed("reload", self._maybe_reload)
                 self._admit()
                 if self.engine.num_active == 0 and self.engine.num_queued == 0:
                     with self.ctl.cond:  # nothing to do until the trainer consumes or publishes
-                        self.ctl.cond.wait(timeout=0.05)
+                        self._timed("idle", self.ctl.cond.wait, 0.05)
                     continue
-                t0 = time.perf_counter()
-                finished = self.engine.step()
-                self.busy_seconds += time.perf_counter() - t0
-                self._collect(finished)
+                self._collect(self._timed("busy", self.engine.step))
         except BaseException as e:  # noqa: BLE001 - re-raised in the trainer thread
             self.error = e
             with self.ctl.cond:
                 self.ctl.cond.notify_all()
+
+    def _timed(self, part: str, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds[part] += time.perf_counter() - t0
 
     def _maybe_reload(self) -> None:
         ctl = self.ctl
@@ -113,7 +119,7 @@ class RolloutThread(threading.Thread):
                 complete.append(sorted(entry["rollouts"], key=lambda x: x.sample_index))
         if not complete:
             return
-        self.ctl._score(complete)  # outside the lock: verification may take a while
+        self._timed("verify", self.ctl._score, complete)  # outside the lock: it may take a while
         with self.ctl.cond:
             self.ctl._buffer_groups(complete)
             for group in complete:

@@ -122,7 +122,15 @@ class Controller:
         # The controller's own overhead: batching decisions, diagnostics, publishing, bookkeeping.
         metrics["time/other"] = max(0.0, metrics["time/step"] - self.times["generate"]
                                     - self.times["verify"] - metrics["time/train"])
+        metrics.update(self._engine_work(self._call_engine("work_stats")))
         return self._with_counters(metrics)
+
+    @staticmethod
+    def _engine_work(stats: dict) -> dict[str, float]:
+        """The engine's decode work so far (cumulative): kept tokens and slot-steps computed;
+        their ratio is the slot occupancy (minirl.engine.Engine.occupancy)."""
+        return {"engine/decode_tokens": float(stats["decode_tokens"]),
+                "engine/slot_steps": float(stats["slot_steps"])}
 
     def _train(self, groups: list[Group]):
         """One trainer step on `groups`: batch, recompute log pi_prox, update."""
@@ -186,7 +194,9 @@ class Controller:
         metrics.update({
             "time/wait": t_train - t_start, "time/train": t_publish - t_train,
             "time/step": t_end - t_start, "published": float(published),
-            "engine/busy_seconds": rollouts.busy_seconds, "engine/in_flight": float(len(rollouts.in_flight)),
+            "engine/in_flight": float(len(rollouts.in_flight)),
+            **{f"engine/{part}_seconds": s for part, s in rollouts.seconds.items()},
+            **self._engine_work(rollouts.engine.work_stats()),
         })
         with self.cond:
             return self._with_counters(metrics)

@@ -130,7 +130,10 @@ class Run:
             m = controller.step() if rollouts is None else controller.step_async(rollouts)
             c = controller.counters
             if cfg.eval.every and c.steps % cfg.eval.every == 0:
-                m.update({f"eval/{k}": v for k, v in self.evaluate(engine).items()})
+                # async: the rollout thread owns `engine`; evaluate the trainer's weights on a
+                # fresh engine (compiled functions are shared, so nothing recompiles)
+                judge = engine if rollouts is None else self.engine(c.version, trainer.params())
+                m.update({f"eval/{k}": v for k, v in self.evaluate(judge).items()})
             writer.write(m, step=c.steps)
             bar.update(1)
             bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step']:.2f}",

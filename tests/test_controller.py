@@ -49,6 +49,7 @@ def test_run_directory_contents(learned):
                 "count/groups_trained", "version"):
         assert key in rec, key
     assert rec["version"] == 20 and rec["count/groups_trained"] == 20 * 8
+    assert 0 < rec["engine/decode_tokens"] <= rec["engine/slot_steps"]  # slot occupancy <= 1
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["seed"] == 0 and "jax" in meta["versions"]
 
@@ -90,6 +91,25 @@ def test_a_fresh_start_drops_metrics_of_an_attempt_that_never_checkpointed(tmp_p
     _, restored = open_run_dir(fixture_cfg(), tmp_path, resume=True)
     assert restored is None and read_metrics(tmp_path) == []  # those steps run again
     assert json.loads((tmp_path / "config.json").read_text())["config"]["task"]["name"] == "fixture"
+
+
+def test_async_run_keeps_its_bounds_times_its_parts_and_evaluates(tmp_path):
+    """The async scheduler: every batch within k, the rollout thread's time accounted for, and
+    in-run evaluation on a fresh engine (the rollout thread owns the training engine)."""
+    k, steps = 3, 6
+    cfg = fixture_cfg(steps=steps, scheduler="async", max_lag=k, eta=2)
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, every=3))
+    summary = quiet_run(cfg, tmp_path).train()
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(1, steps + 1))
+    assert all(r["lag/mean"] <= k - 1 for r in recs)  # lag/mean counts versions behind, 0 = on-policy
+    assert [r["step"] for r in recs if "eval/pass@1" in r] == [3, 6]
+    last = recs[-1]
+    parts = sum(last[f"engine/{p}_seconds"] for p in ("busy", "verify", "reload", "idle"))
+    span = last["wall_time"] - recs[0]["wall_time"]  # the thread ran at least this long
+    assert last["engine/busy_seconds"] > 0 and 0.5 * span <= parts <= summary["rl_seconds"]
+    assert 0 < last["engine/decode_tokens"] <= last["engine/slot_steps"]
+    assert summary["counters"]["groups_trained"] == steps * 8
 
 
 def test_resume_with_another_config_is_refused(tmp_path):
