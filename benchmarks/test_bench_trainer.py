@@ -1,6 +1,6 @@
 """Benchmark: the trainer's train step against the float32 matmul peak measured in the same run.
 
-Run (about two minutes on a quiet machine, plus ~1 minute of compiles):
+Run (about two minutes on a quiet machine, plus ~1 minute of compiles; 5 to 15 minutes on a busy one):
     python -m pytest benchmarks/test_bench_trainer.py -q -s
 
 Model: the `small` preset (~25M parameters: D=512, L=8, H=8, K=4, F=1536, V=512). Batch: 8 rows
@@ -28,10 +28,17 @@ optimizer are not counted, so the fractions understate the work done.
 Printed (and stored in extra_info): step fraction of peak (target >= 0.40), recompute fraction
 of peak, step time / raw-grad time (the trainer's own overhead), and each remat policy's time
 relative to "none". Nothing about time is asserted.
+
+Also printed, as a second opinion on a shared machine: the step's CPU-time fraction, i.e. its
+FLOPs per CPU-second of this process over the peak matmul's FLOPs per CPU-second. Other jobs
+stretch wall-clock time but hardly the CPU time a computation needs, so this number moves less
+with the load; it says nothing about how well the step keeps both cores busy (the wall-clock
+fraction does), so it is an upper bound for the headline number on a quiet machine.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import jax
@@ -45,7 +52,7 @@ from minirl.model import ModelConfig, init_model, token_logprobs
 from minirl.trainer import Trainer, TrainerConfig
 from minirl.types import Batch
 
-ROUNDS = 3
+ROUNDS = 5
 ROWS, LENGTH, PROMPT = 8, 256, 32
 REMATS = ("none", "dots", "nothing")
 
@@ -56,11 +63,19 @@ def _time(fn) -> float:
     return time.perf_counter() - t0
 
 
-def matmul_peak(n: int = 2048, repeats: int = 3) -> float:
-    """Best float32 matmul FLOP/s of a jitted [n, n] @ [n, n]."""
+def _cpu_time(fn) -> float:
+    """CPU seconds of this process (all its threads) spent in `fn()`."""
+    t0 = time.process_time()
+    jax.block_until_ready(fn())
+    return time.process_time() - t0
+
+
+def matmul_peak(n: int = 2048, repeats: int = 3, clock=_time) -> float:
+    """Best float32 matmul FLOP/s of a jitted [n, n] @ [n, n] (per CPU-second with
+    clock=_cpu_time)."""
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32))
     _matmul(a, a).block_until_ready()
-    return 2 * n**3 / min(_time(lambda: _matmul(a, a)) for _ in range(repeats))
+    return 2 * n**3 / min(clock(lambda: _matmul(a, a)) for _ in range(repeats))
 
 
 _matmul = jax.jit(lambda x, y: x @ y)
@@ -139,11 +154,12 @@ def test_train_step_fraction_of_matmul_peak(benchmark, setup):
     n_tok = batch.tokens.size
     rows = []
     for _ in range(ROUNDS):
-        peak = matmul_peak()
+        peak, cpu_peak = matmul_peak(), matmul_peak(clock=_cpu_time)
         t = {
             remat: _time(lambda tr=tr, p=p: tr.train_step(batch, p))
             for remat, (tr, p) in trainers.items()
         }
+        step_cpu = _cpu_time(lambda: trainers["none"][0].train_step(batch, trainers["none"][1]))
         t["raw"] = _time(lambda: raw_grad(params))
         t["recompute"] = _time(lambda: trainers["none"][0].recompute_logprobs(batch))
         sustained = sustained_matmul_rate(step_flops(cfg, n_tok, LENGTH))
@@ -156,6 +172,7 @@ def test_train_step_fraction_of_matmul_peak(benchmark, setup):
                 "step_fraction_of_sustained": step_flops(cfg, n_tok, LENGTH)
                 / t["none"]
                 / sustained,
+                "step_cpu_fraction": step_flops(cfg, n_tok, LENGTH) / step_cpu / cpu_peak,
                 "raw_grad_fraction": step_flops(cfg, n_tok, LENGTH) / t["raw"] / peak,
                 "recompute_fraction": forward_flops(cfg, n_tok, LENGTH) / t["recompute"] / peak,
                 "step_over_raw_grad": t["none"] / t["raw"],
@@ -165,12 +182,17 @@ def test_train_step_fraction_of_matmul_peak(benchmark, setup):
         )
         print("\nround: " + "  ".join(f"{k} {v:.2f}" for k, v in rows[-1].items()), end="")
     median = {k: float(np.median([r[k] for r in rows])) for k in rows[0]}
+    median["load_average"] = os.getloadavg()[0]
     best = max(r["step_fraction"] for r in rows)
     benchmark.extra_info.update(median, step_fraction_best=best)
     print(f"\n\n{n_tok} tokens/step, small preset, medians over {ROUNDS} rounds:")
     print(
         f"  train step  {median['step_s']:.2f} s = {median['step_fraction']:.2f} of the float32 matmul peak "
         f"({median['peak_gflops']:.0f} GFLOP/s; best round {best:.2f}; target >= 0.40)"
+    )
+    print(
+        f"  CPU-time fraction (FLOPs per CPU-second vs the matmul's): "
+        f"{median['step_cpu_fraction']:.2f}; load average {os.getloadavg()[0]:.1f}"
     )
     print(
         f"  raw jax.grad of the model: {median['raw_grad_fraction']:.2f} of peak; "

@@ -44,11 +44,11 @@ from pathlib import Path
 
 import numpy as np
 
-from minirl.config import make_config
+from minirl.cli import add_config_arguments, config_from_args
 from minirl.controller import Controller
 from minirl.data.mixture import Mixture
 from minirl.losses import get_preset
-from minirl.metrics_log import MetricsWriter, read_metrics
+from minirl.metrics_log import MetricsWriter, format_table, read_metrics
 from minirl.plots import plot_mismatch
 from minirl.runner import Run
 from minirl.trainer import Trainer
@@ -64,6 +64,21 @@ ARMS = {
 }
 # The budget: 16 prompts x 8 samples per step, a held-out evaluation of 64 prompts x 4 samples.
 BUDGET = ["rl.prompts_per_step=16", "rl.group_size=8", "eval.prompts=64", "eval.samples=4"]
+TABLE = (  # the summary printed at the end: (title, key of a run's results, format)
+    ("run", "name", "{}"),
+    ("reward first", "reward_first", "{:.3f}"),
+    ("reward last", "reward_last", "{:.3f}"),
+    ("held-out p@1", "pass@1", "{:.3f}"),
+    ("|dlogp| mean", "dlogp_mean", "{:.2e}"),
+    ("|dlogp| max", "dlogp_max", "{:.2e}"),
+    ("Fig5 w/o", "fig5_without_recompute", "{:.2e}"),
+    ("Fig5 with", "fig5_with_recompute", "{:.2e}"),
+    ("rej seq", "rejected_sequence_fraction", "{:.3f}"),
+    ("z+", "zero_centred_pos", "{:.4f}"),
+    ("z-", "zero_centred_neg", "{:.4f}"),
+    ("=exact", "steps_equal_to_exact", "{:.0f}"),
+    ("sec", "seconds", "{:.0f}"),
+)
 
 
 def run_arm(arm: str, cfg, base, evaluator: Run, run_dir: Path, steps: int) -> dict:
@@ -116,6 +131,11 @@ def summarize(records: list[dict]) -> dict:
         "dlogp_mean": float(np.nanmean(col("mismatch/mean_abs_dlogp"))),
         "dlogp_p95_over_steps": float(np.nanpercentile(col("mismatch/mean_abs_dlogp"), 95)),
         "dlogp_max": float(np.nanmax(col("mismatch/max_abs_dlogp"))),
+        # RLAX Fig. 5's summary: p95 over steps of the first update's mean |log pi - log pi_old|
+        "fig5_with_recompute": float(np.nanpercentile(col("train/dlogp_recompute/mean_abs_dlogp"), 95)),
+        "fig5_without_recompute": float(
+            np.nanpercentile(col("train/dlogp_no_recompute/mean_abs_dlogp"), 95)
+        ),
         "kl_k3_mean": float(np.nanmean(col("mismatch/kl_k3"))),
         "rejected_token_fraction": float(np.nanmean(col("train/rejected_token_fraction"))),
         "rejected_sequence_fraction": float(np.nanmean(col("train/rejected_sequence_fraction"))),
@@ -172,15 +192,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--preset", default="fixture")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra overrides for every arm (after the budget's)",
-    )
+    add_config_arguments(p, staleness=False, preset_help="task preset (default: fixture)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=40, help="RL steps per arm")
     p.add_argument(
@@ -203,16 +215,14 @@ def main(argv=None) -> int:
     }
     t_start = time.perf_counter()
     for seed in args.seeds:
-        base_cfg = make_config(args.preset, [*BUDGET, *args.overrides, f"rl.seed={seed}"])
+        base_cfg = config_from_args(args, "fixture", [*BUDGET, f"rl.seed={seed}"])
         evaluator = Run(base_cfg, out / "unused", progress=False, log=lambda *a: None)
         base, _ = warm_start(base_cfg, evaluator.tokenizer, evaluator.task, progress=False)
         results["task"] = base_cfg.task.name
         results.setdefault("base", {})[str(seed)] = evaluator.evaluate(evaluator.engine(0, base))
         print(f"seed {seed}: base {results['base'][str(seed)]}", flush=True)
         for arm in args.arms:
-            cfg = make_config(
-                args.preset, [*BUDGET, *ARMS[arm], *args.overrides, f"rl.seed={seed}"]
-            )
+            cfg = config_from_args(args, "fixture", [*BUDGET, *ARMS[arm], f"rl.seed={seed}"])
             run_dir = out / f"{arm}_s{seed}"
             r = run_arm(arm, cfg, base, evaluator, run_dir, args.steps)
             r.update(summarize(read_metrics(run_dir)), config=ARMS[arm])
@@ -235,17 +245,8 @@ def main(argv=None) -> int:
         out=out / "mismatch_minirl.png",
     )
 
-    print(
-        f"\n{'run':14s} {'reward first/last quarter':>26s} {'held-out p@1':>12s} {'|dlogp| mean':>12s} "
-        f"{'max':>9s} {'rej seq':>7s} {'z+':>8s} {'z-':>8s} {'=exact':>6s} {'sec':>6s}"
-    )
-    for name, r in results["runs"].items():
-        print(
-            f"{name:14s} {r['reward_first']:12.3f} -> {r['reward_last']:.3f} {r['after']['pass@1']:12.3f} "
-            f"{r['dlogp_mean']:12.2e} {r['dlogp_max']:9.2e} {r['rejected_sequence_fraction']:7.3f} "
-            f"{r['zero_centred_pos']:8.4f} {r['zero_centred_neg']:8.4f} "
-            f"{r.get('steps_equal_to_exact', -1):6d} {r['seconds']:6.0f}"
-        )
+    rows = [{"name": name, "pass@1": r["after"]["pass@1"], **r} for name, r in results["runs"].items()]
+    print("\n" + format_table(rows, TABLE))
     base = ", ".join(f"s{s} {b['pass@1']:.3f}" for s, b in results["base"].items())
     print(f"base held-out pass@1: {base}")
     print(

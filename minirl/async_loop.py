@@ -7,8 +7,9 @@ Two threads share the controller's buffer under one lock:
                    buffers them; when the trainer has published a version j or more ahead of the
                    engine's, it interrupts in-flight requests (`rl.reload_policy`: discard them
                    and start over, or continue them with the new weights) and reloads
-  trainer thread   (the caller) waits for enough acceptable groups, takes the freshest, trains,
-                   publishes the new version to the weight store
+  trainer thread   (the caller) waits for enough acceptable groups, takes the freshest (or,
+                   with rl.batch_order = "oldest", the oldest), trains, publishes the new
+                   version to the weight store
 
 The bounds of the lockstep scheduler hold here too, enforced rather than scheduled:
   eta: groups produced + groups in flight <= (v + eta + 1) * prompts_per_step  (AReaL's rate limit)
@@ -37,7 +38,9 @@ class RolloutThread(threading.Thread):
         self.ctl, self.engine = controller, engine  # the engine object itself: only this thread uses it
         self.in_flight: dict[int, dict] = {}  # prompt uid -> {"prompt", "rollouts"}
         self.error: BaseException | None = None
-        self.busy_seconds = 0.0
+        # where this thread's time goes (seconds since start): engine steps (prefill + decode),
+        # verification, weight reloads, and waiting because the eta bound allows no new prompt
+        self.seconds = dict.fromkeys(("busy", "verify", "reload", "idle"), 0.0)
         self._halt = threading.Event()
 
     def stop(self) -> None:
@@ -56,20 +59,24 @@ class RolloutThread(threading.Thread):
     def run(self) -> None:
         try:
             while not self._halt.is_set():
-                self._maybe_reload()
+                self._timed("reload", self._maybe_reload)
                 self._admit()
                 if self.engine.num_active == 0 and self.engine.num_queued == 0:
                     with self.ctl.cond:  # nothing to do until the trainer consumes or publishes
-                        self.ctl.cond.wait(timeout=0.05)
+                        self._timed("idle", self.ctl.cond.wait, 0.05)
                     continue
-                t0 = time.perf_counter()
-                finished = self.engine.step()
-                self.busy_seconds += time.perf_counter() - t0
-                self._collect(finished)
+                self._collect(self._timed("busy", self.engine.step))
         except BaseException as e:  # noqa: BLE001 - re-raised in the trainer thread
             self.error = e
             with self.ctl.cond:
                 self.ctl.cond.notify_all()
+
+    def _timed(self, part: str, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds[part] += time.perf_counter() - t0
 
     def _maybe_reload(self) -> None:
         ctl = self.ctl
@@ -87,6 +94,8 @@ class RolloutThread(threading.Thread):
     def _admit(self) -> None:
         ctl, rl = self.ctl, self.ctl.rl
         with ctl.cond:
+            if ctl.reload_due():  # the trainer published since _maybe_reload: reload first, or the
+                return            # new prompts would be sampled by weights the bound k may refuse
             c = ctl.counters
             allowed = (c.version + rl.eta + 1) * rl.prompts_per_step - c.groups_produced - len(self.in_flight)
             prompts = ctl.usable(ctl.mixture.next_prompts(allowed)) if allowed > 0 else []
@@ -110,7 +119,7 @@ class RolloutThread(threading.Thread):
                 complete.append(sorted(entry["rollouts"], key=lambda x: x.sample_index))
         if not complete:
             return
-        self.ctl._score(complete)  # outside the lock: verification may take a while
+        self._timed("verify", self.ctl._score, complete)  # outside the lock: it may take a while
         with self.ctl.cond:
             self.ctl._buffer_groups(complete)
             for group in complete:

@@ -10,8 +10,9 @@ Layout on disk (trees use the format of serialization.py):
 
     run_dir/checkpoints/
         step_00000120/
-            manifest.json          {"format": 1, "step": 120,
-                                    "files": {"params.tree": {"sha256": ..., "size": ...}, ...}}
+            manifest.json          {"format": 2, "step": 120, "chunk_bytes": 8388608,
+                                    "files": {"params.tree": {"size": ...,
+                                                              "sha256": [one per chunk]}, ...}}
             params.tree
             opt_state.tree
             controller_state.tree
@@ -22,8 +23,13 @@ each file is fsync'ed, the manifest is written last, the directory is fsync'ed, 
 it renamed to `step_XXXXXXXX` (a rename is atomic) and the parent directory fsync'ed. A crash
 before the rename leaves only a `.tmp-` directory, which `restore` never reads and the next save
 deletes. Damage that happens later (a truncated copy, a flipped bit, a deleted file) is caught on
-restore by the manifest: every file's size and sha256 are checked while it is read, and a
-damaged checkpoint is reported with `logging.warning` and skipped for the one before it.
+restore by the manifest: every file's size is checked, then every byte is hashed as it is read,
+and a damaged checkpoint is reported with `logging.warning` and skipped for the one before it.
+
+The bytes are written and read by hashed_files.py, with a sha256 per 8 MiB chunk hashed on every
+core while the disk works (why per chunk: that file's docstring). Restore reads each file into
+one buffer, checks every chunk, and only then decodes (the arrays are views into the buffer, so
+nothing is copied twice). Format-1 manifests (one sha256 per file) are still read.
 
 Optimizer state: optax states are tuples of namedtuples. They are stored by structure, with each
 namedtuple as a dict of its fields (see serialization.py). `restore(template=(params, opt_state))`
@@ -42,7 +48,6 @@ run directory, and no sharding: every tree is one file.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -52,23 +57,30 @@ import secrets
 import shutil
 import threading
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from minirl.serialization import TreeMismatchError, match_template, read_tree, to_bytes, write_tree
+from minirl.hashed_files import (
+    HASH_THREADS,
+    CorruptCheckpointError,
+    Serialized,
+    check_hashes,
+    fsync_dir,
+    n_chunks,
+    read_file,
+    write_file,
+    write_file_bytes,
+)
+from minirl.serialization import TreeMismatchError, from_bytes, match_template, to_buffer
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: one sha256 per file (still read); 2: one per CHUNK_BYTES of a file
+CHUNK_BYTES = 8 << 20  # a sha256 for each 8 MiB of a file, so chunks hash in parallel
 MANIFEST = "manifest.json"
 FILES = ("params.tree", "opt_state.tree", "controller_state.tree")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-HASH_BATCH = 8 << 20  # bytes handed to the hashing thread at a time
-
-
-class CorruptCheckpointError(RuntimeError):
-    """A checkpoint that cannot be used: missing or damaged manifest or file."""
 
 
 class CheckpointSaveError(RuntimeError):
@@ -83,107 +95,35 @@ class Checkpoint:
     controller_state: dict
 
 
-# ----------------------------------------------------------------------------------------------
-# Files: write and read with a sha256, fsync
-
-
-class _Hashed:
-    """Wraps a raw binary file so every byte written or read also goes into a sha256.
-
-    Bytes are handed, in batches of ~HASH_BATCH, to a helper thread (`pool`, one worker, so
-    batches are hashed in order) and hashed while the disk transfers go on; hashlib and file I/O
-    both release the GIL. Nobody waits for the hash until `digest()` is needed.
-    """
-
-    def __init__(self, f, pool: ThreadPoolExecutor):
-        self.f, self.pool = f, pool
-        self.sha = hashlib.sha256()
-        self.batch: list[memoryview] = []
-        self.batch_bytes = 0
-
-    def _hash(self, view: memoryview) -> None:
-        self.batch.append(view)
-        self.batch_bytes += view.nbytes
-        if self.batch_bytes >= HASH_BATCH:
-            self._submit()
-
-    def _submit(self) -> None:
-        views, self.batch, self.batch_bytes = self.batch, [], 0
-        self.pool.submit(lambda: [self.sha.update(v) for v in views])
-
-    def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        rest = view
-        while rest.nbytes:
-            rest = rest[self.f.write(rest) :]
-        self._hash(view)
-        return view.nbytes
-
-    def readinto(self, buffer) -> int:
-        n = self.f.readinto(buffer)
-        if n:
-            self._hash(memoryview(buffer).cast("B")[:n])
-        return n
-
-    def digest(self) -> Future:
-        """The hex sha256 of everything so far, once the helper thread gets to it."""
-        self._submit()
-        return self.pool.submit(self.sha.hexdigest)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, payload: Any, pool: ThreadPoolExecutor) -> tuple[int, Future]:
-    """Write a tree (or the bytes of one, from `to_bytes`) and fsync it: (size, sha256 future)."""
-    with open(path, "wb", buffering=0) as f:
-        hashed = _Hashed(f, pool)
-        size = hashed.write(payload) if isinstance(payload, bytes) else write_tree(hashed, payload)
-        os.fsync(f.fileno())  # the hash goes on meanwhile
-    return size, hashed.digest()
-
-
-def _read_file(path: Path, entry: dict, pool: ThreadPoolExecutor) -> tuple[Any, Future]:
-    """Read a tree after checking its size: (tree, sha256 future) for the caller to compare."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{path.name} is missing") from None
-    if size != entry["size"]:
-        raise CorruptCheckpointError(
-            f"{path.name} has {size} bytes, the manifest says {entry['size']} (truncated?)"
-        )
-    with open(path, "rb", buffering=0) as f:
-        hashed = _Hashed(f, pool)
-        try:
-            tree = read_tree(hashed, size=size)
-        except Exception as e:  # noqa: BLE001 - a damaged file can fail in any way
-            raise CorruptCheckpointError(f"{path.name} cannot be decoded: {e}") from e
-    return tree, hashed.digest()
-
-
 def _read_manifest(ckpt: Path, step: int) -> dict:
+    """The manifest's file entries as {name: {"size", "chunk_bytes", "sha256": [hex, ...]}};
+    a format-1 manifest (one sha256 per file) reads as files of a single chunk."""
     try:
         manifest = json.loads((ckpt / MANIFEST).read_text())
     except FileNotFoundError:
         raise CorruptCheckpointError(f"{MANIFEST} is missing") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise CorruptCheckpointError(f"{MANIFEST} is not valid JSON: {e}") from e
+    entries = {}
     try:
-        ok = manifest["format"] == FORMAT_VERSION and manifest["step"] == step
-        ok = ok and all({"sha256", "size"} <= set(manifest["files"][name]) for name in FILES)
+        ok = manifest["format"] in (1, FORMAT_VERSION) and manifest["step"] == step
+        for name in FILES if ok else ():
+            size, sha = manifest["files"][name]["size"], manifest["files"][name]["sha256"]
+            if manifest["format"] == 1:
+                chunk_bytes, sha = max(size, 1), [sha]
+            else:
+                chunk_bytes = manifest["chunk_bytes"]
+            ok = ok and type(size) is int and size >= 0  # (type(): no bools)
+            ok = ok and type(chunk_bytes) is int and chunk_bytes >= 1
+            ok = ok and isinstance(sha, list) and len(sha) == n_chunks(size, chunk_bytes)
+            entries[name] = {"size": size, "chunk_bytes": chunk_bytes, "sha256": sha}
     except (KeyError, TypeError):
         ok = False
     if not ok:
         raise CorruptCheckpointError(
-            f"{MANIFEST} is not a format-{FORMAT_VERSION} manifest for step {step}"
+            f"{MANIFEST} is not a valid format-{FORMAT_VERSION} (or -1) manifest for step {step}"
         )
-    return manifest
+    return entries
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,7 +186,7 @@ class CheckpointManager:
         while `max_pending` saves (each holding its host copy) wait behind the one in progress."""
         self._raise_background_error()
         files = self._payloads(step, params, opt_state, controller_state)
-        files = {name: to_bytes(tree) for name, tree in files.items()}  # the host copy
+        files = {name: Serialized(to_buffer(tree)) for name, tree in files.items()}  # host copy
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._worker, name="minirl-checkpoint-writer", daemon=True
@@ -313,20 +253,28 @@ class CheckpointManager:
             tmp = self.directory / f".tmp-step_{step:08d}-{secrets.token_hex(4)}"
             tmp.mkdir()
             try:
-                with ThreadPoolExecutor(1, thread_name_prefix="minirl-sha256") as pool:
-                    written = {name: _write_file(tmp / name, t, pool) for name, t in files.items()}
-                    entries = {
-                        name: {"sha256": digest.result(), "size": size}
-                        for name, (size, digest) in written.items()
+                with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="minirl-sha256") as pool:
+                    written = {
+                        name: write_file(tmp / name, t, pool, CHUNK_BYTES)
+                        for name, t in files.items()
                     }
-                manifest = {"format": FORMAT_VERSION, "step": step, "files": entries}
-                _write_file_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
-                _fsync_dir(tmp)
+                    entries = {
+                        name: {"size": size, "sha256": hashes.hexdigests()}
+                        for name, (size, hashes) in written.items()
+                    }
+                manifest = {
+                    "format": FORMAT_VERSION,
+                    "step": step,
+                    "chunk_bytes": CHUNK_BYTES,
+                    "files": entries,
+                }
+                write_file_bytes(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+                fsync_dir(tmp)
                 final = self.path(step)
                 if final.exists():  # the same step again, after a resume: replace it
                     self._delete(final)
                 os.rename(tmp, final)  # the checkpoint exists from this instant on
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
@@ -387,15 +335,18 @@ class CheckpointManager:
 
     def _load(self, step: int) -> Checkpoint:
         ckpt = self.path(step)
-        manifest = _read_manifest(ckpt, step)
-        with ThreadPoolExecutor(1, thread_name_prefix="minirl-sha256") as pool:
-            loaded = [_read_file(ckpt / name, manifest["files"][name], pool) for name in FILES]
-            for name, (_, digest) in zip(FILES, loaded, strict=True):
-                if digest.result() != manifest["files"][name]["sha256"]:
-                    raise CorruptCheckpointError(
-                        f"{name} fails its sha256 check (damaged contents)"
-                    )
-        return Checkpoint(step, *(tree for tree, _ in loaded))
+        entries = _read_manifest(ckpt, step)
+        with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="minirl-sha256") as pool:
+            loaded = {name: read_file(ckpt / name, entries[name], pool) for name in FILES}
+            for name, (_, hashes) in loaded.items():
+                check_hashes(name, entries[name], hashes)
+        trees = []
+        for name, (data, _) in loaded.items():
+            try:
+                trees.append(from_bytes(data))  # the arrays are (writable) views into `data`
+            except ValueError as e:  # intact bytes, yet not a tree: written by something else
+                raise CorruptCheckpointError(f"{name} cannot be decoded: {e}") from e
+        return Checkpoint(step, *trees)
 
     def _into_template(self, ckpt: Checkpoint, template: Any) -> Checkpoint:
         if template is None:
@@ -411,10 +362,3 @@ class CheckpointManager:
         except TreeMismatchError as e:
             raise TreeMismatchError(f"cannot restore {self.path(ckpt.step)}: {e}") from e
         return dataclasses.replace(ckpt, params=params, opt_state=opt)
-
-
-def _write_file_bytes(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())

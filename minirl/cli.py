@@ -23,23 +23,30 @@ from pathlib import Path
 from minirl.configlib import ConfigError, describe, override, to_dict
 
 
-def _config_args(p: argparse.ArgumentParser) -> None:
+def add_config_arguments(p: argparse.ArgumentParser, *, staleness: bool = True,
+                         preset_help: str | None = None) -> None:
+    """How every command that builds a RunConfig takes it: --preset NAME, --set KEY=VALUE
+    (repeatable) and, with `staleness`, --staleness NAME. `config_from_args` builds it."""
     from minirl.config import DEFAULT_PRESET, PRESETS, STALENESS
 
     p.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                   help=f"starting configuration (default: {DEFAULT_PRESET})")
-    p.add_argument("--staleness", choices=sorted(STALENESS),
-                   help="RLAX staleness preset, sets rl.reload_every / rl.max_lag / rl.eta: "
-                        + "; ".join(f"{k}={v}" for k, v in STALENESS.items()))
+                   help=preset_help or f"starting configuration (default: {DEFAULT_PRESET})")
+    if staleness:
+        p.add_argument("--staleness", choices=sorted(STALENESS),
+                       help="RLAX staleness preset, sets rl.reload_every / rl.max_lag / rl.eta: "
+                            + "; ".join(f"{k}={v}" for k, v in STALENESS.items()))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one knob, e.g. --set rl.steps=50 (repeatable; "
                         "`minirl config` lists every key)")
 
 
-def _make_config(args):
+def config_from_args(args, default_preset: str | None = None, extra: list[str] = ()):
+    """The RunConfig of `add_config_arguments`' flags: the preset (or `default_preset`, or
+    minirl's default), the staleness preset, then `extra` overrides, then the --set ones."""
     from minirl.config import DEFAULT_PRESET, make_config
 
-    return make_config(args.preset or DEFAULT_PRESET, args.overrides, args.staleness)
+    preset = args.preset or default_preset or DEFAULT_PRESET
+    return make_config(preset, [*extra, *args.overrides], getattr(args, "staleness", None))
 
 
 def _default_run_dir(cfg) -> Path:
@@ -60,7 +67,7 @@ def cmd_train(args) -> int:
         for item in args.overrides:
             cfg = override(cfg, item)
     else:
-        cfg = _make_config(args)
+        cfg = config_from_args(args)
         run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
     summary = Run(cfg, run_dir, progress=not args.quiet).train(resume=True, force=args.force)
     print(json.dumps({"run_dir": str(run_dir), "before": summary["before"], "after": summary["after"],
@@ -73,7 +80,7 @@ def cmd_sft(args) -> int:
     from minirl.runner import Run
     from minirl.warmstart import warm_start
 
-    cfg = _make_config(args)
+    cfg = config_from_args(args)
     run = Run(cfg, "unused", progress=not args.quiet)
     params, report = warm_start(cfg, run.tokenizer, run.task, progress=not args.quiet)
     result = run.evaluate(run.engine(0, params))
@@ -114,7 +121,7 @@ def cmd_plot(args) -> int:
 def cmd_config(args) -> int:
     from minirl.config import RunConfig
 
-    cfg = _make_config(args)
+    cfg = config_from_args(args)
     flat = {}
 
     def walk(d, prefix=""):
@@ -139,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="warm start (cached), evaluate, RL, evaluate; writes a run directory",
                        description="Train with RL. Without arguments: the built-in countdown default, "
                                    "about 5 minutes on a 2-core CPU. `minirl config` lists every knob.")
-    _config_args(p)
+    add_config_arguments(p)
     p.add_argument("--run-dir", help="where to write the run (default: runs/<task>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument("--force", action="store_true", help="continue a run even if its config changed")
@@ -147,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("sft", help="run (or load from cache) the supervised warm start and evaluate it")
-    _config_args(p)
+    add_config_arguments(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_sft)
 
@@ -164,10 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from minirl.mismatch import add_diagnose_parser
 
-    add_diagnose_parser(sub)  # minirl diagnose: |Δlogp| per mismatch source (minirl/mismatch.py)
+    add_diagnose_parser(sub)  # minirl diagnose: |Δlogp| per mismatch source (minirl/mismatch/)
 
     p = sub.add_parser("config", help="print every knob with its value and meaning")
-    _config_args(p)
+    add_config_arguments(p)
     p.set_defaults(fn=cmd_config)
     return parser
 

@@ -21,8 +21,10 @@ staleness knobs act as follows (RLAX §3.1; AReaL §5.1):
                         it runs ahead exactly that far, generating the next batches with the
                         weights it has while the trainer trains (logically in parallel).
 
-The trainer prefers the freshest groups (ties: first produced first); groups that can no
-longer be accepted are discarded and counted.
+The trainer prefers the freshest groups (ties: first produced first), as RLAX's trainer does;
+groups that can no longer be accepted are discarded and counted. `rl.batch_order = "oldest"`
+takes the oldest acceptable groups first instead, as AReaL does (§5.1): then nothing generated is
+wasted, and once generation runs eta batches ahead every batch is eta versions stale.
 
 Workers are called through `minirl.workers` futures, so the same code drives in-process parts
 or parts in other processes.
@@ -108,6 +110,7 @@ class Controller:
         self._generate(upto=(c.version + rl.eta + 1) * rl.prompts_per_step)  # run ahead (eta)
         t_train = self.clock()
         metrics, batch, prox = self._train(groups)
+        t_trained = self.clock()
         metrics.update(self._batch_metrics(batch, prox, groups))
         self._count_trained(groups)
         t_publish = self.clock()
@@ -115,14 +118,23 @@ class Controller:
         t_end = self.clock()
         metrics.update({
             "time/generate": self.times["generate"], "time/verify": self.times["verify"],
-            "time/train": t_publish - t_train, "time/publish": t_end - t_publish,
+            "time/train": t_trained - t_train, "time/publish": t_end - t_publish,
             "time/step": t_end - t_start, "published": float(published),
             "generate/tokens": float(self.times["tokens"]),
             "generate/tokens_per_s": self.times["tokens"] / max(self.times["generate"], 1e-9),
         })
+        # The controller's own overhead: batching decisions, diagnostics, publishing, bookkeeping.
         metrics["time/other"] = max(0.0, metrics["time/step"] - self.times["generate"]
                                     - self.times["verify"] - metrics["time/train"])
+        metrics.update(self._engine_work(self._call_engine("work_stats")))
         return self._with_counters(metrics)
+
+    @staticmethod
+    def _engine_work(stats: dict) -> dict[str, float]:
+        """The engine's decode work so far (cumulative): kept tokens and slot-steps computed;
+        their ratio is the slot occupancy (minirl.engine.Engine.occupancy)."""
+        return {"engine/decode_tokens": float(stats["decode_tokens"]),
+                "engine/slot_steps": float(stats["slot_steps"])}
 
     def _train(self, groups: list[Group]):
         """One trainer step on `groups`: batch, recompute log pi_prox, update."""
@@ -186,7 +198,9 @@ class Controller:
         metrics.update({
             "time/wait": t_train - t_start, "time/train": t_publish - t_train,
             "time/step": t_end - t_start, "published": float(published),
-            "engine/busy_seconds": rollouts.busy_seconds, "engine/in_flight": float(len(rollouts.in_flight)),
+            "engine/in_flight": float(len(rollouts.in_flight)),
+            **{f"engine/{part}_seconds": s for part, s in rollouts.seconds.items()},
+            **self._engine_work(rollouts.engine.work_stats()),
         })
         with self.cond:
             return self._with_counters(metrics)
@@ -256,9 +270,11 @@ class Controller:
             self.buffer = [g for g in self.buffer if self._lag(g) <= k]
 
     def _take_batch(self) -> list[Group]:
-        """The freshest `prompts_per_step` acceptable groups (ties: first produced first)."""
+        """The freshest (or, `rl.batch_order="oldest"`, the oldest) `prompts_per_step` acceptable
+        groups; ties: first produced first."""
         self.discard_stale()
-        order = sorted(self.buffer, key=lambda g: (-g.version, g.produced))
+        sign = -1 if self.rl.batch_order == "freshest" else 1
+        order = sorted(self.buffer, key=lambda g: (sign * g.version, g.produced))
         taken = order[: self.rl.prompts_per_step]
         if len(taken) < self.rl.prompts_per_step:
             raise RuntimeError("not enough acceptable groups in the buffer: check rl.max_lag / rl.eta")
@@ -273,7 +289,9 @@ class Controller:
         if metrics.get("train/skipped_nonfinite", 0.0) > 0:
             c.skipped_steps += 1
             return False
-        params = self.trainer.call("params", True).result()
+        # The trainer's JAX arrays, never mutated or donated: the store makes the one host copy
+        # and an in-process engine uses them as they are (no copy back to the device).
+        params = self.trainer.call("params").result()
         self.store.put(c.version + 1, params)
         c.version += 1
         if reload_engine and self.reload_due():

@@ -2,7 +2,7 @@
 
 Pure numpy on host arrays, called once per step; each function is a few vectorised passes over
 the [B, T] batch. Nothing here feeds the loss — these numbers exist to be logged and plotted
-(`minirl/plots.py`, `docs/diagnostics.md`).
+(`minirl/plots/`, `docs/diagnostics.md`).
 
 Notation (LOSSES.md): log mu = behaviour log-prob reported by the engine, log pi = the trainer's
 recompute (`prox_logp`). Per token, Delta = log pi - log mu and rho = pi / mu = exp(Delta).
@@ -10,6 +10,8 @@ recompute (`prox_logp`). Per token, Delta = log pi - log mu and rho = pi / mu = 
 - `mismatch_metrics`  training-inference mismatch (TIM): mean / p95 / max of |Delta| (RLAX §7.2,
   Fig. 5: p95 over steps of the per-step mean, 0.044 without recomputation, 0.020 with) and
   KL estimates.
+- `first_update_dlogp`  RLAX Fig. 5's two series, with and without recomputation, from the
+  trainer's first update (minirl/trainer.py calls it every step).
 - `zero_centred_contributions`  VeXact Eq. 5: A (c - 1), summed separately over A > 0 and A < 0.
 - `lag_buckets`        PipelineRL §5.2: ratio statistics per lag bucket (Table 3, §7.3).
 - `snis_baseline_proxy` PipelineRL Eq. 7-8: plain vs self-normalised IS group baseline by lag.
@@ -140,6 +142,19 @@ def mismatch_metrics(
         flips = np.argmax(bl[ok], axis=-1) != np.argmax(pl[ok], axis=-1)
         out["greedy_tokens"] = float(ok.sum())
         out["greedy_flip_fraction"] = float(flips.mean()) if flips.size else 0.0
+    return out
+
+
+def first_update_dlogp(train_logp, prox_logp, behav_logp, mask) -> dict[str, float]:
+    """RLAX Fig. 5's two per-step numbers: |log pi_theta - log pi_old| over `mask` (all [B, T]),
+    pi_theta = the training forward of a step's first update, with pi_old = pi_prox (the
+    trainer's recompute: "with recomputation") and pi_old = mu (the engine's: "without").
+    Returns `dlogp_recompute/` and `dlogp_no_recompute/` + mean / p95 / max `_abs_dlogp`."""
+    out = {}
+    for name, old in (("dlogp_recompute", prox_logp), ("dlogp_no_recompute", behav_logp)):
+        m = mismatch_metrics(old, train_logp, mask)
+        for stat in ("mean_abs_dlogp", "p95_abs_dlogp", "max_abs_dlogp"):
+            out[f"{name}/{stat}"] = m[stat]
     return out
 
 

@@ -171,7 +171,7 @@ class Engine:
         self._cache = None  # allocated at the first step (no work in the constructor)
         self._peak_tokens = 0
         counters = ("prefill_calls", "prefill_rows", "decode_calls", "tokens", "finished",
-                    "discarded", "preempted", "rebuilt")  # fmt: skip
+                    "discarded", "preempted", "rebuilt", "slot_steps", "decode_tokens")  # fmt: skip
         self.stats = dict.fromkeys(counters, 0)
 
     # ---- the interface -------------------------------------------------------------------
@@ -258,6 +258,15 @@ class Engine:
     @property
     def num_active(self) -> int:
         return len(self._sched.active())
+
+    def work_stats(self) -> dict[str, int]:
+        """A copy of the counters in `stats` (for callers behind a worker transport)."""
+        return dict(self.stats)
+
+    def occupancy(self) -> float:
+        """Share of the decode work that produced kept tokens: decode_tokens / slot_steps. Idle
+        slots (a straggler tail, an empty queue) and steps past a finish inside a chunk lower it."""
+        return self.stats["decode_tokens"] / max(self.stats["slot_steps"], 1)
 
     def compile_counts(self) -> dict[str, int]:
         """Compiled executables of the (shared) prefill and decode functions."""
@@ -377,9 +386,11 @@ class Engine:
         self._cache, toks, logps = decode(self._params, self._device_cache(), *args, width=width)
         toks, logps = np.asarray(toks), np.asarray(logps)  # [B, N] the one sync per chunk
         self.stats["decode_calls"] += 1
-        finished = []
+        self.stats["slot_steps"] += c.slots * c.decode_chunk  # computed, whether used or not
+        finished, before = [], self.stats["tokens"]
         for b in active:
             finished += self._append(b, toks[b, : budget[b]], logps[b, : budget[b]])
+        self.stats["decode_tokens"] += self.stats["tokens"] - before
         return finished
 
     def _append(self, b: int, toks: np.ndarray, logps: np.ndarray) -> list[Rollout]:

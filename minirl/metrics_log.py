@@ -1,8 +1,11 @@
-"""metrics.jsonl: one JSON object per training step, flat "a/b/c" keys.
+"""metrics.jsonl: one JSON object per training step, flat "a/b/c" keys; and metrics as text tables.
 
 The controller writes a record per step (`MetricsWriter`), `minirl plot` and the tutorials read
 them back (`read_metrics`). Non-finite values are written as null, a torn last line (a crash in
 mid-write) is skipped, and an I/O error becomes a warning: metrics never stop a run.
+
+`format_table(rows, columns)` prints metrics (dicts) as a plain-text table; `minirl diagnose`,
+the lag table of `minirl plot` and the experiments' summaries all print through it.
 """
 
 from __future__ import annotations
@@ -11,14 +14,13 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
-
 
 
 def _scalar(value) -> float | None:
@@ -125,3 +127,38 @@ def read_metrics(run_dir, filename: str = METRICS_FILE) -> list[dict[str, Any]]:
         elif i < len(lines) - 1:
             warnings.warn(f"{path}:{i + 1}: skipped a line that is not a JSON object", stacklevel=2)
     return records
+
+
+# ----------------------------------------------------------------------------- text tables
+
+
+def cell(value, fmt: str = "{}") -> str:
+    """One table cell: None or nan -> "–", anything else `fmt.format(value)`."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return fmt.format(value)
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
+    """`rows` (dicts) as a plain-text table: a header, a rule, one line per row.
+
+    `columns` are (title, key, format), e.g. ("p95", "p95_abs_dlogp", "{:.2e}"). A column is as
+    wide as its widest cell; columns of numbers are right-aligned, others left-aligned; a
+    missing key or a nan prints "–".
+    """
+    cells = [[cell(r.get(key), fmt) for _, key, fmt in columns] for r in rows]
+    numeric = [
+        all(isinstance(r.get(key), (int, float, type(None))) for r in rows) for _, key, _ in columns
+    ]
+    widths = [
+        max([len(title)] + [len(c[i]) for c in cells]) for i, (title, _, _) in enumerate(columns)
+    ]
+
+    def line(texts) -> str:
+        parts = [
+            t.rjust(w) if n else t.ljust(w) for t, w, n in zip(texts, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    head = line([title for title, _, _ in columns])
+    return "\n".join([head, "-" * len(head), *(line(c) for c in cells)])

@@ -234,7 +234,8 @@ class Attention(nnx.Module):
         visible = key_index[None, None, :] <= positions[:, :, None]  # [B, T, S]
         g = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, g, cfg.head_dim)  # [B, T, K, G, Dh]
-        out = X.attention(q, keys.astype(q.dtype), values.astype(q.dtype), visible, exact)
+        attend = X.causal_attention if layer_cache is None else X.attention
+        out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), visible, exact)
         y = X.dense(out.reshape(b, t, -1), self.o_proj[...].astype(x.dtype), exact)
         return y, (None if layer_cache is None else (keys, values))
 

@@ -10,6 +10,12 @@
 
 `train(cfg, run_dir)` starts a run, or continues it if `run_dir` holds a checkpoint of the same
 configuration (a different config hash is refused unless `force=True`).
+
+The run directory's life cycle is also four functions, shared with scale/launch.py (whose
+trainer lives in another job): `open_run_dir` (config check, the checkpoint to resume from),
+`restore_run` (trainer and controller back to it, metrics of later steps dropped),
+`checkpoint_due` and `save_checkpoint`. They reach the trainer only through the controller's
+worker (`state_dict` / `load_state_dict` calls), so a remote trainer resumes the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from minirl.checkpoints import CheckpointManager
+from minirl.checkpoints import Checkpoint, CheckpointManager
 from minirl.config import RunConfig
 from minirl.configlib import ConfigError, config_hash, from_dict, to_dict
 from minirl.controller import Controller
@@ -80,29 +86,16 @@ class Run:
 
     def train(self, resume: bool = True, force: bool = False) -> dict:
         cfg, rl = self.cfg, self.cfg.rl
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        chash = config_hash(cfg, ignore=RESUMABLE_CHANGES)
-        ckpts = CheckpointManager(self.run_dir, keep=rl.keep_checkpoints)
-        if not resume and (self.run_dir / "metrics.jsonl").exists():
-            raise ConfigError(f"{self.run_dir} already holds a run; resume it or choose another directory")
-        restored = ckpts.restore() if resume and ckpts.all_steps() else None
-        if restored is not None:
-            old = json.loads((self.run_dir / "config.json").read_text())["hash"]
-            if old != chash and not force:
-                raise ConfigError(f"{self.run_dir} was started with another configuration (hash {old}, "
-                                  f"now {chash}); use a new run directory, or --force to continue anyway")
-        self._write_json("config.json", {"hash": chash, "config": to_dict(cfg)})
-        if restored is None:
-            self._write_json("meta.json", {"seed": rl.seed, "started": time.time(), "versions": _versions()})
+        ckpts, restored = open_run_dir(cfg, self.run_dir, resume, force)
 
         base, sft_report = warm_start(cfg, self.tokenizer, self.task, self.progress, self.log)
-        summary = self._read_json("summary.json") if restored is not None else {}
+        summary = _read_json(self.run_dir, "summary.json") if restored is not None else {}
         engine = self.engine(0, base)
         if "before" not in summary:
             summary["warm_start"] = sft_report
             summary["before"] = self.evaluate(engine)
             self.log(f"held-out before RL: {_fmt(summary['before'])}")
-            self._write_json("summary.json", summary)
+            write_json(self.run_dir, "summary.json", summary)
 
         trainer = Trainer(cfg.model, base, get_preset(rl.loss), cfg.trainer_config())
         store = InMemoryWeightStore(keep=max(4, rl.reload_every + 2))
@@ -112,11 +105,7 @@ class Run:
                                 tokenizer=self.tokenizer, max_new_tokens=self.task.max_new_tokens,
                                 log=self.log)
         if restored is not None:
-            state = from_plain(restored.controller_state)
-            trainer.load_state_dict({"params": restored.params, "opt_state": restored.opt_state,
-                                     **state["trainer"]})
-            controller.restore(state["controller"])
-            self._truncate_metrics(controller.counters.steps)
+            restore_run(restored, controller, self.run_dir)
             self.log(f"resumed {self.run_dir} at step {controller.counters.steps} "
                      f"(version {controller.counters.version})")
         # The engine starts from the trainer's weights (a resumed run: the snapshot's version,
@@ -141,16 +130,16 @@ class Run:
             m = controller.step() if rollouts is None else controller.step_async(rollouts)
             c = controller.counters
             if cfg.eval.every and c.steps % cfg.eval.every == 0:
-                m.update({f"eval/{k}": v for k, v in self.evaluate(engine).items()})
+                # async: the rollout thread owns `engine`; evaluate the trainer's weights on a
+                # fresh engine (compiled functions are shared, so nothing recompiles)
+                judge = engine if rollouts is None else self.engine(c.version, trainer.params())
+                m.update({f"eval/{k}": v for k, v in self.evaluate(judge).items()})
             writer.write(m, step=c.steps)
             bar.update(1)
             bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step']:.2f}",
                             lag=f"{m['lag/mean']:.1f}")
-            # Lockstep snapshots at reload boundaries (the engine then holds the trainer's
-            # version, so one set of weights is the whole state); async ones between steps.
-            at_boundary = rollouts is not None or c.engine_version == c.version
-            if at_boundary and (c.steps % rl.checkpoint_every == 0 or c.steps == rl.steps):
-                self._checkpoint(ckpts, trainer, controller, rollouts)
+            if checkpoint_due(cfg, c, rollouts is not None):
+                save_checkpoint(ckpts, controller, rollouts.pending_prompts if rollouts else None)
             if rl.time_budget and time.perf_counter() - t0 > rl.time_budget:
                 self.log(f"time budget of {rl.time_budget:.0f}s reached after {c.steps} steps")
                 break
@@ -165,7 +154,7 @@ class Run:
         summary["after"] = self.evaluate(self.engine(controller.counters.version, trainer.params()))
         summary["rl_seconds"] = summary.get("rl_seconds", 0.0) + time.perf_counter() - t0
         summary["counters"] = to_plain(controller.counters.__dict__)
-        self._write_json("summary.json", summary)
+        write_json(self.run_dir, "summary.json", summary)
         self.log(f"held-out after RL:  {_fmt(summary['after'])}")
         return summary
 
@@ -185,33 +174,88 @@ class Run:
             return ProcessWorker(lambda: get_task(task_name, **task_args).verifier, name="verifier").start()
         return InProcessWorker(self.task.verifier)
 
-    def _checkpoint(self, ckpts, trainer, controller, rollouts) -> None:
-        with controller.cond:
-            pending = rollouts.pending_prompts() if rollouts is not None else []
-            snap = controller.snapshot(pending)
-        state = trainer.state_dict()
-        ckpts.save(controller.counters.steps, state["params"], state["opt_state"], to_plain({
-            "controller": snap,
-            "trainer": {"step": state["step"], "skipped_nonfinite": state["skipped_nonfinite"]},
-        }))
 
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metrics.jsonl lines of steps after the checkpoint: they are about to be redone."""
-        path = self.run_dir / "metrics.jsonl"
-        if path.exists():
-            keep = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= step]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-            tmp.replace(path)
+# ---------------------------------------------------------------------------------------------
+# The run directory's life cycle (also scale/launch.py's)
 
-    def _write_json(self, name: str, data) -> None:
-        tmp = self.run_dir / (name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, default=float))
-        tmp.replace(self.run_dir / name)
 
-    def _read_json(self, name: str) -> dict:
-        path = self.run_dir / name
-        return json.loads(path.read_text()) if path.exists() else {}
+def open_run_dir(cfg: RunConfig, run_dir, resume: bool = True, force: bool = False
+                 ) -> tuple[CheckpointManager, Checkpoint | None]:
+    """Check `run_dir` against `cfg` and write config.json (and meta.json for a new run).
+    Returns the checkpoint manager and the checkpoint to resume from (None: a fresh start, and
+    metrics.jsonl lines of an earlier attempt that never checkpointed are dropped)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    chash = config_hash(cfg, ignore=RESUMABLE_CHANGES)
+    ckpts = CheckpointManager(run_dir, keep=cfg.rl.keep_checkpoints)
+    if not resume and (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"{run_dir} already holds a run; resume it or choose another directory")
+    restored = ckpts.restore() if resume and ckpts.all_steps() else None
+    if restored is not None:
+        old = json.loads((run_dir / "config.json").read_text())["hash"]
+        if old != chash and not force:
+            raise ConfigError(f"{run_dir} was started with another configuration (hash {old}, "
+                              f"now {chash}); use a new run directory, or --force to continue anyway")
+    write_json(run_dir, "config.json", {"hash": chash, "config": to_dict(cfg)})
+    if restored is None:
+        write_json(run_dir, "meta.json", {"seed": cfg.rl.seed, "started": time.time(),
+                                          "versions": _versions()})
+        truncate_metrics(run_dir, 0)
+    return ckpts, restored
+
+
+def restore_run(restored: Checkpoint, controller: Controller, run_dir) -> None:
+    """Put the trainer (through the controller's worker) and the controller back to
+    `restored`, and drop metrics.jsonl lines of the steps about to be redone."""
+    state = from_plain(restored.controller_state)
+    trainer_state = {"params": restored.params, "opt_state": restored.opt_state, **state["trainer"]}
+    controller.trainer.call("load_state_dict", trainer_state).result()
+    controller.restore(state["controller"])
+    truncate_metrics(run_dir, controller.counters.steps)
+
+
+def checkpoint_due(cfg: RunConfig, counters, async_scheduler: bool = False) -> bool:
+    """Lockstep runs snapshot at reload boundaries (the engine then holds the trainer's version,
+    so one set of weights is the whole state), every rl.checkpoint_every steps and at the last;
+    async ones between any two steps."""
+    at_boundary = async_scheduler or counters.engine_version == counters.version
+    return at_boundary and (counters.steps % cfg.rl.checkpoint_every == 0
+                            or counters.steps == cfg.rl.steps)
+
+
+def save_checkpoint(ckpts: CheckpointManager, controller: Controller, in_flight=None) -> None:
+    """One checkpoint: the trainer's state (fetched through the controller's worker) and the
+    controller's snapshot; `in_flight()`: the prompts in flight (async), read under the same
+    lock as the snapshot."""
+    with controller.cond:
+        snap = controller.snapshot(in_flight() if in_flight is not None else [])
+    state = controller.trainer.call("state_dict").result()
+    ckpts.save(controller.counters.steps, state["params"], state["opt_state"], to_plain({
+        "controller": snap,
+        "trainer": {"step": state["step"], "skipped_nonfinite": state["skipped_nonfinite"]},
+    }))
+
+
+def truncate_metrics(run_dir, step: int) -> None:
+    """Drop metrics.jsonl lines of steps after `step`: they are about to be redone."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if path.exists():
+        keep = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        tmp.replace(path)
+
+
+def write_json(run_dir, name: str, data) -> None:
+    """Atomically (write, then rename) `run_dir/name`."""
+    tmp = Path(run_dir) / (name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=float))
+    tmp.replace(Path(run_dir) / name)
+
+
+def _read_json(run_dir, name: str) -> dict:
+    path = Path(run_dir) / name
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _with_eos(engine_cfg, eos_id: int, seed: int):

@@ -164,6 +164,19 @@ def to_bytes(tree: Any) -> bytes:
     return b"".join(_pieces(*_layout(tree)))  # one copy of each array's bytes
 
 
+def to_buffer(tree: Any) -> np.ndarray:
+    """The bytes of `to_bytes(tree)` in a writable uint8 numpy array. For large trees this is
+    ~4x cheaper than `to_bytes`: numpy backs big buffers with huge pages, so filling one costs
+    about a memcpy, while a 300 MB `bytes` also pays ~75k page faults."""
+    pieces = [np.frombuffer(piece, np.uint8) for piece in _pieces(*_layout(tree))]
+    out = np.empty(sum(piece.size for piece in pieces), np.uint8)
+    pos = 0
+    for piece in pieces:
+        out[pos : pos + piece.size] = piece
+        pos += piece.size
+    return out
+
+
 def write_tree(f, tree: Any) -> int:
     """Write `tree` to the binary file `f` (anything with `write`); returns bytes written.
     Produces exactly `to_bytes(tree)`, without holding it in memory."""
@@ -227,7 +240,8 @@ def _check_layout(specs: list, start: int, size: int | None) -> None:
 
 
 def from_bytes(b: bytes | bytearray | memoryview, copy: bool = False) -> Any:
-    """Inverse of `to_bytes`. Arrays are read-only views into `b` (zero copy) unless `copy`."""
+    """Inverse of `to_bytes`. Arrays are views into `b` (zero copy; read-only if `b` is, e.g.
+    bytes) unless `copy`. `b` may be a uint8 numpy array (`to_buffer`, a file read into one)."""
     b = memoryview(b).cast("B")
     n = _prefix_length(bytes(b[:16]))
     if 16 + n > b.nbytes:

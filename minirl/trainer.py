@@ -28,21 +28,37 @@ What one `train_step(batch)` does:
 `sft_step(batch)` runs the same machinery on the mean token negative log-likelihood over the
 mask (the supervised warm-start). `recompute_logprobs(batch)` is step 2 on its own.
 
+RLAX Fig. 5, every step, at no extra forward: the training forward of the FIRST update (the
+weights the step starts from) is what the PPO ratio's numerator sees, and its denominator is
+either the recompute (log pi_prox: "with recomputation", minirl's way) or the engine's log mu
+("without recomputation", what a trainer that trusts the engine would use). `train_step` returns
+mean / p95 / max of both |log pi_theta - log pi_old| over the first update's counted tokens:
+`dlogp_recompute/*` and `dlogp_no_recompute/*` (docs/diagnostics.md). On-policy the first is pure
+numerics (the training graph vs the recompute graph), the second adds the decode-vs-forward gap;
+for tokens of older versions the second also holds the real policy change since then.
+
+Placement (the one door to devices): every micro-batch array enters the jitted functions through
+`placement.rows(x)` (axis 0 = rows) and every row-shaped result leaves through
+`placement.host(x)` (minirl/placement.py). The default, `HostPlacement`, hands numpy to jit (one
+device, no mesh); scale/mesh.py's `RowPlacement` splits the rows over a mesh's data axes, which
+with parameters placed by `scale.mesh.place_params` makes the step data- and FSDP-parallel.
+
+The parts live in their own files: minirl/microbatch.py plans micro-batches, minirl/forward.py
+is the engine-matched forward with its remat policy and the per-micro-batch gradient,
+minirl/optimizer.py the guarded AdamW update. This file holds the state (params, optimizer
+state, counters) and the order of operations.
+
 How it stays fast on a CPU: the NNX model is split once (`nnx.split`); the forward, the
 per-micro-batch gradient accumulation and the optimizer update are pure functions under
-`jax.jit`, shared between trainers with equal settings (so tests and benchmarks reuse compiles),
-with the gradient accumulator and the optimizer state donated. Parameters are NOT donated: the
-engine and the weight store may still hold the arrays `params()` handed out.
+`jax.jit`, shared between trainers with equal settings (so tests and benchmarks reuse compiles).
+Only the gradient accumulator is donated: the engine and the weight store may still hold the
+parameter arrays `params()` handed out, and donating the optimizer state made XLA CPU copy it
+(minirl/optimizer.py). The hand-written dense backward and the causal block skipping in
+minirl/exact.py are what brought the `small` step to the matmul-peak target (docs/trainer.md).
 
-Remat (`TrainerConfig.remat`): each decoder block of the training forward is wrapped in
-`jax.checkpoint` with XLA's `dots_saveable` ("dots": keep matmul outputs, recompute the cheap
-elementwise work) or `nothing_saveable` ("nothing": recompute the whole block in the backward
-pass — RLAX's "nothing-saveable" setting, which keeps the training forward closest to the
-inference graph), or not at all ("none"). docs/trainer.md reports what each costs here.
-
-Simplified on purpose: one device (scale/ adds meshes); no critic (objectives with
-`needs_values` are refused: the model has no value head); rows are padded, not packed
-padding-free (the model has no segment mask).
+Simplified on purpose: no mesh of its own (scale/ places parameters and rows); no critic
+(objectives with `needs_values` are refused: the model has no value head); rows are padded, not
+packed padding-free (the model has no segment mask).
 """
 
 from __future__ import annotations
@@ -51,29 +67,25 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from minirl import microbatch as mbt
+from minirl import optimizer
+from minirl.diagnostics import first_update_dlogp
+from minirl.forward import REMAT_POLICIES, ForwardSpec, abstract_model, accumulate_fn, forward_fn
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
-from minirl.model import ModelConfig, Transformer, token_entropy, token_logprobs
+from minirl.model import ModelConfig
+from minirl.optimizer import learning_rate
+from minirl.placement import HostPlacement, place_like
 from minirl.serialization import match_template
 from minirl.types import Batch
 
 __all__ = ["Trainer", "TrainerConfig", "learning_rate"]
-
-REMAT_POLICIES = {
-    "none": None,
-    "dots": jax.checkpoint_policies.dots_saveable,
-    "nothing": jax.checkpoint_policies.nothing_saveable,
-}
-SCHEDULES = ("constant", "cosine")
-
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
@@ -107,7 +119,7 @@ class TrainerConfig:
         s = self
         rules = [  # (holds, what must hold)
             (s.learning_rate > 0 and math.isfinite(s.learning_rate), "learning_rate > 0, finite"),
-            (s.schedule in SCHEDULES, f"schedule in {SCHEDULES}"),
+            (s.schedule in optimizer.SCHEDULES, f"schedule in {optimizer.SCHEDULES}"),
             (s.warmup_steps >= 0, "warmup_steps >= 0"),
             (
                 s.schedule != "cosine" or s.total_steps > s.warmup_steps,
@@ -131,145 +143,13 @@ class TrainerConfig:
                 raise ValueError(f"TrainerConfig: {rule} must hold; got {self}")
 
 
-def learning_rate(cfg: TrainerConfig, step: int) -> float:
-    """The learning rate of train step `step` (0-based): linear warm-up from lr/(W+1) to lr over
-    W = warmup_steps steps, then constant, or cosine down to min_lr_ratio * lr at total_steps."""
-    warm = min(1.0, (step + 1) / (cfg.warmup_steps + 1))
-    if cfg.schedule == "constant":
-        return cfg.learning_rate * warm
-    progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / (cfg.total_steps - cfg.warmup_steps)))
-    cosine = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-    return cfg.learning_rate * warm * cosine
-
-
 # ---------------------------------------------------------------------------------------------
-# Pure functions (jitted once per static setting, shared between trainers)
-
-
-class _Static(NamedTuple):
-    """What the forward is specialised on (hashable)."""
-
-    model: ModelConfig
-    temperature: float
-    top_k: int
-    top_p: float
-    exact: bool
-    remat: str
-
-
-@functools.lru_cache(maxsize=16)
-def _abstract_model(cfg: ModelConfig):
-    """(graphdef, pure-dict template of ShapeDtypeStructs), without initialising any weights."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0))))
-    return graphdef, nnx.to_pure_dict(state)
-
-
-class _Checkpointed(nnx.Module):
-    """A decoder block whose activations the backward pass recomputes (`jax.checkpoint`)."""
-
-    def __init__(self, block, policy):
-        self.block = block
-        self.policy = policy
-
-    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False):
-        assert layer_cache is None, "remat is for the training forward (no KV cache)"
-        graphdef, state = nnx.split(self.block)
-
-        def run(state, x, positions, inv_freq, starts):
-            return nnx.merge(graphdef, state)(x, positions, inv_freq, None, starts, exact)[0]
-
-        return jax.checkpoint(run, policy=self.policy)(state, x, positions, inv_freq, starts), None
-
-
-def _logprobs_and_logits(s: _Static, params, tokens, targets, remat: bool):
-    """tokens, targets [R, Tb] -> (log-probs [R, Tb], logits [R, Tb, V]): the model's forward
-    and the engine's `token_logprobs` with the engine's settings."""
-    model = nnx.merge(_abstract_model(s.model)[0], params)
-    if remat and REMAT_POLICIES[s.remat] is not None:
-        model.layers = nnx.List([_Checkpointed(b, REMAT_POLICIES[s.remat]) for b in model.layers])
-    logits = model(tokens, exact=s.exact)  # [R, Tb, V]
-    return token_logprobs(logits, targets, s.temperature, s.exact, s.top_k, s.top_p), logits
-
-
-def _logprobs(s: _Static, params, tokens, targets):
-    return _logprobs_and_logits(s, params, tokens, targets, remat=False)[0]
-
-
-def _accumulate(s: _Static, loss, params, acc, tokens, targets, part):
-    """Phase 2 on one micro-batch: add its gradient and loss to the accumulator `acc`."""
-
-    def micro_loss(p):
-        logp, logits = _logprobs_and_logits(s, p, tokens, targets, remat=True)
-        entropy = token_entropy(logits, s.temperature) if loss.needs_entropy else None
-        return loss.loss(logp, part, entropy=entropy)
-
-    (value, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params)
-    acc_grads, acc_loss = acc
-    return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + value), metrics
-
-
-def _zeros(params):
-    return jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32)
-
-
-class _Opt(NamedTuple):
-    """Optimizer settings (hashable)."""
-
-    b1: float
-    b2: float
-    eps: float
-    weight_decay: float
-    max_grad_norm: float
-
-
-def _transform(o: _Opt) -> optax.GradientTransformation:
-    """clip -> Adam moments -> decoupled weight decay (matrices only); the caller scales by -lr."""
-    return optax.chain(
-        optax.clip_by_global_norm(o.max_grad_norm) if o.max_grad_norm > 0 else optax.identity(),
-        optax.scale_by_adam(o.b1, o.b2, o.eps),
-        optax.add_decayed_weights(
-            o.weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
-        ),
-    )
-
-
-def _apply(o: _Opt, params, opt_state, acc, scale, lr):
-    """One optimizer update from summed gradients, or none at all (the old params and optimizer
-    state, bit for bit) if the loss or any gradient is non-finite."""
-    grads, loss = jax.tree.map(lambda g: (g * scale).astype(g.dtype), acc)  # keep bf16 as bf16
-    grad_norm = optax.tree.norm(grads)
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-    def update(params, opt_state):
-        direction, opt_state = _transform(o).update(grads, opt_state, params)
-        return jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), params, direction), opt_state
-
-    params, opt_state = jax.lax.cond(ok, update, lambda p, s: (p, s), params, opt_state)
-    return params, opt_state, ok, grad_norm
-
-
-@functools.lru_cache(maxsize=32)
-def _forward_fns(s: _Static):
-    return jax.jit(functools.partial(_logprobs, s))
+# Loss phases: the objective's phase 1, jitted; the supervised loss
 
 
 @functools.lru_cache(maxsize=32)
 def _prepare_fn(objective):
     return jax.jit(objective.prepare)
-
-
-@functools.lru_cache(maxsize=32)
-def _accumulate_fn(s: _Static, loss):
-    return jax.jit(functools.partial(_accumulate, s, loss), donate_argnums=(1,))
-
-
-@functools.lru_cache(maxsize=8)
-def _opt_fns(o: _Opt):
-    return (
-        jax.jit(_transform(o).init),
-        jax.jit(_zeros),
-        jax.jit(functools.partial(_apply, o), donate_argnums=(1, 2)),
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,10 +179,6 @@ _NLL = _TokenNLL()
 # The stateful part
 
 
-def _host(tree):
-    return jax.tree.map(lambda x: np.array(x, copy=True), tree)
-
-
 class Trainer:
     """Holds the parameters, optimizer state and step counter; everything else is pure functions.
 
@@ -320,18 +196,18 @@ class Trainer:
         objective=None,
         cfg: TrainerConfig | None = None,
         ref_params: Any = None,
+        placement: Any = None,
     ):
         cfg = cfg or TrainerConfig()
+        self._placement = placement if placement is not None else HostPlacement()
         if objective is not None and objective.needs_values:
             raise ValueError(
                 f"objective {objective.name!r} trains a critic (value_coef > 0), but minirl's "
                 "model has no value head; use value_coef=0"
             )
         self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
-        self._static = _Static(
-            model_cfg, cfg.temperature, cfg.top_k, cfg.top_p, cfg.exact, cfg.remat
-        )
-        self._opt = _Opt(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
+        self._spec = ForwardSpec.of(model_cfg, cfg)
+        self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
         self._params = self._check_params(params)
         self._ref_params = None
         if objective is not None and objective.needs_ref:
@@ -349,7 +225,7 @@ class Trainer:
         """The current parameters as a pure dict (what `Engine.load_weights` and
         `WeightStore.put` accept). JAX arrays, never mutated or donated afterwards; `host=True`
         returns numpy copies."""
-        return _host(self._params) if host else self._params
+        return self._placement.host(self._params) if host else self._params
 
     def recompute_logprobs(self, batch: Batch) -> np.ndarray:
         """log pi(targets) under the current weights, with the engine's settings.  [B, T] float32,
@@ -381,20 +257,22 @@ class Trainer:
         prepared = jax.device_get(_prepare_fn(self.objective)(inputs))
         t_recompute = time.perf_counter() - t0
 
-        epochs, stats = [], []
+        epochs, stats, first = [], [], None
         for epoch in range(self.cfg.ppo_epochs):
             parts = []
             for rows in self._minibatches(batch.num_rows, epoch):
                 sub = plan if len(rows) == batch.num_rows else self._plan(batch, rows)
-                m, s = self._update(
+                m, s, logp = self._update(
                     self.objective, batch, prepared, sub, scale=batch.num_rows / len(rows)
                 )
+                first = first or (sub, rows, logp)  # the first update: the start weights
                 parts += m
                 stats.append(s)
             epochs.append({k: float(v) for k, v in finalize_metrics(jax.device_get(parts)).items()})
         metrics = {
             k: (max if k.endswith("_max") else np.mean)([e[k] for e in epochs]) for k in epochs[0]
         }
+        metrics |= self._fig5(batch, prox_logp, *first)
         metrics = {k: float(v) for k, v in metrics.items()}
         return self._finish(metrics, stats, plan, t0, t_recompute)
 
@@ -403,7 +281,7 @@ class Trainer:
         t0 = time.perf_counter()
         self._check_batch(batch)
         plan = self._plan(batch)
-        parts, stat = self._update(_NLL, batch, _NLL.prepare(batch.mask), plan, scale=1.0)
+        parts, stat, _ = self._update(_NLL, batch, _NLL.prepare(batch.mask), plan, scale=1.0)
         parts = jax.device_get(parts)
         metrics = {
             "loss": float(sum(p["loss"] for p in parts)),
@@ -414,18 +292,20 @@ class Trainer:
     def state_dict(self) -> dict:
         """Everything to resume training: params, optimizer state, counters (numpy copies)."""
         return {
-            "params": _host(self._params),
-            "opt_state": _host(self._optimizer_state()),
+            "params": self._placement.host(self._params),
+            "opt_state": self._placement.host(self._optimizer_state()),
             "step": self.step,
             "skipped_nonfinite": self.skipped_nonfinite,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a `state_dict()` (also after a round trip through minirl.serialization)."""
-        self._params = self._check_params(state["params"])
-        template = jax.eval_shape(_transform(self._opt).init, self._params)
+        """Restore a `state_dict()` (also after a round trip through minirl.serialization).
+        Every array keeps the layout of the one it replaces (a sharded trainer stays sharded)."""
+        params = match_template(state["params"], abstract_model(self.model_cfg)[1])
+        self._params = jax.tree.map(place_like, params, self._params)
+        template = self._optimizer_state()  # laid out like the params
         opt_state = match_template(state["opt_state"], template, what="optimizer state entry")
-        self._opt_state = jax.tree.map(jnp.asarray, opt_state)
+        self._opt_state = jax.tree.map(place_like, opt_state, template)
         self.step = int(state["step"])
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
         self.last_step_ok = True
@@ -441,15 +321,32 @@ class Trainer:
             rows=rows,
         )
 
-    def _logprobs(self, params, batch: Batch, plan) -> np.ndarray:
-        fn = _forward_fns(self._static)
-        out = np.zeros(batch.mask.shape, np.float32)  # [B, T]
-        results = [
-            fn(params, mbt.gather(batch.tokens, mb), mbt.gather(batch.targets, mb)) for mb in plan
-        ]
-        for mb, logp in zip(plan, jax.device_get(results), strict=True):
+    def _rows(self, x: np.ndarray, mb: mbt.MicroBatch):
+        """Micro-batch `mb`'s rows of the [B, ...] host array `x`, placed for the jitted functions."""
+        return self._placement.rows(mbt.gather(x, mb))
+
+    def _scatter(self, results: list, plan, shape) -> np.ndarray:
+        """Per-micro-batch [R, Tb] device results -> one [B, T] host array (0 elsewhere)."""
+        out = np.zeros(shape, np.float32)
+        for mb, logp in zip(plan, self._placement.host(results), strict=True):
             mbt.scatter(logp, mb, out)
+        return out
+
+    def _logprobs(self, params, batch: Batch, plan) -> np.ndarray:
+        fn = forward_fn(self._spec)
+        results = [
+            fn(params, self._rows(batch.tokens, mb), self._rows(batch.targets, mb)) for mb in plan
+        ]
+        out = self._scatter(results, plan, batch.mask.shape)  # [B, T]
         return np.where(batch.mask > 0, out, 0.0).astype(np.float32)
+
+    def _fig5(self, batch: Batch, prox_logp, plan, rows, logps) -> dict[str, float]:
+        """The first update's |log pi_theta - log pi_old| with and without recomputation, over
+        the counted tokens of the rows it trained on."""
+        train_logp = self._scatter(logps, plan, batch.mask.shape)  # [B, T]
+        mask = np.zeros_like(batch.mask)
+        mask[rows] = batch.mask[rows]
+        return first_update_dlogp(train_logp, prox_logp, batch.behaviour_logprobs, mask)
 
     def _minibatches(self, num_rows: int, epoch: int) -> list[np.ndarray]:
         k = self.cfg.num_minibatches
@@ -464,22 +361,22 @@ class Trainer:
 
     def _update(self, loss, batch: Batch, prepared, plan, scale: float):
         """Accumulate the gradient over `plan`'s micro-batches, then one guarded optimizer update.
-        Returns (per-micro-batch metrics, update statistics)."""
-        accumulate = _accumulate_fn(self._static, loss)
-        _, zeros, apply = _opt_fns(self._opt)
-        acc = zeros(self._params)
-        metrics = []
+        Returns (per-micro-batch metrics, update statistics, per-micro-batch training-forward
+        log-probs on device)."""
+        accumulate = accumulate_fn(self._spec, loss)
+        apply = optimizer.compiled(self._opt)[1]
+        acc, metrics, logps = None, [], []
         for mb in plan:
-            part = jax.tree.map(lambda x, mb=mb: mbt.gather(x, mb), prepared)
-            acc, m = accumulate(
-                self._params, acc, mbt.gather(batch.tokens, mb), mbt.gather(batch.targets, mb), part
-            )
+            part = jax.tree.map(lambda x, mb=mb: self._rows(x, mb), prepared)
+            tokens, targets = self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
+            acc, m, logp = accumulate(self._params, acc, tokens, targets, part)
             metrics.append(m)
+            logps.append(logp)
         lr = learning_rate(self.cfg, self.step)
         self._params, self._opt_state, ok, grad_norm = apply(
             self._params, self._optimizer_state(), acc, jnp.float32(scale), jnp.float32(lr)
         )
-        return metrics, {"ok": ok, "grad_norm": grad_norm, "lr": lr}
+        return metrics, {"ok": ok, "grad_norm": grad_norm, "lr": lr}, logps
 
     def _finish(
         self, metrics: dict, stats: list, plan, t0: float, t_recompute: float
@@ -506,13 +403,13 @@ class Trainer:
 
     def _optimizer_state(self):
         if self._opt_state is None:
-            self._opt_state = _opt_fns(self._opt)[0](self._params)
+            self._opt_state = optimizer.compiled(self._opt)[0](self._params)
         return self._opt_state
 
     def _check_params(self, params) -> dict:
         if isinstance(params, nnx.State):
             params = nnx.to_pure_dict(params)
-        template = _abstract_model(self.model_cfg)[1]
+        template = abstract_model(self.model_cfg)[1]
         return jax.tree.map(jnp.asarray, match_template(params, template, what="parameter"))
 
     def _check_batch(self, batch: Batch) -> None:

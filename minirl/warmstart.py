@@ -57,10 +57,12 @@ def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[
     sft = cfg.sft
     # Supervised learning of the demonstrations: plain cross-entropy (temperature 1, no
     # truncation, fast reductions) whatever the RL run's sampling settings, so one warm start
-    # serves every RL configuration of the same task and model.
+    # serves every RL configuration of the same task and model. The RL-only knobs (PPO epochs,
+    # mini-batches and their shuffle) do not touch an SFT step, so they are not part of the key.
     trainer_cfg = dataclasses.replace(cfg.trainer, learning_rate=sft.learning_rate,
                                       schedule="cosine", warmup_steps=min(20, sft.steps // 10),
-                                      total_steps=max(sft.steps, 1))
+                                      total_steps=max(sft.steps, 1), ppo_epochs=1,
+                                      num_minibatches=1, seed=0)
     key = config_hash(_Key(cfg.task, cfg.model, sft, trainer_cfg))
     path = cache_dir() / "warmstart" / f"{key}.mrl"
     if sft.cache and path.exists():

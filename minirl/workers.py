@@ -65,6 +65,8 @@ def to_plain(x: Any) -> Any:
         return {_TAG: name, **{f.name: to_plain(getattr(x, f.name)) for f in dataclasses.fields(x)}}
     if isinstance(x, dict):
         return {k: to_plain(v) for k, v in x.items()}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple (optax state): dict of fields
+        return {k: to_plain(v) for k, v in zip(x._fields, x, strict=True)}
     if isinstance(x, (list, tuple)):
         return type(x)(to_plain(v) for v in x)
     if isinstance(x, np.generic):

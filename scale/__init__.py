@@ -10,6 +10,7 @@ It imports minirl; minirl never imports it. Map (scale/README.md is the guide):
   remote_verifier.py       RemoteVerifier: its client, a minirl Verifier (retries, by reference)
   remote_worker.py         RemoteWorker / serve: minirl's worker futures over TCP (SPMD-aware)
   launch.py                `python -m scale.launch verifier|engine|trainer|controller`
+  diagnose.py              `python -m scale.diagnose`: minirl's mismatch table + "sharding"
 
 The names below are imported lazily (`scale.TensorStoreWeightStore` loads only that module), so
 a verifier host never starts JAX and a launcher can configure devices before JAX starts.
@@ -18,12 +19,14 @@ a verifier host never starts JAX and a launcher can configure devices before JAX
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 _EXPORTS = {
     "mesh": (
         "DistributedConfig", "MeshConfig", "ShardingRules", "initialize", "make_mesh",
         "no_sharding", "fsdp", "tensor_parallel", "place_params", "publish", "load",
+        "RowPlacement",
     ),
     "tensorstore_weights": ("TensorStoreWeightStore", "StoredWeights"),
     "verifier_service": ("VerifierService", "ServiceConfig"),
@@ -31,7 +34,17 @@ _EXPORTS = {
     "remote_worker": ("RemoteWorker", "serve", "follow"),
 }  # fmt: skip
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_WHERE)
+__all__ = sorted([*_WHERE, "use_cpu_devices"])
+
+
+def use_cpu_devices(count: int) -> None:
+    """Run JAX on `count` fake CPU devices (tests, laptops). Call before JAX starts: the flag is
+    read once, when the first computation initialises the CPU backend."""
+    if count < 1:
+        raise ValueError(f"use_cpu_devices needs a count >= 1, got {count}")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    flag = f"--xla_force_host_platform_device_count={count}"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
 
 
 def __getattr__(name: str) -> Any:

@@ -25,8 +25,18 @@ A trainer or engine spanning several hosts (a TPU slice, several GPU nodes) is o
 every host runs the same command with --coordinator/--num-processes/--process-id; process 0
 serves the controller and broadcasts each call to the others (scale/remote_worker.py).
 
-Simplified on purpose: no resume (runs start fresh; minirl/runner.py's checkpointing is the
-single-host path), no evaluation passes, lockstep scheduling only; one engine job.
+Preemption and resume follow `minirl train`: the controller owns the run directory (config.json,
+metrics.jsonl, checkpoints/ — minirl/runner.py's `open_run_dir`, `checkpoint_due`,
+`save_checkpoint`, `restore_run`) and starting it again on the same --run-dir resumes from the
+last checkpoint. A checkpoint holds the trainer job's params and optimizer state (fetched with
+a `state_dict` call) and the controller's snapshot; on resume the trainer job loads them, drops
+the store's versions from the checkpoint's on (`publish_from`) and publishes that version again,
+and the engine job loads it. Engine and trainer jobs may keep running across a controller
+restart, or be restarted themselves: they hold no progress the checkpoint does not have.
+
+Simplified on purpose: checkpoints pass through the controller (params + optimizer state over
+TCP every rl.checkpoint_every steps; a trainer-side writer to object storage is the scalable
+version); no evaluation passes; lockstep scheduling only; one engine job.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from minirl.cli import add_config_arguments
 from scale.tensorstore_weights import StoredWeights
 
 TOKEN_ENV = "MINIRL_TOKEN"
@@ -48,12 +59,37 @@ TOKEN_ENV = "MINIRL_TOKEN"
 
 
 class TrainerRole:
-    """The trainer job's object: minirl's Trainer, publishing its own weights."""
+    """The trainer job's object: minirl's Trainer, publishing its own weights. `make_trainer()`
+    builds a fresh Trainer at the run's starting weights (a fresh run starts from it)."""
 
-    def __init__(self, trainer, store):
-        self.trainer, self.store = trainer, store
+    def __init__(self, make_trainer, store):
+        self.make_trainer, self.store = make_trainer, store
+        self.trainer = make_trainer()
         self.version = -1  # the newest version published
         self._dirty = True  # weights changed since the last publish
+
+    def publish_from(self, version: int) -> None:
+        """Where a run (re)starts: the next `params` call publishes the current weights as
+        `version`. Versions >= it that an earlier attempt left in the store are dropped (a
+        resumed run replays them); a fresh run (version 0) starts from a fresh Trainer."""
+        import jax
+
+        from scale import mesh as M
+
+        if version == 0 and self.trainer.step:
+            self.trainer = self.make_trainer()
+        if jax.process_index() == 0:
+            self.store.discard_from(version)
+        M.barrier(f"minirl-publish-from-{version}")
+        self.version, self._dirty = version - 1, True
+
+    def state_dict(self) -> dict:
+        """Params, optimizer state and counters as numpy (for the controller's checkpoint)."""
+        return self.trainer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.trainer.load_state_dict(state)
+        self._dirty = True
 
     def recompute_logprobs(self, batch):
         return self.trainer.recompute_logprobs(batch)
@@ -138,29 +174,25 @@ def _token() -> str:
     return token
 
 
-def _mesh_config(text: str):
-    from scale.mesh import MeshConfig
-
-    sizes = dict(item.split("=") for item in text.split(",") if item)
-    return MeshConfig(**{k: int(v) for k, v in sizes.items()})
-
-
 def _start_jax(args) -> None:
     """Fake CPU devices (if asked) must be set before JAX starts; then join the job."""
     if args.cpu_devices:
-        os.environ["JAX_PLATFORMS"] = "cpu"
-        flag = f"--xla_force_host_platform_device_count={args.cpu_devices}"
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+        from scale import use_cpu_devices
+
+        use_cpu_devices(args.cpu_devices)
     from scale.mesh import DistributedConfig, initialize
 
     initialize(DistributedConfig(args.coordinator, args.num_processes, args.process_id))
 
 
 def _config(args):
-    from minirl.config import make_config
+    from minirl.cli import config_from_args
+    from minirl.configlib import override
     from minirl.data import get_task
 
-    cfg = make_config(args.preset, args.set or [])
+    cfg = config_from_args(args)
+    if getattr(args, "steps", 0):
+        cfg = override(cfg, f"rl.steps={args.steps}")
     return cfg, get_task(cfg.task.name, **cfg.task.args)
 
 
@@ -190,11 +222,14 @@ def run_trainer(args) -> None:
     token = _token()
     cfg, task = _config(args)
     base, _ = warm_start(cfg, CharTokenizer(), task, progress=False)
-    mesh = M.make_mesh(_mesh_config(args.mesh))
-    trainer = Trainer(cfg.model, M.place_params(base, mesh, M.fsdp()), get_preset(cfg.rl.loss),
-                      cfg.trainer_config())  # fmt: skip
+    mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
+
+    def make_trainer() -> Trainer:
+        return Trainer(cfg.model, M.place_params(base, mesh, M.fsdp()), get_preset(cfg.rl.loss),
+                       cfg.trainer_config(), placement=M.RowPlacement(mesh, M.fsdp()))  # fmt: skip
+
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
-    _serve(TrainerRole(trainer, store), args.listen, token)
+    _serve(TrainerRole(make_trainer, store), args.listen, token)
 
 
 def run_engine(args) -> None:
@@ -207,7 +242,7 @@ def run_engine(args) -> None:
     token = _token()
     cfg, _ = _config(args)
     engine_cfg = dataclasses.replace(cfg.engine, eos_id=CharTokenizer().eos_id, seed=cfg.rl.seed)
-    mesh = M.make_mesh(_mesh_config(args.mesh))
+    mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
     role = EngineRole(Engine(cfg.model, engine_cfg), store, mesh, M.tensor_parallel())
     _serve(role, args.listen, token)
@@ -226,6 +261,7 @@ def run_controller(args) -> None:
     from minirl.controller import Controller
     from minirl.data.mixture import Mixture
     from minirl.metrics_log import MetricsWriter
+    from minirl.runner import checkpoint_due, open_run_dir, restore_run, save_checkpoint
     from minirl.tokenizer import CharTokenizer
     from minirl.workers import InProcessWorker
     from scale.remote_verifier import RemoteVerifier
@@ -234,7 +270,7 @@ def run_controller(args) -> None:
 
     token = _token()
     cfg, task = _config(args)
-    steps = args.steps or cfg.rl.steps
+    ckpts, restored = open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
     engine = RemoteWorker(args.engine, token, name="engine")
     trainer = RemoteWorker(args.trainer, token, name="trainer")
     # a task that stores test data by reference (program_synthesis) uploads it from its own
@@ -246,21 +282,29 @@ def run_controller(args) -> None:
     controller = Controller(cfg, engine=engine, trainer=trainer, verifier=InProcessWorker(verifier),
                             store=store, mixture=Mixture({task.name: task}, seed=cfg.rl.seed),
                             tokenizer=CharTokenizer(), max_new_tokens=task.max_new_tokens)  # fmt: skip
-    first = trainer.call("params", True).result()  # version 0, published by the trainer job
+    if restored is not None:
+        restore_run(restored, controller, args.run_dir)  # the trainer job loads the checkpoint
+        print(f"resumed {args.run_dir} at step {controller.counters.steps} "
+              f"(version {controller.counters.version})", flush=True)  # fmt: skip
+    c = controller.counters
+    trainer.call("publish_from", c.version).result()
+    first = trainer.call("params", True).result()  # the trainer job publishes c.version
     store.put(first.version, first)
     engine.call("load_weights", first.version, first).result()
-    os.makedirs(args.run_dir, exist_ok=True)
+    c.engine_version = first.version
     writer = MetricsWriter(args.run_dir)
     t0 = time.perf_counter()
-    for _ in range(steps):
+    while c.steps < cfg.rl.steps:
         m = controller.step()
-        writer.write(m, step=controller.counters.steps)
-        print(f"step {controller.counters.steps} version {controller.counters.version} "
-              f"reward {m['reward/mean']:.3f} step_s {m['time/step']:.2f}", flush=True)  # fmt: skip
+        writer.write(m, step=c.steps)
+        print(f"step {c.steps} version {c.version} reward {m['reward/mean']:.3f} "
+              f"step_s {m['time/step']:.2f}", flush=True)  # fmt: skip
+        if checkpoint_due(cfg, c):
+            save_checkpoint(ckpts, controller)
     writer.close()
-    summary = {"steps": controller.counters.steps, "version": controller.counters.version,
-               "seconds": time.perf_counter() - t0, "weights": store.versions(),
-               "verifier": getattr(verifier, "stats", {})}  # fmt: skip
+    ckpts.close()
+    summary = {"steps": c.steps, "version": c.version, "seconds": time.perf_counter() - t0,
+               "weights": store.versions(), "verifier": getattr(verifier, "stats", {})}  # fmt: skip
     with open(os.path.join(args.run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"done: {json.dumps(summary)}", flush=True)
@@ -274,8 +318,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     roles = p.add_subparsers(dest="role", required=True)
 
     def common(sub, jax_job: bool) -> None:
-        sub.add_argument("--preset", default="countdown", help="minirl.config preset")
-        sub.add_argument("--set", action="append", help="config override key=value (repeatable)")
+        add_config_arguments(sub, staleness=False)
         sub.add_argument(
             "--weights", required=True, help="TensorStore kvstore URL of the weight store"
         )
@@ -308,8 +351,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     c.add_argument(
         "--verifier-url", default=None, help="http://host:port (default: local verifier)"
     )
-    c.add_argument("--run-dir", required=True)
+    c.add_argument("--run-dir", required=True, help="run directory; an existing one resumes")
     c.add_argument("--steps", type=int, default=0, help="train steps (default: rl.steps)")
+    c.add_argument(
+        "--force", action="store_true", help="resume even if the run's config changed"
+    )
     c.add_argument(
         "--shutdown-workers", action="store_true", help="stop engine and trainer at the end"
     )

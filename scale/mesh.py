@@ -8,8 +8,12 @@ same functions, the same numbers up to reduction order. This file decides the pl
     initialize(DistributedConfig(...))            # jax.distributed, before any JAX work
     mesh = make_mesh(MeshConfig(fsdp=-1))         # axes ("data", "fsdp", "tensor")
     params = place_params(params, mesh, fsdp())   # ZeRO-3 style: weights split over "fsdp"
-    trainer = Trainer(model_cfg, params, ...)     # minirl's own trainer, now sharded
+    trainer = Trainer(model_cfg, params, ..., placement=RowPlacement(mesh, fsdp()))
     engine.load_weights(v, place_params(trainer.params(), infer_mesh, tensor_parallel()))
+
+The trainer's `placement` is its one door to devices: `RowPlacement` splits each micro-batch's
+rows over the rules' "batch" mesh axes (("data", "fsdp") for `fsdp()`), so the step is data
+parallel as well as FSDP; results come back to the host gathered from every process.
 
 Partition specs are written once, as LOGICAL axes (what a dimension means: "embed", "mlp",
 "kv_heads", "batch", ...) in `PARAM_AXES` / `ACTIVATION_AXES`, and a `ShardingRules` maps
@@ -32,12 +36,10 @@ process's FSDP shards, `load` reads only the slices of the engine's own layout.
 
 Different shardings reduce in different orders, so trainer and engine log-probs drift apart
 even in minirl's exact mode — RLAX's "divergent parallelism" source of training-inference
-mismatch; tests/scale measure it with `minirl.diagnostics.mismatch_metrics`.
+mismatch; `python -m scale.diagnose` adds it to minirl's mismatch table (scale/diagnose.py).
 
-Simplified on purpose: batches enter minirl's Trainer as numpy and are replicated (the weights
-and every computation on them are partitioned; the batch rows are not yet split over "data" —
-that needs a placement hook in the Trainer, see scale/README.md); no pipeline parallelism; no
-expert axis.
+Simplified on purpose: the engine's batch rows (slots) are not placed (its KV cache follows the
+weights' layout); no pipeline parallelism; no expert axis.
 """
 
 from __future__ import annotations
@@ -206,6 +208,17 @@ class MeshConfig:
         if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
             raise ValueError(f"mesh axis sizes must be >= 1, at most one -1 (fill), got {sizes}")
 
+    @classmethod
+    def parse(cls, text: str) -> MeshConfig:
+        """ "fsdp=2,tensor=2" -> MeshConfig(fsdp=2, tensor=2); "" -> one device per axis."""
+        sizes = {}
+        for item in filter(None, (t.strip() for t in text.split(","))):
+            name, _, value = item.partition("=")
+            if name not in AXES or not value.lstrip("-").isdigit():
+                raise ValueError(f"mesh {text!r}: expected axis=size items with axes {AXES}")
+            sizes[name] = int(value)
+        return cls(**sizes)
+
     def shape(self, num_devices: int) -> tuple[int, int, int]:
         sizes = [self.data, self.fsdp, self.tensor]
         known = math.prod(s for s in sizes if s != -1)
@@ -283,14 +296,47 @@ def place_params(params: Any, mesh: Mesh, rules: ShardingRules) -> Any:
     return jax.tree_util.tree_unflatten(treedef, placed)
 
 
+def batch_sharding(shape: tuple[int, ...], mesh: Mesh, rules: ShardingRules) -> NamedSharding:
+    """Rows (axis 0, logical "batch") split by `rules`; a second axis is "seq"; any further
+    axes replicated. [B] and [B, T] arrays get the "rows" and "tokens" activation layouts."""
+    logical = ("batch", "seq", *("replicated",) * (len(shape) - 2))[: len(shape)]
+    return NamedSharding(mesh, rules.spec(logical, tuple(shape), mesh))
+
+
 def place_batch(arrays: Mapping[str, np.ndarray], mesh: Mesh, rules: ShardingRules) -> dict:
-    """Batch arrays ([B, T] "tokens"-like and [B] "rows"-like) split by rows, for callers that
-    feed jitted functions directly."""
-    out = {}
-    for name, x in arrays.items():
-        kind = "tokens" if np.ndim(x) == 2 else "rows"
-        out[name] = place(x, activation_sharding(kind, np.shape(x), mesh, rules))
-    return out
+    """Batch arrays ([B, T] and [B]) split by rows, for callers that feed jitted functions."""
+    return {name: place(x, batch_sharding(np.shape(x), mesh, rules)) for name, x in arrays.items()}
+
+
+def to_host(x: Any) -> np.ndarray:
+    """A device array as a numpy copy, the whole array on every process (a collective when the
+    array spans processes: every process of the job must call it)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.array(x, copy=True)
+
+
+class RowPlacement:
+    """A `minirl.trainer.Trainer` placement (minirl/placement.py): each micro-batch's rows
+    split over `rules`' batch axes on `mesh` (with `fsdp()`: data x fsdp, so the trainer is data
+    parallel); results come back as whole numpy arrays on every process.
+
+        trainer = Trainer(cfg, place_params(p, mesh, fsdp()), obj, tcfg,
+                          placement=RowPlacement(mesh, fsdp()))
+
+    A row count the batch axes do not divide stays replicated (micro-batches have power-of-two
+    row counts, so with power-of-two meshes only micro-batches smaller than the axes are)."""
+
+    def __init__(self, mesh: Mesh, rules: ShardingRules):
+        self.mesh, self.rules = mesh, rules
+
+    def rows(self, x: np.ndarray) -> jax.Array:
+        return place(x, batch_sharding(np.shape(x), self.mesh, self.rules))
+
+    def host(self, tree: Any) -> Any:
+        return jax.tree.map(to_host, tree)
 
 
 def describe(params: Any) -> dict[str, str]:

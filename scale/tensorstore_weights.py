@@ -267,6 +267,18 @@ class TensorStoreWeightStore:
             self._delete(v)
         return gone
 
+    def discard_from(self, version: int) -> list[int]:
+        """Delete every committed version >= `version`, newest first, and wait until their data
+        is gone: a run resumed from an older checkpoint publishes those versions again. (Other
+        processes may have cached a discarded version's manifest; a version published again by
+        the same trainer layout has the same arrays and chunking, so their reads stay right.)"""
+        version = check_version(version)
+        gone = [v for v in self.versions() if v >= version][::-1]
+        for v in gone:
+            self._delete(v)
+        self.flush()
+        return gone
+
     def nbytes(self) -> int:
         """Array bytes of all committed versions."""
         total = 0

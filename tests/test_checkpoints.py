@@ -21,6 +21,7 @@ import numpy as np
 import optax
 import pytest
 
+from minirl import checkpoints
 from minirl.checkpoints import (
     FILES,
     CheckpointManager,
@@ -78,6 +79,7 @@ def test_round_trip_with_optax_state_bf16_and_controller_state(tmp_path, adam):
 
     ckpt = mgr.restore(template=(params, opt_state))
     assert ckpt.step == 12
+    assert ckpt.params["embed"].flags.writeable  # views into the file's buffer, not read-only
     host = jax.tree_util.tree_map(np.asarray, (params, opt_state))
     assert_trees_equal((ckpt.params, ckpt.opt_state), host)  # bf16 bit-exact, namedtuples back
     assert ckpt.params["embed"].dtype == BF16
@@ -98,16 +100,48 @@ def test_round_trip_with_optax_state_bf16_and_controller_state(tmp_path, adam):
     assert_trees_equal(list(stored.values()), list(expected.values()))
 
 
-def test_manifest_records_format_sha256_and_size(tmp_path):
+@pytest.mark.parametrize("chunk_bytes", [None, 256])
+def test_manifest_records_size_and_a_sha256_per_chunk(tmp_path, monkeypatch, chunk_bytes):
+    if chunk_bytes:
+        monkeypatch.setattr(checkpoints, "CHUNK_BYTES", chunk_bytes)
+    chunk_bytes = checkpoints.CHUNK_BYTES
     mgr = CheckpointManager(tmp_path)
     path = mgr.save(3, params_for(3))
     manifest = json.loads((path / "manifest.json").read_text())
-    assert manifest["format"] == 1 and manifest["step"] == 3
+    assert manifest["format"] == 2 and manifest["step"] == 3
+    assert manifest["chunk_bytes"] == chunk_bytes
     assert set(manifest["files"]) == set(FILES)
+    n_chunks = []
     for name, entry in manifest["files"].items():
         data = (path / name).read_bytes()
-        assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        pieces = [data[i : i + chunk_bytes] for i in range(0, len(data), chunk_bytes)]
+        assert entry == {
+            "size": len(data),
+            "sha256": [hashlib.sha256(piece).hexdigest() for piece in pieces],
+        }
+        n_chunks.append(len(pieces))
+    # params.tree: 16*8*4 + 8*8*2 + 8*4 data bytes plus the header -> 4 chunks of 256 bytes
+    assert n_chunks[0] == (1 if chunk_bytes > 10**6 else 4)
     assert sorted(p.name for p in path.iterdir()) == sorted([*FILES, "manifest.json"])
+
+
+def test_format_1_manifests_one_sha256_per_file_still_restore(tmp_path):
+    """Checkpoints written before the per-chunk manifest (format 1) restore and are checked."""
+    mgr = CheckpointManager(tmp_path, keep=3)
+    save_steps(mgr, [1, 2])
+    for step in (1, 2):
+        files = {
+            name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+            for name in FILES
+            for data in [(mgr.path(step) / name).read_bytes()]
+        }
+        old = {"format": 1, "step": step, "files": files}
+        (mgr.path(step) / "manifest.json").write_text(json.dumps(old))
+    assert_trees_equal(mgr.restore().params, params_for(2))
+    flip(mgr.path(2) / "params.tree", -3)
+    with pytest.raises(CorruptCheckpointError, match=r"params.tree fails its sha256 check"):
+        mgr.restore(step=2)
+    assert mgr.restore().step == 1
 
 
 def test_empty_run_directory(tmp_path):
@@ -188,11 +222,26 @@ CORRUPTIONS = {
         ),
         "manifest for step 2",
     ),
+    "manifest lacks a chunk's sha256": (
+        lambda d: edit_manifest(d, lambda m: m["files"]["params.tree"]["sha256"].pop()),
+        "manifest for step 2",
+    ),
 }
 
 
+def edit_manifest(ckpt: Path, edit) -> None:
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    edit(manifest)
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 256])
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
-def test_damaged_checkpoint_is_reported_and_the_previous_one_used(tmp_path, caplog, kind):
+def test_damaged_checkpoint_is_reported_and_the_previous_one_used(
+    tmp_path, caplog, monkeypatch, kind, chunk_bytes
+):
+    if chunk_bytes:  # several sha256 chunks per file
+        monkeypatch.setattr(checkpoints, "CHUNK_BYTES", chunk_bytes)
     damage, reason = CORRUPTIONS[kind]
     mgr = CheckpointManager(tmp_path, keep=3)
     save_steps(mgr, [1, 2])
@@ -206,6 +255,18 @@ def test_damaged_checkpoint_is_reported_and_the_previous_one_used(tmp_path, capl
     assert "step_00000002" in record.getMessage() and reason in record.getMessage()
     with pytest.raises(CorruptCheckpointError, match=reason):
         mgr.restore(step=2)  # asking for exactly this one: no fallback
+
+
+def test_a_flipped_byte_is_located_to_its_chunk(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoints, "CHUNK_BYTES", 256)
+    mgr = CheckpointManager(tmp_path, keep=3)
+    save_steps(mgr, [1, 2])
+    flip(mgr.path(2) / "params.tree", 600)  # inside the "embed" array's bytes
+    with pytest.raises(
+        CorruptCheckpointError, match=r"params.tree fails its sha256 check in bytes 512\.\.768 "
+    ):
+        mgr.restore(step=2)
+    assert mgr.restore().step == 1
 
 
 def test_all_checkpoints_damaged_is_an_error_not_a_fresh_start(tmp_path):

@@ -8,7 +8,9 @@ import pytest
 
 from minirl.config import EvalConfig, RLConfig, SFTConfig, TaskSpec, make_config
 from minirl.configlib import ConfigError
-from minirl.runner import Run
+from minirl.controller import Counters
+from minirl.metrics_log import read_metrics
+from minirl.runner import Run, checkpoint_due, open_run_dir
 from minirl.serialization import assert_trees_equal
 
 
@@ -47,6 +49,7 @@ def test_run_directory_contents(learned):
                 "count/groups_trained", "version"):
         assert key in rec, key
     assert rec["version"] == 20 and rec["count/groups_trained"] == 20 * 8
+    assert 0 < rec["engine/decode_tokens"] <= rec["engine/slot_steps"]  # slot occupancy <= 1
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["seed"] == 0 and "jax" in meta["versions"]
 
@@ -69,6 +72,44 @@ def test_resume_is_bitwise_exact(tmp_path):
     mb = [json.loads(x) for x in (part / "metrics.jsonl").read_text().splitlines()]
     for x, y in zip(ma, mb, strict=True):
         assert x["reward/mean"] == y["reward/mean"] and x["train/loss"] == y["train/loss"]
+
+
+def test_checkpoint_due_by_hand():
+    cfg = fixture_cfg(steps=5, checkpoint_every=2)
+    due = lambda steps, engine_version=None, async_=False: checkpoint_due(
+        cfg, Counters(version=steps, engine_version=steps if engine_version is None
+                      else engine_version, steps=steps), async_)  # fmt: skip
+    assert [due(s) for s in range(1, 6)] == [False, True, False, True, True]  # every 2, the last
+    assert not due(4, engine_version=3)  # lockstep: only where the engine holds the version
+    assert due(4, engine_version=3, async_=True)
+
+
+def test_a_fresh_start_drops_metrics_of_an_attempt_that_never_checkpointed(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    with pytest.raises(ConfigError, match="already holds a run"):
+        open_run_dir(fixture_cfg(), tmp_path, resume=False)
+    _, restored = open_run_dir(fixture_cfg(), tmp_path, resume=True)
+    assert restored is None and read_metrics(tmp_path) == []  # those steps run again
+    assert json.loads((tmp_path / "config.json").read_text())["config"]["task"]["name"] == "fixture"
+
+
+def test_async_run_keeps_its_bounds_times_its_parts_and_evaluates(tmp_path):
+    """The async scheduler: every batch within k, the rollout thread's time accounted for, and
+    in-run evaluation on a fresh engine (the rollout thread owns the training engine)."""
+    k, steps = 3, 6
+    cfg = fixture_cfg(steps=steps, scheduler="async", max_lag=k, eta=2)
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, every=3))
+    summary = quiet_run(cfg, tmp_path).train()
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(1, steps + 1))
+    assert all(r["lag/mean"] <= k - 1 for r in recs)  # lag/mean counts versions behind, 0 = on-policy
+    assert [r["step"] for r in recs if "eval/pass@1" in r] == [3, 6]
+    last = recs[-1]
+    parts = sum(last[f"engine/{p}_seconds"] for p in ("busy", "verify", "reload", "idle"))
+    span = last["wall_time"] - recs[0]["wall_time"]  # the thread ran at least this long
+    assert last["engine/busy_seconds"] > 0 and 0.5 * span <= parts <= summary["rl_seconds"]
+    assert 0 < last["engine/decode_tokens"] <= last["engine/slot_steps"]
+    assert summary["counters"]["groups_trained"] == steps * 8
 
 
 def test_resume_with_another_config_is_refused(tmp_path):
@@ -128,3 +169,18 @@ def test_every_builtin_task_runs_end_to_end(tmp_path, task):
     summary = quiet_run(cfg, tmp_path).train()
     assert summary["counters"]["steps"] == 2
     assert 0.0 <= summary["after"]["pass@1"] <= 1.0
+
+
+def test_batch_order_decides_how_stale_the_data_eta_allows_is(tmp_path):
+    """Lockstep with eta = 3: generation runs 3 batches ahead of training. Taking the freshest
+    groups (RLAX) trains on data one version old and leaves the rest in the buffer; taking the
+    oldest (AReaL) trains on data exactly eta versions old once the pipeline is full."""
+    lags = {}
+    for order in ("freshest", "oldest"):
+        run_dir = tmp_path / order
+        quiet_run(fixture_cfg(steps=7, eta=3, batch_order=order), run_dir).train()
+        lags[order] = [r["lag/mean"] for r in read_metrics(run_dir)]
+    assert lags["freshest"] == [0, 1, 1, 1, 1, 1, 1]
+    assert lags["oldest"] == [0, 1, 2, 3, 3, 3, 3]
+    with pytest.raises(ValueError, match="rl.batch_order must be one of"):
+        fixture_cfg(batch_order="newest")

@@ -269,6 +269,16 @@ def test_a_finished_slot_is_refilled_at_the_next_step(params):
     assert e.step() == [] and (e.num_active, e.num_queued) == (4, 1)  # refilled, not waiting
 
 
+def test_occupancy_counts_the_decode_work_that_produced_tokens(params):
+    """4 slots x 4-step chunks; lengths 5 and 9 (greedy, no EOS). Prefill gives each its first
+    token; chunk 1 decodes 4 + 4 tokens, chunk 2 the last 4 of the long one: 12 of 2 x 16."""
+    e = engine(dataclasses.replace(BASE, temperature=0.0), params)
+    prompts = make_prompts(2, seed=13)
+    e.generate([Request(prompts[0], 0, 5), Request(prompts[1], 0, 9)])
+    assert (e.stats["tokens"], e.stats["decode_tokens"], e.stats["slot_steps"]) == (14, 12, 32)
+    assert e.occupancy() == 12 / 32
+
+
 def test_no_recompilation_in_steady_state(params):
     e = engine(SAMPLED, params)
     e.generate(requests(make_prompts(12, seed=7), seed=7))  # warm-up: every shape once

@@ -29,7 +29,6 @@ from minirl.mismatch import (
     ENGINE,
     EXTRA_SOURCES,
     Row,
-    _prompt_lengths,
     add_diagnose_parser,
     cmd_diagnose,
     decode_logprobs,
@@ -38,6 +37,7 @@ from minirl.mismatch import (
     register_source,
     source_names,
 )
+from minirl.mismatch.replay import _prompt_lengths
 from minirl.model import init_model
 from minirl.runner import Run
 from minirl.scheduler import Request
@@ -168,19 +168,32 @@ def test_decode_replay_equals_the_exact_engine_bitwise():
 
 EXACT_RUNS = {
     # fp32 engine and trainer
-    "fp32": [],
+    "fp32": ["engine.exact=true"],
     # everything in bf16: the trainer's params and compute, and the engine (which would follow
     # model.dtype anyway; engine.dtype makes it explicit)
-    "bf16": ["model.dtype=bfloat16", "model.param_dtype=bfloat16", "engine.dtype=bfloat16"],
+    "bf16": [
+        "engine.exact=true",
+        "model.dtype=bfloat16",
+        "model.param_dtype=bfloat16",
+        "engine.dtype=bfloat16",
+    ],
 }
 SLOW_EXACT_RUNS = {
     # mixed precision: fp32 master weights, bf16 compute; the engine casts the weights to bf16
-    "bf16_fp32_master": ["model.dtype=bfloat16"],
+    "bf16_fp32_master": ["engine.exact=true", "model.dtype=bfloat16"],
     # sampling knobs: tempered, truncated distributions on both sides
-    "fp32_sampling": ["engine.temperature=0.7", "engine.top_k=20", "engine.top_p=0.9"],
+    "fp32_sampling": [
+        "engine.exact=true",
+        "engine.temperature=0.7",
+        "engine.top_k=20",
+        "engine.top_p=0.9",
+    ],
+}
+MISMATCH_RUNS = {
+    # mismatch by design, fast mode: a bf16 engine samples for an fp32 trainer
+    "bf16_engine": ["engine.dtype=bfloat16"],
 }
 SMALL_RUN = [
-    "engine.exact=true",
     "rl.steps=3",
     "rl.prompts_per_step=4",
     "rl.group_size=4",
@@ -189,11 +202,12 @@ SMALL_RUN = [
     "eval.prompts=2",
     "eval.samples=2",
 ]
+FIG5 = ("train/dlogp_recompute", "train/dlogp_no_recompute")
 
 
 @functools.cache
 def _exact_run(name: str, root: str) -> list[dict]:
-    overrides = {**EXACT_RUNS, **SLOW_EXACT_RUNS}[name]
+    overrides = {**EXACT_RUNS, **SLOW_EXACT_RUNS, **MISMATCH_RUNS}[name]
     cfg = make_config("fixture", SMALL_RUN + overrides)
     Run(cfg, f"{root}/{name}", log=lambda *a: None, progress=False).train()
     return read_metrics(f"{root}/{name}")
@@ -210,11 +224,25 @@ def _assert_zero_mismatch(records):
         assert r["mismatch/tokens"] > 0 and r["mismatch/nonfinite_tokens"] == 0
         assert r["mismatch/max_abs_dlogp"] == 0.0, (r["step"], r["mismatch/max_abs_dlogp"])
         assert r["train/skipped_nonfinite"] == 0
+        for prefix in FIG5:  # the training forward of the first update is exact too
+            assert r[f"{prefix}/max_abs_dlogp"] == 0.0, (r["step"], prefix)
 
 
 @pytest.mark.parametrize("name", list(EXACT_RUNS))
 def test_exact_run_has_zero_mismatch_every_step(name, run_root):
     _assert_zero_mismatch(_exact_run(name, run_root))
+
+
+def test_rlax_fig5_series_separate_recompute_from_the_engine(run_root):
+    # A bf16 engine for an fp32 trainer: without recomputation the PPO ratio's denominator is
+    # the engine's bf16 log mu (bf16-sized gap); with it, the trainer's own fp32 recompute (fp32
+    # rounding noise at most).
+    for r in _exact_run("bf16_engine", run_root):
+        with_, without = (r[f"{p}/mean_abs_dlogp"] for p in FIG5)
+        assert r["train/dlogp_recompute/max_abs_dlogp"] < 1e-5
+        assert without > 1e-4 and without > 100 * with_
+        # per token | |pi - mu| - |prox - mu| | <= |pi - prox|, so the means obey it too
+        assert abs(without - r["mismatch/mean_abs_dlogp"]) <= with_ + 1e-12
 
 
 def test_the_bf16_run_really_trains_bf16_weights(run_root):

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from minirl import exact as X
 from minirl.model import PRESETS, KVCache, ModelConfig, Transformer, token_logprobs
 
 # o_proj contracts over heads * head_dim = 32 (one exact-mode chunk) and the cache holds 64 keys:
@@ -160,6 +161,40 @@ def test_token_logprobs_exact_is_shape_invariant():
         step = np.asarray(f(logits[:, t : t + 1], targets[:, t : t + 1]))  # [B, 1]
         assert (step[:, 0] == whole[:, t]).all()
         assert np.asarray(f(logits[:1, t : t + 1], targets[:1, t : t + 1]))[0, 0] == whole[0, t]
+
+
+def test_dense_backward_matches_autodiff():
+    """minirl.exact's hand-written dense backward (no transposed copies) == autodiff's."""
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.normal(size=(3, 5, 16)).astype(np.float32))  # [B, T, I]
+    w = jnp.asarray(rng.normal(size=(16, 24)).astype(np.float32))  # [I, O]
+    c = jnp.asarray(rng.normal(size=(3, 5, 24)).astype(np.float32))  # a cotangent [B, T, O]
+    ours = jax.grad(lambda x, w: (X.dense(x, w) * c).sum(), argnums=(0, 1))(x, w)
+    plain = jax.grad(lambda x, w: (jnp.einsum("bti,io->bto", x, w) * c).sum(), argnums=(0, 1))(x, w)
+    np.testing.assert_allclose(X.dense(x, w), jnp.einsum("bti,io->bto", x, w), rtol=1e-6)
+    for got, want in zip(ours, plain, strict=True):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_blocks_equal_one_masked_block():
+    """`causal_attention` skips the score blocks above the diagonal: same outputs and gradients
+    as the one full masked block (T = 130: blocks of 33, 33, 33 and 31 query rows)."""
+    t = 130
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.normal(size=(2, t, 2, 2, 8)).astype(np.float32))  # [B, T, K, G, Dh]
+    k, v = (jnp.asarray(rng.normal(size=(2, t, 2, 8)).astype(np.float32)) for _ in range(2))
+    visible = jnp.broadcast_to(jnp.arange(t)[None, :] <= jnp.arange(t)[:, None], (2, t, t))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def run(attend, q, k, v):
+        out, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, visible), q, k, v)
+        return out, pullback(q)  # q doubles as a cotangent [B, T, K, G, Dh]
+
+    (blocked, grads), (one, want) = run(X.causal_attention, q, k, v), run(X.attention, q, k, v)
+    np.testing.assert_allclose(blocked, one, rtol=1e-5, atol=1e-6)
+    for got, ref in zip(grads, want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Plots (minirl/plots.py) from synthetic metrics.jsonl files: PNGs are written, missing keys and
+"""Plots (minirl/plots/) from synthetic metrics.jsonl files: PNGs are written, missing keys and
 empty files give a message PNG and a warning, and the lag table's numbers are the right ones."""
 
 import math
@@ -22,6 +22,7 @@ from minirl.plots import (
     plot_mismatch,
     plot_zero_centred,
     series,
+    time_shares,
 )
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -54,6 +55,9 @@ def _write_run(run_dir, seed: int, noise: float, steps: int = STEPS):
                         "ratio_mean": 1.0,
                         "ratio_max": 1.5 + step,
                         "correction_p95": 1.1,
+                        # RLAX Fig. 5 (minirl/trainer.py): first update vs prox and vs mu
+                        "dlogp_recompute": {"mean_abs_dlogp": 1e-7 * (step + 1)},
+                        "dlogp_no_recompute": {"mean_abs_dlogp": noise * (step + 1)},
                     },
                     "time": {"generate": 2.0, "verify": 0.5, "train": 1.0, "step": 4.0},
                     "mismatch": mismatch_metrics(behav, prox, mask),
@@ -89,6 +93,27 @@ def test_plot_mismatch_and_compare_several_runs(runs, tmp_path):
     assert [p.name for p in plot_all(runs[1])] == [
         "dashboard.png", "mismatch.png", "lag.png", "zero_centred.png",
     ]  # fmt: skip
+
+
+def test_plot_mismatch_finds_the_fig5_series_and_the_other_families(runs):
+    from minirl.plots.mismatch import _families
+
+    fig5, other = _families(list(runs), ["exact", "plain"])
+    assert [(label, prefix) for label, _, prefix, _, _ in fig5] == [
+        (run, f"train/dlogp_{kind}") for run in ("exact", "plain")
+        for kind in ("no_recompute", "recompute")
+    ]  # fmt: skip
+    assert [label for label, _, _ in other] == [
+        "exact", "exact mismatch_plain", "plain", "plain mismatch_plain",
+    ]  # fmt: skip
+
+
+def test_p95_over_steps_is_rlax_summary():
+    from minirl.plots.common import p95_over_steps
+
+    # numpy's linear interpolation over the finite values 1..5: rank 0.95 * 4 = 3.8 -> 4.8
+    assert p95_over_steps(np.array([5.0, math.nan, 1.0, 3.0, 2.0, 4.0])) == pytest.approx(4.8)
+    assert math.isnan(p95_over_steps(np.array([math.nan])))
 
 
 def test_empty_and_keyless_runs_get_a_message_png(tmp_path):
@@ -134,6 +159,21 @@ def test_series_skips_absent_keys_and_reads_null_as_nan(tmp_path):
     assert list(xs) == [0.0, 5.0]  # seconds since the first record
 
 
+def test_time_shares_hand_computed():
+    """The dashboard's step-time shares: the run's sums, "other" derived when not logged."""
+    logged = [
+        {"time/generate": 2.0, "time/verify": 0.5, "time/train": 1.0, "time/other": 0.5,
+         "time/step": 4.0},
+        {"time/generate": 4.0, "time/verify": 0.5, "time/train": 1.0, "time/other": 0.5,
+         "time/step": 6.0},
+    ]
+    shares = time_shares(logged)
+    assert shares == pytest.approx({"generate": 0.6, "verify": 0.1, "train": 0.2, "other": 0.1})
+    derived = [{k: v for k, v in r.items() if k != "time/other"} for r in logged]
+    assert time_shares(derived) == pytest.approx(shares)
+    assert time_shares([{"reward/mean": 1.0}]) == {}
+
+
 def test_lag_table_hand_computed():
     records = [
         {"step": 0, "lag/[0,1)/tokens": 10, "lag/[0,1)/max_rho": 1.2, "lag/[0,1)/mean_rho": 1.0,
@@ -163,3 +203,16 @@ def test_lag_table_hand_computed():
     assert r0["groups"] == 4 and r0["baseline_rmse"] == pytest.approx(math.sqrt(0.07))
     r1 = rows[1]
     assert (r1["steps"], r1["max_rho"], r1["kl_k3"], r1["baseline_rmse"]) == (1, 3.0, 5e-3, 0.3)
+
+
+def test_format_table_aligns_formats_and_marks_missing_values():
+    from minirl.metrics_log import format_table
+
+    rows = [{"name": "a", "x": 0.5, "n": 3}, {"name": "longer", "x": math.nan, "n": None}]
+    columns = (("run", "name", "{}"), ("x", "x", "{:.2f}"), ("count", "n", "{:d}"))
+    assert format_table(rows, columns).splitlines() == [
+        "run        x  count",  # columns as wide as their widest cell, two spaces apart
+        "-------------------",
+        "a       0.50      3",  # text left-aligned, numbers right-aligned
+        "longer     –      –",  # nan and None: a dash
+    ]

@@ -26,6 +26,7 @@ from minirl.serialization import (
     from_bytes,
     match_template,
     read_tree,
+    to_buffer,
     to_bytes,
     tree_mismatch,
     unflatten_tree,
@@ -99,6 +100,18 @@ def test_from_bytes_gives_zero_copy_read_only_views_unless_copy():
     owned = from_bytes(b, copy=True)["w"]
     assert owned.flags.writeable and owned.flags.owndata
     np.testing.assert_array_equal(view, owned)
+
+
+def test_to_buffer_holds_the_same_bytes_and_gives_writable_views():
+    tree = mixed_tree()
+    buf = to_buffer(tree)
+    assert buf.dtype == np.uint8 and buf.tobytes() == to_bytes(tree)
+    back = from_bytes(buf)
+    assert_trees_equal(back, tree)
+    w = back["embed"]
+    assert w.flags.writeable and np.shares_memory(w, buf)  # zero copy
+    w[0, 0] = 99.0
+    assert from_bytes(buf)["embed"][0, 0] == 99.0
 
 
 def test_layout_is_a_small_header_then_aligned_raw_bytes():

@@ -20,6 +20,7 @@ from flax import nnx
 
 from minirl import microbatch as mbt
 from minirl.batching import bucket_length, make_batch
+from minirl.diagnostics import first_update_dlogp, mismatch_metrics
 from minirl.losses import get_preset
 from minirl.model import KVCache, ModelConfig, init_model, token_logprobs
 from minirl.serialization import from_bytes, to_bytes
@@ -358,6 +359,43 @@ def test_first_update_is_on_policy(full_step):
     assert abs(metrics["ratio_max"] - 1.0) < 1e-5 and abs(metrics["kl_prox_k1"]) < 1e-6
 
 
+def test_first_update_dlogp_by_hand():
+    train = np.array([[0.0, -1.0, -2.0]])
+    prox = np.array([[0.0, -1.5, -9.0]])
+    behav = np.array([[-1.0, -1.0, -9.0]])
+    m = first_update_dlogp(train, prox, behav, np.array([[1, 1, 0]]))
+    # with recomputation |train - prox| = (0, 0.5); without |train - mu| = (1, 0); the third
+    # token is not counted. p95 of two values interpolates: a + 0.95 (b - a).
+    assert m["dlogp_recompute/mean_abs_dlogp"] == 0.25 and m["dlogp_recompute/max_abs_dlogp"] == 0.5
+    assert m["dlogp_recompute/p95_abs_dlogp"] == pytest.approx(0.475)
+    assert m["dlogp_no_recompute/mean_abs_dlogp"] == 0.5
+    assert m["dlogp_no_recompute/p95_abs_dlogp"] == pytest.approx(0.95)
+    assert m["dlogp_no_recompute/max_abs_dlogp"] == 1.0
+
+
+def _fig5_reference(params, batch, rows):
+    """What the first update should report: the training forward equals the recompute up to
+    fusion (< 1e-5), so "without recomputation" is |prox - mu| over the rows it trained on."""
+    prox = Trainer(CFG, params, None, TrainerConfig(micro_batch_tokens=512)).recompute_logprobs(
+        batch
+    )
+    mask = np.zeros_like(batch.mask)
+    mask[rows] = batch.mask[rows]
+    return mismatch_metrics(batch.behaviour_logprobs, prox, mask)
+
+
+def _assert_fig5(metrics, want):
+    for stat in ("mean_abs_dlogp", "p95_abs_dlogp", "max_abs_dlogp"):
+        assert metrics[f"dlogp_no_recompute/{stat}"] == pytest.approx(want[stat], abs=1e-5), stat
+    assert 0.0 <= metrics["dlogp_recompute/mean_abs_dlogp"] <= 1e-5
+    assert metrics["dlogp_recompute/max_abs_dlogp"] <= 1e-5
+    assert want["mean_abs_dlogp"] > 0.1  # the fixture's mu is random: far from the recompute
+
+
+def test_first_update_logs_rlax_fig5_with_and_without_recompute(params, batch, full_step):
+    _assert_fig5(full_step[1], _fig5_reference(params, batch, np.arange(batch.num_rows)))
+
+
 @pytest.mark.parametrize("remat", ["dots", "nothing"])
 def test_remat_policies_give_the_same_step(params, batch, full_step, remat):
     full, _ = full_step
@@ -432,8 +470,12 @@ def test_ppo_epochs_and_minibatches(params, batch):
     # prox stays the step's start: after the first update the policy has moved away from it
     assert metrics["kl_prox_k3"] > 1e-7 and metrics["ratio_max"] > 1.0 + 1e-4
     again = Trainer(CFG, params, get_preset("grpo"), cfg)
+    first_rows = again._minibatches(batch.num_rows, epoch=0)[0]  # step 0's first mini-batch
     again.train_step(batch)
     assert _bits(again.params()) == _bits(trainer.params())  # shuffles are keyed, not drawn
+    # RLAX Fig. 5 metrics: the first update only (the step's start weights, its rows)
+    assert len(first_rows) == batch.num_rows // 2
+    _assert_fig5(metrics, _fig5_reference(params, batch, first_rows))
 
 
 def test_state_dict_round_trip_resumes_bitwise(params, batch):

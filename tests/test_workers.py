@@ -64,6 +64,17 @@ def test_codec_round_trips_dataclasses_and_arrays():
     assert back[3] == {"k": 1.5, 2: None}
 
 
+def test_codec_sends_namedtuples_as_dicts_of_fields():
+    # an optimizer state (optax: tuples of namedtuples) travels as the checkpoint format stores
+    # it, so a remote trainer's state_dict can be checkpointed and loaded back
+    import collections
+
+    State = collections.namedtuple("State", ["count", "mu"])
+    back = decode(encode({"opt_state": (State(np.int32(2), {"w": np.ones(3, np.float32)}),)}))
+    (state,) = back["opt_state"]
+    assert state["count"] == 2 and state["mu"]["w"].tolist() == [1.0, 1.0, 1.0]
+
+
 @pytest.mark.parametrize("threaded", [False, True])
 def test_in_process_worker(threaded):
     w = InProcessWorker(Echo(), threaded=threaded)

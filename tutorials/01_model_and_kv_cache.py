@@ -63,18 +63,19 @@ WHAT THE SCRIPT DOES
 Expected output (full mode, measured)
 -------------------------------------
 Measured on 2026-11-22 with `python tutorials/01_model_and_kv_cache.py` on a shared virtual
-machine with 2 cores (nproc = 2), under heavy load from other jobs (load average 11-12). It took
-260 s of wall time and 40 s of CPU time (user + sys), mostly compiling. The figure is
-figures/01_model_and_kv_cache.png. The comparison numbers do not depend on the machine's load;
-the times do: three runs of the timing step on this loaded machine gave exact / default ratios
-of 30x-68x for the full forward and 1.7x-11x for a decode step, so read them as "tens of times"
-and "a few times".
+machine with 2 cores (nproc = 2), under load from other jobs (load average 6-7). It took 40 s of
+wall time and 34 s of CPU time (user + sys), mostly compiling. The figure is
+figures/01_model_and_kv_cache.png. The comparison numbers do not depend on the machine; the
+times do. Four runs of the timing step on this machine, at load averages from 6 to 13, gave
+exact / default ratios of 28x-68x for the full forward and 1.7x-11x for a decode step, so read
+them as "tens of times" and "a few times".
 
 The result reproduces. In bfloat16 the default numerics disagree by up to 0.03 in a logit and
-flip the most likely token at 2 of 521 positions (VeXact Table 1 shows such flips); exact mode
-gives 0 everywhere. Note the price on the TRAINING side: an exact full forward is tens of times
-slower than the default one, because exact attention multiplies elementwise and sums with a
-fixed tree instead of calling a matmul.
+flip the most likely token at 2 of 521 positions (VeXact Table 1 shows such flips). In the
+figure, the bfloat16 difference is exactly 0 over the first 20 positions of every row and about
+1e-2 after that. Exact mode gives 0 everywhere. Note the price on the TRAINING side: an exact
+full forward is tens of times slower than the default one, because exact attention multiplies
+elementwise and sums with a fixed tree instead of calling a matmul.
 
     mode: full   jax 0.10.2   devices: [CpuDevice(id=0)]
 
@@ -90,8 +91,8 @@ fixed tree instead of calling a matmul.
       -> exact mode: decode and full forward are bitwise equal in float32 and bfloat16
 
     Step 5. time per call, float32, best of 10 (shared machine: the calls take turns, and ratios are more stable than times)
-      full_forward  default   135.99 ms   exact  4036.09 ms   exact / default = 29.7x
-      decode_step   default     2.62 ms   exact     6.17 ms   exact / default = 2.4x
+      full_forward  default    31.63 ms   exact   886.65 ms   exact / default = 28.0x
+      decode_step   default     2.14 ms   exact     9.26 ms   exact / default = 4.3x
 
     wrote runs/tutorials/01_model_and_kv_cache/kv_cache_mismatch.png and runs/tutorials/01_model_and_kv_cache/results.json
 

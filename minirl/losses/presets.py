@@ -12,6 +12,7 @@
     gspo             sequence_mean  s_i                   group_norm          gspo_clipped(3e-4,4e-4) -
     ppo              token_mean     1                     gae(1, 1)           clipped_ratio(.2,.2,dual 3)  -
     decoupled_ppo    token_mean     c = pi_prox/mu        group_norm+whiten   clipped_ratio(.2,.2)    -
+    naive_ppo        token_mean     c = pi_prox/mu        group_norm+whiten   clipped_ratio on pi/mu  -
 
 Variants, for any preset, by function or by name suffix (applied left to right):
     with_tis(p, cap=2.0)                    `<name>_tis`: IS *= min(c, cap) (replaces c if present)
@@ -169,6 +170,20 @@ def decoupled_ppo() -> Objective:
     )
 
 
+def naive_ppo() -> Objective:
+    """AReaL Eq. 2 with pi_old = mu, the baseline of AReaL Table 2 ("w/o" decoupled PPO):
+    sum_t min(u A, clip(u) A), u = pi_theta/mu. Decoupled PPO's parts, but the clip is centred on
+    the behaviour policy that sampled the tokens instead of the trainer's recompute. On fresh
+    data (c = 1) the two are the same loss; on stale data they differ."""
+    return Objective(
+        name="naive_ppo",
+        aggregation=TokenMean(),
+        importance=(Correction(),),
+        advantage=GroupNorm(eps=1e-6, whiten=True),
+        gradient_term=ClippedRatio(eps_lo=0.2, eps_hi=0.2, centre="behaviour"),
+    )
+
+
 PRESETS: dict[str, Callable[[], Objective]] = {
     f.__name__: f
     for f in (
@@ -183,6 +198,7 @@ PRESETS: dict[str, Callable[[], Objective]] = {
         gspo,
         ppo,
         decoupled_ppo,
+        naive_ppo,
     )
 }
 

@@ -1,6 +1,7 @@
 """Gradient terms `G1_it` of RLAX Eq. 3: the only place the policy gradient comes from.
 
     clipped_ratio(eps_lo, eps_hi, dual_c)  M_it r_it       PPO, GRPO, DAPO, Dr. GRPO, REINFORCE++
+    clipped_ratio(..., centre="behaviour") M(c r)_it r_it  naive PPO on stale data (AReaL Eq. 2)
     logprob                                log pi_theta_it  REINFORCE, RLOO, CISPO
     sequence_logprob                       1[t = last_i] sum_t' m log pi_theta_it'   REINFORCE
     gspo_clipped(eps_lo, eps_hi)           M_i log pi_theta_it                       GSPO
@@ -13,6 +14,14 @@ clipping is a gradient mask. The mask is a function of r and A only, computed un
 tokens with A < 0 and r > dual_c, where PPO's max(..., dual_c A) takes its constant branch.
 
 Ties are measure-zero: the mask uses strict inequalities, so r = 1 + eps_hi counts as inside.
+
+WHERE THE CLIP IS CENTRED. By default the mask tests r = pi_theta / pi_prox, the trainer's own
+recompute (AReaL's "proximal" policy): the trust region is centred on the weights the step starts
+from. `centre="behaviour"` tests c r = pi_theta / mu instead, the ratio against the policy that
+SAMPLED the tokens, as standard PPO does when it takes pi_old = mu. With IS = c this gives
+sg[c] M(c r) r, whose gradient is (pi_theta / mu) M A grad log pi_theta: exactly the gradient of
+min(u A, clip(u) A) with u = pi_theta / mu (AReaL Eq. 2). On stale data c is far from 1 before
+the step begins, so many tokens start outside the trust region: AReaL's "improper clipping centre".
 """
 
 from __future__ import annotations
@@ -41,13 +50,18 @@ def _check_eps(eps_lo: float, eps_hi: float) -> None:
         )
 
 
+CENTRES = ("proximal", "behaviour")
+
+
 @dataclasses.dataclass(frozen=True)
 class ClippedRatio:
-    """G1_it = M_it r_it: PPO's clipped surrogate as a masked ratio (optionally dual-clipped)."""
+    """G1_it = M_it r_it: PPO's clipped surrogate as a masked ratio (optionally dual-clipped).
+    `centre`: the policy the clip is centred on, "proximal" (r) or "behaviour" (c r; module doc)."""
 
     eps_lo: float = 0.2
     eps_hi: float = 0.2
     dual_clip: float | None = None
+    centre: str = "proximal"
 
     def __post_init__(self):
         _check_eps(self.eps_lo, self.eps_hi)
@@ -55,9 +69,14 @@ class ClippedRatio:
             raise ValueError(
                 f"dual_clip must exceed 1 + eps_hi = {1 + self.eps_hi}, got {self.dual_clip}"
             )
+        if self.centre not in CENTRES:
+            raise ValueError(f"centre must be one of {CENTRES}, got {self.centre!r}")
 
     def mask(self, ctx: Context) -> jax.Array:  # [b, T]
-        ratio = jax.lax.stop_gradient(ctx.ratio)
+        ratio = ctx.ratio  # pi_theta / pi_prox
+        if self.centre == "behaviour":  # pi_theta / mu = c r, clamped before exp like every ratio
+            ratio = jnp.exp(jnp.clip(ctx.log_ratio + ctx.log_c, -ctx.clamp, ctx.clamp))
+        ratio = jax.lax.stop_gradient(ratio)
         return clip_mask(ratio, ctx.adv, self.eps_lo, self.eps_hi, self.dual_clip)
 
     def __call__(self, ctx: Context) -> jax.Array:  # [b, T]

@@ -217,6 +217,15 @@ def J_decoupled_ppo(logp, d, cap=None):
     return jnp.where(d["mask"] > 0, surr, 0.0).sum() / d["mask"].sum()
 
 
+def J_naive_ppo(logp, d):
+    """AReaL Eq. 2 with pi_old = mu: 1/sum|o| sum_t min(u A, clip(u, 0.8, 1.2) A), u = pi_theta/mu,
+    with decoupled PPO's advantages (the only difference between AReaL Table 2's columns)."""
+    A = whiten_tokens(np.asarray(_tok(adv_group_norm(d["R"], d["gids"]), d)), d["mask"])
+    u = jnp.exp(_safe(d, logp) - _safe(d, d["behav_logp"]))
+    surr = _ppo_min(u, jnp.asarray(A, jnp.float32), 0.2, 0.2)
+    return jnp.where(d["mask"] > 0, surr, 0.0).sum() / d["mask"].sum()
+
+
 MIS = dict(token=(0.6, 1.8), sequence=("mean_k1", 0.12))
 
 
@@ -242,6 +251,7 @@ CASES = {
     "gspo": (lambda: get_preset("gspo"), J_gspo, {"log_ratio_scale": 1e-3}, "clip"),
     "ppo": (lambda: get_preset("ppo"), J_ppo, {"log_ratio_scale": 0.8}, "dual"),
     "decoupled_ppo": (lambda: get_preset("decoupled_ppo"), J_decoupled_ppo, {}, "clip"),
+    "naive_ppo": (lambda: get_preset("naive_ppo"), J_naive_ppo, {}, "clip"),
     "dapo_tis": (
         lambda: get_preset("dapo_tis"),
         lambda lp, d: J_dapo(lp, d, tis=2.0),
@@ -333,6 +343,7 @@ RATIO_PRESETS = [
     "gspo",
     "ppo",
     "decoupled_ppo",
+    "naive_ppo",
 ]
 
 
@@ -389,7 +400,7 @@ def test_registry():
     names = list_presets()
     for base in (
         "grpo", "dapo", "dr_grpo", "reinforce", "token_reinforce", "rloo",
-        "reinforce_pp", "cispo", "gspo", "ppo", "decoupled_ppo",
+        "reinforce_pp", "cispo", "gspo", "ppo", "decoupled_ppo", "naive_ppo",
     ):  # fmt: skip
         for suffix in ("", "_tis", "_mis", "_tis_mis"):
             assert base + suffix in names
@@ -415,9 +426,27 @@ def test_registry():
     assert mis.sequence_reject.stat == "mean_k1"
 
 
+def test_naive_and_decoupled_ppo_differ_only_off_policy(batch_maker):
+    """Fresh data (mu = pi_prox, c = 1): the same gradient. Stale data: the clip centred on mu
+    masks tokens whose ratio against mu starts outside [0.8, 1.2], where decoupled PPO does not."""
+    naive, decoupled = get_preset("naive_ppo"), get_preset("decoupled_ppo")
+    inputs, logp = batch_maker(seed=4, log_ratio_scale=0.05, correction_scale=0.5)
+
+    def grad(o, inp):
+        return np.asarray(jax.grad(lambda lp: o.loss(lp, o.prepare(inp))[0])(logp))
+
+    fresh = inputs.replace(behav_logp=inputs.prox_logp)
+    np.testing.assert_array_equal(grad(naive, fresh), grad(decoupled, fresh))
+    clip = {o.name: float(o(inputs, logp)[1]["clip_fraction"]) for o in (naive, decoupled)}
+    assert clip["decoupled_ppo"] == 0.0 < clip["naive_ppo"]  # r near 1, c = pi/mu far from it
+    assert not np.allclose(grad(naive, inputs), grad(decoupled, inputs))
+
+
 def test_bad_configs_raise_clear_errors():
     with pytest.raises(ValueError, match="dual_clip must exceed"):
         ClippedRatio(0.2, 0.2, dual_clip=1.1)
+    with pytest.raises(ValueError, match="centre must be one of"):
+        ClippedRatio(0.2, 0.2, centre="old")
     with pytest.raises(ValueError, match="needs the GAE advantage"):
         get_preset("grpo", value_coef=0.5)
     with pytest.raises(TypeError, match="must be a tuple"):

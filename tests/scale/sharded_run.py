@@ -7,8 +7,10 @@ be configured before JAX starts, so the pytest process itself stays single-devic
 
 On 4 devices (one process, or two processes x two devices), with minirl's own Engine/Trainer:
   1. decode: the engine with its params on a tensor-parallel mesh (tensor=4)
-  2. train:  the trainer with its params on an FSDP mesh (fsdp=2 x tensor=2): one recompute
-             and one GRPO step on the TP engine's rollouts
+  2. train:  the trainer with its params on an FSDP mesh (fsdp=2 x tensor=2) and its batch
+             rows split over data x fsdp (RowPlacement): one recompute and one GRPO step on the
+             TP engine's rollouts; the layouts of the arrays that entered and left the jitted
+             functions are recorded
   3. weights: the new FSDP weights published to a TensorStore store by every process (each
              writes its shards), loaded into the TP layout (each reads only its slices),
              compared with an in-process reshard
@@ -118,7 +120,33 @@ batch_tp = scored(sharded)
 lap("decode sharded")
 
 # 2. recompute + one GRPO step on the FSDP mesh ------------------------------------------------
-fsdp = Trainer(CFG, M.place_params(params, train_mesh, M.fsdp()), get_preset("grpo"), TRAINER)
+
+
+class Recorded(M.RowPlacement):
+    """RowPlacement that notes the layout of every array it places or brings back."""
+
+    seen: dict = {"rows": {}, "host": {}}
+
+    def _note(self, kind, x):
+        if isinstance(x, jax.Array):
+            shard = x.addressable_shards[0].data.shape
+            self.seen[kind][f"{x.ndim}d"] = (str(x.sharding.spec), list(x.shape), list(shard))
+
+    def rows(self, x):
+        placed = super().rows(x)
+        self._note("rows", placed)
+        return placed
+
+    def host(self, tree):
+        if isinstance(tree, list):  # the per-micro-batch log-probs, not the params
+            for x in tree:
+                self._note("host", x)
+        return super().host(tree)
+
+
+placement = Recorded(train_mesh, M.fsdp())
+fsdp = Trainer(CFG, M.place_params(params, train_mesh, M.fsdp()), get_preset("grpo"), TRAINER,
+               placement=placement)  # fmt: skip
 prox_fsdp = fsdp.recompute_logprobs(batch_tp)
 m_fsdp = fsdp.train_step(batch_tp, prox_fsdp)
 new_fsdp = fsdp.params()
@@ -143,6 +171,7 @@ out["weights"] = {
     "param_bytes": int(sum(x.nbytes for x in flatten_tree(params).values())),
     "versions": store.versions(),
 }
+out["batch_layouts"] = placement.seen
 out["specs"] = {
     "engine q_proj": M.describe(tp_engine._params)["layers/0/attn/q_proj"],
     "trainer embed": M.describe(new_fsdp)["embed"],

@@ -1,7 +1,13 @@
-"""Smoke test of scale/launch.py: the localhost recipe of scale/README.md, as four processes on
-127.0.0.1 — verifier service, engine job (2 fake CPU devices, tensor=2), trainer job (2 fake
-CPU devices, fsdp=2) and the controller — running two RL steps of the fixture task with the
-weights travelling by reference through a TensorStore store."""
+"""scale/launch.py end to end: the localhost recipe of scale/README.md, as processes on
+127.0.0.1 — verifier service, engine job (2 fake CPU devices, tensor=2), trainer job (2 fake CPU
+devices, fsdp=2, batch rows split over fsdp) and the controller — running RL steps of the fixture
+task with the weights travelling by reference through a TensorStore store.
+
+The controller is preempted: SIGKILLed during step 4 of 4, after its checkpoint at step 2. A new
+controller on the same run directory resumes from that checkpoint, with the SAME engine and
+trainer jobs (which had moved on to step 3-4): the trainer job must load the checkpoint and
+republish version 2, and the redone step 3 must equal the first attempt's step 3 bit for bit.
+"""
 
 from __future__ import annotations
 
@@ -18,61 +24,79 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SETS = ["--set", "rl.prompts_per_step=4", "--set", "rl.group_size=4", "--set", "engine.slots=16"]
+SETS = ["--set", "rl.prompts_per_step=4", "--set", "rl.group_size=4", "--set", "engine.slots=16",
+        "--set", "rl.checkpoint_every=2"]  # fmt: skip
+# deterministic per step: equal in a redone step (times and counters of restarts are not)
+REPLAYED = ("reward/mean", "train/loss", "train/grad_norm", "length/mean", "version",
+            "mismatch/mean_abs_dlogp", "train/dlogp_no_recompute/mean_abs_dlogp")  # fmt: skip
 
 
-def _start(args: list[str], env: dict, pattern: str, timeout: float = 300.0):
-    """Start `python -m scale.launch ARGS` in its own process group; wait for `pattern` in its
-    output and return (process, the matched address)."""
-    proc = subprocess.Popen([sys.executable, "-m", "scale.launch", *args], cwd=ROOT, env=env,
+def _launch(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "scale.launch", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+
+def _wait_for(proc: subprocess.Popen, pattern: str, timeout: float = 300.0) -> tuple[str, str]:
+    """Read `proc`'s output until `pattern` matches; returns (group 1, the output so far)."""
     out, deadline = b"", time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         if select.select([proc.stdout], [], [], 0.2)[0]:
             out += os.read(proc.stdout.fileno(), 4096)
             match = re.search(pattern.encode(), out)
             if match:
-                return proc, match.group(1).decode()
+                return match.group(1).decode(), out.decode(errors="replace")
     proc.kill()
-    raise RuntimeError(f"{args[0]} did not start: {out.decode(errors='replace')[-3000:]}")
+    raise RuntimeError(f"no {pattern!r} in time: {out.decode(errors='replace')[-3000:]}")
 
 
-@pytest.mark.slow
-def test_four_processes_on_localhost_run_two_steps(tmp_path):
+@pytest.mark.slow  # ~2-4 min on the shared 2-core machine: four processes, six RL steps
+def test_localhost_processes_run_and_a_killed_controller_resumes_exactly(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(MINIRL_TOKEN="smoke-test-secret", PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    weights = f"file://{tmp_path}/weights"
+    weights, run = f"file://{tmp_path}/weights", tmp_path / "run"
     procs = []
     try:
-        verifier, url = _start(["verifier", "--host", "127.0.0.1", "--port", "0", "--workers", "1",
-                                "--verifier", "task:fixture", "--repository", str(tmp_path / "vdata")],
-                               env, r"on (http://127\.0\.0\.1:\d+)")  # fmt: skip
+        verifier = _launch(["verifier", "--host", "127.0.0.1", "--port", "0", "--workers", "1",
+                            "--verifier", "task:fixture", "--repository", str(tmp_path / "vdata")], env)  # fmt: skip
         procs.append(verifier)
+        url, _ = _wait_for(verifier, r"on (http://127\.0\.0\.1:\d+)")
         jobs = {}
         for role, mesh in (("engine", "tensor=2"), ("trainer", "fsdp=2")):
-            proc, address = _start([role, "--listen", "127.0.0.1:0", "--weights", weights, "--preset",
-                                    "fixture", *SETS, "--cpu-devices", "2", "--mesh", mesh],
-                                   env, r"listening on (127\.0\.0\.1:\d+)")  # fmt: skip
+            proc = _launch([role, "--listen", "127.0.0.1:0", "--weights", weights, "--preset",
+                            "fixture", *SETS, "--cpu-devices", "2", "--mesh", mesh], env)  # fmt: skip
             procs.append(proc)
-            jobs[role] = address
-        controller = subprocess.run(
-            [sys.executable, "-m", "scale.launch", "controller", "--engine", jobs["engine"],
-             "--trainer", jobs["trainer"], "--verifier-url", url, "--weights", weights,
-             "--run-dir", str(tmp_path / "run"), "--preset", "fixture", *SETS, "--steps", "2",
-             "--shutdown-workers"],
-            cwd=ROOT, env=env, capture_output=True, timeout=600)  # fmt: skip
-        assert controller.returncode == 0, (
-            controller.stdout.decode()[-3000:] + controller.stderr.decode()[-3000:]
-        )
-        for proc in procs[1:]:  # engine and trainer stop when the controller says so
+            jobs[role], _ = _wait_for(proc, r"listening on (127\.0\.0\.1:\d+)")
+        controller = ["controller", "--engine", jobs["engine"], "--trainer", jobs["trainer"],
+                      "--verifier-url", url, "--weights", weights, "--run-dir", str(run),
+                      "--preset", "fixture", *SETS, "--steps", "4"]  # fmt: skip
+
+        first = _launch(controller, env)  # preempted during step 4 (checkpoints: step 2 only)
+        procs.append(first)
+        _wait_for(first, r"(step 3) version")
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+        attempt1 = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").open())}
+        assert sorted(os.listdir(run / "checkpoints")) == ["step_00000002"]
+
+        second = subprocess.run([sys.executable, "-m", "scale.launch", *controller,
+                                 "--shutdown-workers"],
+                                cwd=ROOT, env=env, capture_output=True, timeout=900)  # fmt: skip
+        log = second.stdout.decode() + second.stderr.decode()
+        assert second.returncode == 0, log[-3000:]
+        assert "resumed" in log and "at step 2 (version 2)" in log
+        for proc in procs[1:3]:  # engine and trainer stop when the controller says so
             assert proc.wait(60) == 0
-        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-        assert summary["steps"] == 2 and summary["version"] == 2
-        assert summary["weights"][-1] == 2  # the trainer job published v2; old ones released
+
+        records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+        assert [r["step"] for r in records] == [1, 2, 3, 4]  # the killed attempt's 3 redone
+        for step in (1, 2, 3):
+            for key in REPLAYED:
+                assert records[step - 1][key] == attempt1[step][key], (step, key)
+        assert all(0.0 <= r["reward/mean"] <= 1.0 for r in records)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["steps"] == 4 and summary["version"] == 4
+        assert summary["weights"][-1] == 4  # the trainer job published v4; old ones released
         assert summary["verifier"]["requests"] >= 2 and summary["verifier"]["unscored"] == 0
-        lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-        assert [json.loads(line)["step"] for line in lines] == [1, 2]
-        assert all(0.0 <= json.loads(line)["reward/mean"] <= 1.0 for line in lines)
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -5,7 +5,9 @@ jax.distributed on 127.0.0.1 (two subprocesses); tests/scale/sharded_run.py does
 Tolerances (float32, tiny model, learning rate 1e-3): sharded == unsharded up to reduction
 order — sampled tokens identical; |log-prob difference| <= 1e-5 in decode and in the trainer's
 recompute; loss and grad-norm within rtol 1e-5; parameters after one AdamW step within 1e-5
-(1% of the step size). Weights loaded from the TensorStore store into the engine's layout are
+(1% of the step size). The sharded trainer is FSDP AND data parallel: every micro-batch array
+it hands to jit is split by rows over "fsdp" (each device holds half the rows), and so are the
+log-probs that come back. Weights loaded from the TensorStore store into the engine's layout are
 bitwise equal to an in-process reshard.
 """
 
@@ -134,8 +136,23 @@ def _check_equal_to_unsharded(r: dict) -> None:
         assert 0 <= m["mean_abs_dlogp"] <= m["max_abs_dlogp"] <= 1e-5, name
 
 
+def _check_rows_split(layouts: dict) -> None:
+    """The micro-batch arrays entered the jitted functions split by rows over "fsdp" (2 ways),
+    and the per-row log-probs came back split the same way."""
+    rows, host = layouts["rows"], layouts["host"]
+    assert set(rows) == {"1d", "2d"} and set(host) == {"2d"}, layouts
+    for ndim, (spec, shape, shard) in {**rows, "out": host["2d"]}.items():
+        assert spec in ("P('fsdp',)", "P('fsdp', None)"), (ndim, spec)  # rows over fsdp only
+        assert shape[0] >= 2 and shard == [shape[0] // 2, *shape[1:]], (ndim, shape, shard)
+
+
 def _report(r: dict, label: str) -> None:
     lines = [f"\n{label}: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["seconds"].items())]
+    if "train" in r:
+        t = r["train"]
+        lines.append(f"  sharded vs unsharded step: recompute {t['prox_max_abs_diff']:.1e}, loss "
+                     f"{abs(t['loss'][1] - t['loss'][0]):.1e}, params {t['param_max_abs_diff']:.1e} "
+                     f"(update {t['update_max_abs']:.1e})")  # fmt: skip
     for name, m in r.get("mismatch", {}).items():
         lines.append(f"  mismatch {name:20s} mean|dlogp| {m['mean_abs_dlogp']:.2e}  "
                      f"p95 {m['p95_abs_dlogp']:.2e}  max {m['max_abs_dlogp']:.2e}  k3 {m['kl_k3']:.1e}")  # fmt: skip
@@ -152,6 +169,7 @@ def test_sharded_engine_and_trainer_on_four_fake_devices(tmp_path):
     _check_equal_to_unsharded(r)
     assert r["specs"] == {"engine q_proj": "P(None, 'tensor')", "trainer embed": "P(None, 'fsdp')",
                           "trainer q_proj": "P('fsdp', 'tensor')"}  # fmt: skip
+    _check_rows_split(r["batch_layouts"])
     w = r["weights"]
     assert w["loaded_equals_resharded"] and w["versions"] == [1]
     assert w["bytes_written"] == w["param_bytes"] == w["bytes_read"]  # one process: all of it
@@ -182,6 +200,7 @@ def test_two_processes_with_two_devices_each(tmp_path):
     _report(r0, "2 processes x 2 devices")
     assert r0["processes"] == r1["processes"] == 2 and (r0["process"], r1["process"]) == (0, 1)
     _check_equal_to_unsharded(r0)
+    _check_rows_split(r0["batch_layouts"])
     for w in (r0["weights"], r1["weights"]):
         assert w["loaded_equals_resharded"] and w["versions"] == [1]
         assert w["bytes_read"] < w["param_bytes"]  # each process read only its own slices

@@ -126,6 +126,17 @@ def test_an_uncommitted_version_is_invisible_and_its_leftovers_are_cleared(tmp_p
     assert reader.get()[0] == 2 and all_leaves_equal(reader.get()[1], 2.0)
 
 
+def test_discard_from_rolls_the_store_back_for_a_resumed_run(tmp_path):
+    store = TensorStoreWeightStore(tmp_path / "w", keep=8, file_sync=False)
+    for v in range(5):
+        store.put(v, filled(v))
+    assert store.discard_from(3) == [4, 3] and store.versions() == [0, 1, 2]
+    assert sorted(os.listdir(tmp_path / "w" / "data")) == [f"{v:012d}" for v in range(3)]
+    store.put(3, filled(30))  # the replayed version 3: new weights under the old number
+    assert all_leaves_equal(TensorStoreWeightStore(tmp_path / "w").get(3)[1], 30.0)
+    assert store.discard_from(7) == [] and store.versions() == [0, 1, 2, 3]
+
+
 def test_several_store_objects_share_one_root_and_one_memory_context():
     ctx = ts.Context()
     writer = TensorStoreWeightStore("memory://run/", keep=2, context=ctx)
