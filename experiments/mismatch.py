@@ -21,11 +21,11 @@ fast fp32 engine), so the arms are compared as deployed models, not through thei
 
     PYTHONPATH=. python experiments/mismatch.py                       # 3 arms x 3 seeds, 40 steps
     PYTHONPATH=. python experiments/mismatch.py --seeds 0 --steps 5   # a quick look
-    PYTHONPATH=. python experiments/mismatch.py --preset countdown --arms mismatch fp32 tis_mis
+    PYTHONPATH=. python experiments/mismatch.py --preset countdown_hard --arms mismatch fp32 tis_mis
 
 The default task is the `fixture` preset (answer a digit of the prompt number's parity; a
 78k-parameter model from random init): every arm, exact mode included, fits the budget there.
-On countdown (3.2M parameters, warm-started) an exact-mode training step cost 67-110 s against
+On countdown_hard (3.2M parameters, warm-started) an exact-mode training step cost 67-110 s against
 1.5-2.5 s for the fast trainer (load ~9 on 2 cores), so the exact arm does not fit a few minutes.
 
 Writes <out>/mismatch.json (every number), <out>/mismatch.png (rewards and diagnostics side by

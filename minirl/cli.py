@@ -1,6 +1,6 @@
 """The `minirl` command: train, sft, eval, plot, diagnose.
 
-    minirl train                              the built-in default (countdown, tiny model)
+    minirl train                              the built-in default (countdown, 0.75M-parameter model, ~5 min)
     minirl train --preset arithmetic --set rl.steps=50 --set engine.temperature=0.8
     minirl train --resume runs/countdown      continue a run from its last checkpoint
     minirl sft                                only the warm start (cached for `train`)

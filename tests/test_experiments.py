@@ -56,3 +56,81 @@ def test_staleness_reward_smoothing_and_time_to_target():
     assert s.elapsed(recs).tolist() == [5.0, 8.0]
     assert s.value_at(times, np.array([0.1, 0.5, 0.4, 0.6]), 35.0) == 0.4
     assert s.value_at(times, np.array([0.1, 0.5, 0.4, 0.6]), 5.0) == 0.1  # before the first: first
+
+
+def _rl_vs_sft_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rl_vs_sft", ROOT / "experiments" / "rl_vs_sft.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rl_vs_sft"] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def _reachable(numbers: list[int], ops: str) -> set:
+    """Every value of an expression using each number once (brute force over splits)."""
+    import itertools
+    from fractions import Fraction
+
+    def values(items):
+        if len(items) == 1:
+            return {Fraction(items[0])}
+        out = set()
+        for k in range(1, len(items)):
+            for a in values(items[:k]):
+                for b in values(items[k:]):
+                    out |= {a + b} if "+" in ops else set()
+                    out |= {a - b} if "-" in ops else set()
+                    out |= {a * b} if "*" in ops else set()
+        return out
+
+    return set().union(*(values(list(p)) for p in itertools.permutations(numbers)))
+
+
+def test_rl_vs_sft_decoys_and_demonstration_rate(tmp_path):
+    from minirl.config import make_config
+    from minirl.runner import Run
+
+    m = _rl_vs_sft_module()
+    run = Run(make_config("countdown", ["eval.prompts=24"]), tmp_path, progress=False)
+    decoys = m.decoy_prompts(run)
+    truth = m.heldout_prompts(run.task, 24)
+    assert [d.uid for d in decoys] == [p.uid for p in truth]
+    for d, p in zip(decoys, truth, strict=True):
+        numbers, target = d.text.split(" -> ")
+        assert [int(x) for x in numbers.split()] == p.meta["numbers"]
+        decoy = int(target.rstrip(":"))
+        assert decoy != p.meta["target"] and decoy in _reachable(p.meta["numbers"], "+-")
+        assert d.tokens.tolist() == run.tokenizer.encode(d.text).tolist() != p.tokens.tolist()
+    # With "+" only, every expression over all the numbers is their sum, which is the target:
+    # the demonstrations always hit it (and no prompt has a decoy, so it keeps its target).
+    plus = Run(make_config("countdown", ["eval.prompts=8", "task.args.ops=+"]), tmp_path, progress=False)
+    assert m.demonstration_pass1(plus, samples=4) == 1.0
+    assert [d.text for d in m.decoy_prompts(plus)] == [p.text for p in m.heldout_prompts(plus.task, 8)]
+    assert 0.2 < m.demonstration_pass1(run, samples=16) < 0.45  # docs/results.md: 0.31 at 256 x 64
+
+
+def test_rl_vs_sft_cpu_clock_does_not_count_waiting():
+    import time
+
+    clock = _rl_vs_sft_module().Clock("cpu")
+    clock.start()
+    time.sleep(0.3)
+    clock.stop()
+    assert clock.totals["wall"] >= 0.3 and clock.spent == clock.totals["cpu"] < 0.1
+
+
+@pytest.mark.slow
+def test_rl_vs_sft_fast_mode(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "rl_vs_sft.py"), "--fast", "--seeds", "0",
+                    "--budget", "4", "--out", str(tmp_path)], check=True, env=env, capture_output=True, timeout=900)
+    result = json.loads((tmp_path / "rl_vs_sft.json").read_text())
+    r = result["per_seed"]["0"]
+    for arm in ("rl", "sft"):
+        curve = r[arm]["curve"]
+        assert curve[0]["pass@1"] == r["base"]["pass@1"]  # the same engine keys: base == step 0
+        assert curve[-1]["t"] >= 4.0 and r[arm]["steps"] == curve[-1]["steps"] > 0
+        assert 0.0 <= r[arm]["final"]["decoy_pass@1"] <= 1.0
+    assert (tmp_path / "rl_vs_sft.png").stat().st_size > 0

@@ -56,8 +56,8 @@ without mismatch, and the first place where mismatch damage shows.
 
 WHAT THE SCRIPT DOES
 --------------------
-1. `minirl.mismatch.diagnose`: the table of sources. Full mode on the countdown preset's model
-   (3.2M parameters) untrained (`--set sft.steps=0`, so the lesson needs no warm start; the
+1. `minirl.mismatch.diagnose`: the table of sources. Full mode on the `countdown_hard` preset's model
+   (3.2M parameters, the first default) untrained (`--set sft.steps=0`, so the lesson needs no warm start; the
    numerics do not need a trained model), fast mode on the fixture preset. Exact rows must be 0.
 2. The three runs on the fixture preset (a 2-token task, 78k parameters): the same `minirl train`
    with the arm's overrides. Prints reward and |Δ log p| per step, side by side.
@@ -100,13 +100,13 @@ and 0.65 as a policy that always answers the same digit). docs/mismatch.md has t
 reasons: 2-token sequences, a 78k-parameter model and 40 steps, against VeXact's thousands of
 tokens per sequence and hundreds of steps on 1.7B-30B models; here REINFORCE's own entropy collapse
 (the policy locking onto one digit, in the exact arm too) dominates, and |Δ log p| itself shrinks
-(1e-2 -> 1e-4) as the policy sharpens. Note also that the table's model is the untrained countdown
+(1e-2 -> 1e-4) as the policy sharpens. Note also that the table's model is the untrained countdown_hard
 model (the docs' table uses the warm-started one: the same orders of magnitude, e.g. bf16 mean
 2.4e-3 there, 8.7e-3 here).
 
     mode: full   cores: 2   load average: 13.9
 
-    Step 1. minirl diagnose --preset countdown --set sft.steps=0 (513 s)
+    Step 1. minirl diagnose --preset countdown_hard --set sft.steps=0 (513 s)
       source     compares (a vs b)                                                mean|dlogp|  p95|dlogp|  max|dlogp|  tokens  expect
       -------------------------------------------------------------------------------------------------------------------------------
       recompute  decode vs forward, = mismatch/*: engine log mu vs fp32 recompute   7.680e-07   1.907e-06   4.292e-06    2495  >= 0
@@ -194,7 +194,7 @@ ARMS = {
     "tis_mis": ["rl.loss=token_reinforce_tis_mis", "engine.dtype=bfloat16"],
 }
 FULL = dict(
-    table_preset="countdown",
+    table_preset="countdown_hard",
     table_sets=["sft.steps=0"],
     table_prompts=16,
     table_fast=False,
