@@ -98,6 +98,7 @@ class Controller:
         self.cond = threading.Condition()  # guards buffer and counters under the async scheduler
         self.pending_on_restore: list = []  # prompts in flight at the snapshot (async resume)
         self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
+        self._engine_seen = {"decode_tokens": 0, "slot_steps": 0}  # engine counters at last step
 
     # ---- one step ----------------------------------------------------------------------------
 
@@ -130,12 +131,13 @@ class Controller:
         metrics.update(self._engine_work(self._call_engine("work_stats")))
         return self._with_counters(metrics)
 
-    @staticmethod
-    def _engine_work(stats: dict) -> dict[str, float]:
-        """The engine's decode work so far (cumulative): kept tokens and slot-steps computed;
-        their ratio is the slot occupancy (minirl.engine.Engine.occupancy)."""
-        return {"engine/decode_tokens": float(stats["decode_tokens"]),
-                "engine/slot_steps": float(stats["slot_steps"])}
+    def _engine_work(self, stats: dict) -> dict[str, float]:
+        """The engine's decode work during this step: kept tokens and slot-steps computed (their
+        ratio is the slot occupancy, minirl.engine.Engine.occupancy). Per step, not cumulative,
+        so a resumed run logs the same numbers as an uninterrupted one (the engine restarts at 0)."""
+        out = {f"engine/{k}": float(stats[k] - seen) for k, seen in self._engine_seen.items()}
+        self._engine_seen = {k: stats[k] for k in self._engine_seen}
+        return out
 
     def _train(self, groups: list[Group]):
         """One trainer step on `groups`: batch, recompute log pi_prox, update."""
