@@ -179,7 +179,8 @@ def time_split(records: list[dict], timing: dict) -> dict:
         engine = {"busy": sum(r["time/generate"] for r in records),
                   "verify": sum(r["time/verify"] for r in records), "reload": 0.0}
     train = sum(r["time/train"] for r in records)
-    occupancy = last["engine/decode_tokens"] / max(last["engine/slot_steps"], 1.0)
+    occupancy = (sum(r["engine/decode_tokens"] for r in records)
+                 / max(sum(r["engine/slot_steps"] for r in records), 1.0))
     return {
         "wall": wall,
         "engine": {"generate": engine["busy"], "verify": engine["verify"], "reload": engine["reload"],

@@ -12,7 +12,8 @@ Two threads share the controller's buffer under one lock:
                    version to the weight store
 
 The bounds of the lockstep scheduler hold here too, enforced rather than scheduled:
-  eta: groups produced + groups in flight <= (v + eta + 1) * prompts_per_step  (AReaL's rate limit)
+  eta: groups to be trained (buffered + being trained) + groups in flight
+       <= (eta + 1) * prompts_per_step   (AReaL's rate limit; controller.py's docstring)
   k:   a group is trained at version v only if (v + 1) - (its oldest token's version) <= k
   j:   the engine reloads only once the newest version is >= j ahead of its own
 They hold on every batch (asserted), but which rollouts land in which batch depends on timing,
@@ -96,8 +97,7 @@ class RolloutThread(threading.Thread):
         with ctl.cond:
             if ctl.reload_due():  # the trainer published since _maybe_reload: reload first, or the
                 return            # new prompts would be sampled by weights the bound k may refuse
-            c = ctl.counters
-            allowed = (c.version + rl.eta + 1) * rl.prompts_per_step - c.groups_produced - len(self.in_flight)
+            allowed = (rl.eta + 1) * rl.prompts_per_step - ctl.unconsumed() - len(self.in_flight)
             prompts = ctl.usable(ctl.mixture.next_prompts(allowed)) if allowed > 0 else []
         self._submit(prompts)
 

@@ -16,10 +16,14 @@ staleness knobs act as follows (RLAX §3.1; AReaL §5.1):
   k = rl.max_lag        a group is accepted for the step that produces version v+1 only if
                         (v + 1) - (its oldest token's version) <= k; 0 means unbounded. So
                         on-policy data has lag 1, one-step-off data lag 2
-  eta = rl.eta          the engine may have produced at most (v + eta + 1) batches' worth of
-                        groups while the trainer is at version v (0 = synchronous). In lockstep
-                        it runs ahead exactly that far, generating the next batches with the
-                        weights it has while the trainer trains (logically in parallel).
+  eta = rl.eta          at most (eta + 1) batches' worth of groups may be waiting to be
+                        trained on: buffered, being trained, or (async) in flight — AReaL's
+                        N_r <= (v + eta + 1) B with what was already trained subtracted on both
+                        sides (0 = synchronous). Groups discarded as too stale, or skipped by
+                        the non-finite guard, no longer count, so a discard does not shrink the
+                        run-ahead for good. In lockstep generation runs ahead exactly that far,
+                        making the next batches with the weights it has while the trainer trains
+                        (logically in parallel).
 
 The trainer prefers the freshest groups (ties: first produced first), as RLAX's trainer does;
 groups that can no longer be accepted are discarded and counted. `rl.batch_order = "oldest"`
@@ -98,16 +102,18 @@ class Controller:
         self.cond = threading.Condition()  # guards buffer and counters under the async scheduler
         self.pending_on_restore: list = []  # prompts in flight at the snapshot (async resume)
         self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
+        self._engine_seen = {"decode_tokens": 0, "slot_steps": 0}  # engine counters at last step
 
     # ---- one step ----------------------------------------------------------------------------
 
     def step(self) -> dict[str, float]:
         t_start = self.clock()
         self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
-        c, rl = self.counters, self.rl
-        self._generate(upto=(c.version + 1) * rl.prompts_per_step)  # what this step needs
+        rl = self.rl
+        self.discard_stale()
+        self._generate(upto=rl.prompts_per_step)  # what this step needs
         groups = self._take_batch()
-        self._generate(upto=(c.version + rl.eta + 1) * rl.prompts_per_step)  # run ahead (eta)
+        self._generate(upto=(rl.eta + 1) * rl.prompts_per_step)  # run ahead (eta)
         t_train = self.clock()
         metrics, batch, prox = self._train(groups)
         t_trained = self.clock()
@@ -129,12 +135,13 @@ class Controller:
         metrics.update(self._engine_work(self._call_engine("work_stats")))
         return self._with_counters(metrics)
 
-    @staticmethod
-    def _engine_work(stats: dict) -> dict[str, float]:
-        """The engine's decode work so far (cumulative): kept tokens and slot-steps computed;
-        their ratio is the slot occupancy (minirl.engine.Engine.occupancy)."""
-        return {"engine/decode_tokens": float(stats["decode_tokens"]),
-                "engine/slot_steps": float(stats["slot_steps"])}
+    def _engine_work(self, stats: dict) -> dict[str, float]:
+        """The engine's decode work during this step: kept tokens and slot-steps computed (their
+        ratio is the slot occupancy, minirl.engine.Engine.occupancy). Per step, not cumulative,
+        so a resumed run logs the same numbers as an uninterrupted one (the engine restarts at 0)."""
+        out = {f"engine/{k}": float(stats[k] - seen) for k, seen in self._engine_seen.items()}
+        self._engine_seen = {k: stats[k] for k in self._engine_seen}
+        return out
 
     def _train(self, groups: list[Group]):
         """One trainer step on `groups`: batch, recompute log pi_prox, update."""
@@ -159,12 +166,18 @@ class Controller:
 
     # ---- the parts of a step -----------------------------------------------------------------
 
+    def unconsumed(self) -> int:
+        """Groups produced and still to be trained on: the buffer plus the batch being trained
+        (not yet counted). What eta bounds; stale discards and finished steps are out of it."""
+        c = self.counters
+        return c.groups_produced - c.groups_stale - c.groups_trained
+
     def _generate(self, upto: int) -> None:
-        """Produce groups until `upto` have entered the buffer since the run began."""
+        """Produce groups until `upto` are waiting to be trained on (`unconsumed`)."""
         c, rl = self.counters, self.rl
         rounds = 0
-        while c.groups_produced < upto:
-            need = upto - c.groups_produced
+        while self.unconsumed() < upto:
+            need = upto - self.unconsumed()
             prompts = self.usable(self.mixture.next_prompts(need))
             requests = [Request(p, i, self.max_new_tokens) for p in prompts for i in range(rl.group_size)]
             t0 = self.clock()
@@ -174,7 +187,7 @@ class Controller:
             groups = [rollouts[i:i + rl.group_size] for i in range(0, len(rollouts), rl.group_size)]
             self._add_groups(groups)
             rounds += 1
-            if self.dynamic_filter and rounds >= 32 and c.groups_produced < upto:
+            if self.dynamic_filter and rounds >= 32 and self.unconsumed() < upto:
                 raise RuntimeError(f"dynamic filtering dropped {c.groups_filtered} groups and could not "
                                    "fill a batch in 32 rounds: every group has equal rewards (the task is "
                                    "too easy or too hard for the current model)")

@@ -134,6 +134,9 @@ class EngineRole:
     def interrupt(self, policy: str):
         return self.engine.interrupt(policy)
 
+    def work_stats(self) -> dict[str, int]:
+        return self.engine.work_stats()
+
 
 class ReferenceStore:
     """The controller's weight store: references to versions the trainer job published."""

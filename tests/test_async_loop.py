@@ -17,12 +17,14 @@ class StubController:
         self.cond = threading.Condition()
         self.rl = RLConfig(prompts_per_step=2, group_size=2, eta=0, max_lag=1)
         self.counters = Counters(
-            version=version, engine_version=engine_version, groups_produced=2 * version
+            version=version, engine_version=engine_version, groups_produced=2 * version,
+            groups_trained=2 * version,
         )
         self.max_new_tokens = 4
         self.next_uid = 0
 
     reload_due = Controller.reload_due
+    unconsumed = Controller.unconsumed
 
     def usable(self, prompts):
         return prompts
@@ -49,8 +51,8 @@ class StubEngine:
 
 def test_no_prompt_is_admitted_while_a_reload_is_due():
     """The trainer may publish between the thread's reload check and its admission. Prompts
-    admitted then would be sampled by the old weights, refused by k = 1 and discarded, while
-    still counting against eta's budget: with eta = 0 nothing would ever be admitted again."""
+    admitted then would be sampled by the old weights and refused by k = 1: generation wasted
+    (and, before stale discards stopped counting against eta, a stalled run at eta = 0)."""
     engine = StubEngine()
     due = RolloutThread(StubController(version=3, engine_version=2), engine)
     due._admit()

@@ -108,7 +108,8 @@ def test_async_run_keeps_its_bounds_times_its_parts_and_evaluates(tmp_path):
     parts = sum(last[f"engine/{p}_seconds"] for p in ("busy", "verify", "reload", "idle"))
     span = last["wall_time"] - recs[0]["wall_time"]  # the thread ran at least this long
     assert last["engine/busy_seconds"] > 0 and 0.5 * span <= parts <= summary["rl_seconds"]
-    assert 0 < last["engine/decode_tokens"] <= last["engine/slot_steps"]
+    work = {k: sum(r[f"engine/{k}"] for r in recs) for k in ("decode_tokens", "slot_steps")}
+    assert 0 < work["decode_tokens"] <= work["slot_steps"]  # per-step counts, summed over the run
     assert summary["counters"]["groups_trained"] == steps * 8
 
 
@@ -184,3 +185,43 @@ def test_batch_order_decides_how_stale_the_data_eta_allows_is(tmp_path):
     assert lags["oldest"] == [0, 1, 2, 3, 3, 3, 3]
     with pytest.raises(ValueError, match="rl.batch_order must be one of"):
         fixture_cfg(batch_order="newest")
+
+
+def test_stale_discards_do_not_shrink_the_run_ahead(tmp_path):
+    """Lockstep, freshest first, eta = 3, k = 2: the older groups of each run-ahead go stale and
+    are discarded every step. What eta bounds is the groups still to be trained on, so after
+    every step exactly eta batches wait in the buffer (a discard is replaced, not lost for good)."""
+    quiet_run(fixture_cfg(steps=6, eta=3, max_lag=2), tmp_path).train()
+    records = read_metrics(tmp_path)
+    waiting = [r["count/groups_produced"] - r["count/groups_stale"] - r["count/groups_trained"]
+               for r in records]
+    assert waiting == [3 * 8] * 6
+    assert records[-1]["count/groups_stale"] > 0  # the discards really happened
+    assert max(r["lag/mean"] for r in records) <= 1  # versions behind; k = 2 means at most 1
+
+
+def test_a_skipped_step_does_not_starve_the_next(tmp_path, monkeypatch):
+    """eta = 0: a step whose update the non-finite guard skips consumed its batch; the next step
+    generates a fresh one (the skipped groups do not count as still waiting)."""
+    from minirl import trainer as trainer_mod
+
+    original, calls = trainer_mod.Trainer.train_step, []
+
+    def poisoned_once(self, batch, prox_logp=None):
+        calls.append(1)
+        if len(calls) > 1:
+            return original(self, batch, prox_logp)
+        saved = self._params
+        import jax
+
+        self._params = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(np.nan), self._params)
+        metrics = original(self, batch, prox_logp)
+        self._params = saved  # the guard kept the poisoned weights; restore the good ones
+        return metrics
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", poisoned_once)
+    summary = quiet_run(fixture_cfg(steps=3), tmp_path).train()
+    records = read_metrics(tmp_path)
+    assert [r["published"] for r in records] == [0.0, 1.0, 1.0]
+    assert [r["count/groups_trained"] for r in records] == [8, 16, 24]
+    assert summary["counters"]["skipped_steps"] == 1 and summary["counters"]["version"] == 2
