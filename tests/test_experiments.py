@@ -108,7 +108,7 @@ def test_rl_vs_sft_decoys_and_demonstration_rate(tmp_path):
     plus = Run(make_config("countdown", ["eval.prompts=8", "task.args.ops=+"]), tmp_path, progress=False)
     assert m.demonstration_pass1(plus, samples=4) == 1.0
     assert [d.text for d in m.decoy_prompts(plus)] == [p.text for p in m.heldout_prompts(plus.task, 8)]
-    assert 0.2 < m.demonstration_pass1(run, samples=16) < 0.45  # docs/results.md: 0.31 at 256 x 64
+    assert 0.2 < m.demonstration_pass1(run, samples=16) < 0.45  # docs/results.md: 0.304 at 256 x 64
 
 
 def test_rl_vs_sft_cpu_clock_does_not_count_waiting():
