@@ -55,7 +55,10 @@ class RolloutThread(threading.Thread):
 
     def resubmit(self, prompts) -> None:
         """Re-issue prompts that were in flight when a snapshot was taken (resume)."""
-        self._submit(list(prompts))
+        prompts = list(prompts)
+        with self.ctl.cond:
+            self._track(prompts)
+        self._submit(prompts)
 
     def run(self) -> None:
         try:
@@ -99,16 +102,20 @@ class RolloutThread(threading.Thread):
                 return            # new prompts would be sampled by weights the bound k may refuse
             allowed = (rl.eta + 1) * rl.prompts_per_step - ctl.unconsumed() - len(self.in_flight)
             prompts = ctl.usable(ctl.mixture.next_prompts(allowed)) if allowed > 0 else []
+            # In the same critical section as the mixture's advance: a snapshot (taken under this
+            # lock) sees each prompt either not yet issued or in flight, never neither.
+            self._track(prompts)
         self._submit(prompts)
 
+    def _track(self, prompts) -> None:
+        """Record prompts as in flight (call with ctl.cond held)."""
+        for p in prompts:
+            self.in_flight[p.uid] = {"prompt": p, "rollouts": []}
+
     def _submit(self, prompts) -> None:
-        if not prompts:
-            return
-        g = self.ctl.rl.group_size
-        with self.ctl.cond:
-            for p in prompts:
-                self.in_flight[p.uid] = {"prompt": p, "rollouts": []}
-        self.engine.submit([Request(p, i, self.ctl.max_new_tokens) for p in prompts for i in range(g)])
+        if prompts:
+            g = self.ctl.rl.group_size
+            self.engine.submit([Request(p, i, self.ctl.max_new_tokens) for p in prompts for i in range(g)])
 
     def _collect(self, finished) -> None:
         complete = []

@@ -60,3 +60,46 @@ def test_no_prompt_is_admitted_while_a_reload_is_due():
     fresh = RolloutThread(StubController(version=3, engine_version=3), engine)
     fresh._admit()  # the engine holds the newest weights: one batch (2 prompts x 2 samples)
     assert len(engine.requests) == 4 and len(fresh.in_flight) == 2
+
+
+
+class CheckedLock:
+    """A lock that runs `check` whenever it is released by its outermost holder: the moments
+    another thread (the trainer taking a snapshot) could acquire it."""
+
+    def __init__(self, check):
+        self._lock, self._depth, self.check = threading.RLock(), 0, check
+
+    def acquire(self, *args):
+        got = self._lock.acquire(*args)
+        self._depth += got
+        return got
+
+    def release(self):
+        self._depth -= 1
+        if self._depth == 0:
+            self.check()
+        self._lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def test_every_issued_prompt_is_in_flight_whenever_a_snapshot_could_be_taken():
+    """A checkpoint is a snapshot taken under the controller's lock (runner.save_checkpoint).
+    Whenever the rollout thread lets go of the lock, every prompt the mixture has issued must be
+    in flight (nothing is buffered here): a prompt a snapshot saw neither buffered nor in flight
+    would never be trained by a resumed run (a race an async kill-and-resume test once hit)."""
+    ctl = StubController(version=0, engine_version=0)
+    thread = RolloutThread(ctl, StubEngine())
+    checks = []
+
+    def every_issued_prompt_in_flight():
+        checks.append(sorted(thread.in_flight) == list(range(ctl.next_uid)))
+
+    ctl.cond = threading.Condition(CheckedLock(every_issued_prompt_in_flight))
+    thread._admit()
+    thread.resubmit(ctl.next_prompts(1))  # a resumed run re-issues its snapshot's prompts
+    assert len(thread.in_flight) == 3 and checks and all(checks), checks
