@@ -22,7 +22,7 @@ from minirl.verifiers import (
     verify_request,
 )
 
-FAST = Limits(cpu_s=1.0, wall_s=2.0)
+FAST = Limits(cpu_s=1.0, wall_s=4.0)  # wall room for interpreter start-up on a loaded 2-core machine
 ADD_TESTS = [TestCase("1 2\n", "3\n"), TestCase("5 7\n", "12\n"), TestCase("-4 4\n", "0\n")]
 ADD_PY = "a, b = map(int, input().split())\nprint(a + b)\n"
 
