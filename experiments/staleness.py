@@ -6,15 +6,17 @@
     PYTHONPATH=. python experiments/staleness.py speedup --fast   # a smoke run (tests use it)
 
 `speedup` trains the scratchpad-arithmetic preset (completions of 13..~260 tokens, so a few long
-ones hold a synchronous batch) three ways from the same warm start, for the same number of steps:
+ones hold a synchronous batch) four ways from the same warm start, for the same number of steps:
 
   sync        lockstep, j = k = 1, eta = 0: generate the batch, verify, train, reload
-  async       the async scheduler, k = 4, eta = 3, j = 1, in-flight requests continued with the
+  async       the async scheduler, k = 4, eta = 1, j = 1, in-flight requests continued with the
               new weights at each reload (AReaL): the engine keeps its slots full with the next
-              batches' prompts while the trainer trains
+              batch's prompts while the trainer trains (eta = 1: one batch of run-ahead is all
+              that two cores can overlap; k = 4 leaves room so nothing is discarded)
   async_1core the same, with XLA's multi-threaded Eigen off (`--xla_cpu_multi_thread_eigen=false`),
               so each part's matmuls run on the thread that launched them: roughly one core for
               the engine and one for the trainer, instead of both sharing XLA's two-thread pool
+  sync_1core  the synchronous run with the same flag (the baseline for async_1core)
 
 and reports: seconds per step; the time each run needs to reach the synchronous run's final
 reward, measured two ways (training reward smoothed over the last `--window` steps, and held-out
@@ -23,7 +25,8 @@ towards quickly finished short problems cannot inflate); each part's time split 
 / verify / reload / idle, trainer: train / idle); and the engine's slot occupancy (kept tokens /
 slot-steps computed). Time is measured from the start of RL, step 1 included; a short warm-up of
 every configuration runs first so that both arms load compiled code from JAX's persistent
-cache, and the seconds still spent compiling are reported per run.
+cache, and the seconds still spent compiling are reported per run. `--arms sync async` runs a
+subset of the arms (sync, the baseline, always runs).
 
 `curves` trains once per staleness setting (j, k) in {(1,1), (1,2), (4,8), (4,16)} with the async
 scheduler (eta = k - 1, so generation may run ahead as far as k allows) and plots reward against
@@ -199,11 +202,11 @@ def speedup(args) -> dict:
     base = [*COMMON, f"rl.steps={args.steps}", f"rl.checkpoint_every={args.checkpoint_every}",
             *(["rl.dynamic_filter=true"] if args.dynamic_filter else []), *(FAST if args.fast else [])]
     if args.warmup:  # fill JAX's persistent compilation cache for every arm (not measured)
-        for name, (arm, flags) in ARMS.items():
+        for name, (arm, flags) in args.arms.items():
             run(f"warmup_{args.prefix}{name}", args.preset, base + arm + [f"rl.steps={args.warmup}"],
                 args.out, flags)
     result, runs = {"preset": args.preset, "steps": args.steps, "load_start": os.getloadavg()}, {}
-    for name, (arm, flags) in ARMS.items():
+    for name, (arm, flags) in args.arms.items():
         run_dir = run(args.prefix + name, args.preset, base + arm, args.out, flags)
         recs = records_of(run_dir)
         timing = json.loads((run_dir / "timing.json").read_text())
@@ -234,7 +237,7 @@ def speedup(args) -> dict:
         t_end = float(elapsed(runs["sync"]["records"])[-1])
         result[name]["at_sync_end"] = {
             "train_reward": value_at(t, rew, t_end), "heldout": value_at(ev_t, ev_v, t_end)}
-    for name in ARMS:
+    for name in args.arms:
         ratios = {"per_step": result["sync"]["seconds_per_step"] / result[name]["seconds_per_step"]}
         for key, t in result[name]["time_to_target"].items():
             ts = result["sync"]["time_to_target"][key]
@@ -363,8 +366,11 @@ def main() -> None:
     p.add_argument("--results", type=Path, default=None, help="default: experiments/results/staleness")
     p.add_argument("--dynamic-filter", action="store_true",
                    help="speedup: DAPO dynamic filtering in every arm (generation-heavy steps)")
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                   help="speedup: which arms to run (sync, the baseline, always runs)")
     p.add_argument("--fast", action="store_true", help="a seconds-long smoke run (tests use it)")
     args = p.parse_args()
+    args.arms = {name: ARMS[name] for name in ARMS if name == "sync" or name in args.arms}
     if args.fast:
         args.preset, args.steps, args.warmup = "fixture", min(args.steps, 4), 0
         args.checkpoint_every, args.heldout_prompts, args.heldout_samples, args.window = 2, 4, 1, 2
@@ -387,7 +393,7 @@ def summary(what: str, results: dict) -> dict:
     keep = ("seconds_per_step", "final_reward", "time_to_target", "at_sync_end", "speedup_vs_sync",
             "stale_groups")
     out = {"target": results["target"], "load_start": results["load_start"], "load_end": results["load_end"]}
-    for name in ARMS:
+    for name in (n for n in ARMS if n in results):
         out[name] = {k: results[name][k] for k in keep if k in results[name]}
         s = results[name]["split"]
         out[name]["split"] = {k: s[k] for k in ("wall", "engine", "trainer", "overlap", "occupancy",
