@@ -26,7 +26,8 @@ towards quickly finished short problems cannot inflate); each part's time split 
 slot-steps computed). Time is measured from the start of RL, step 1 included; a short warm-up of
 every configuration runs first so that both arms load compiled code from JAX's persistent
 cache, and the seconds still spent compiling are reported per run. `--arms sync async` runs a
-subset of the arms (sync, the baseline, always runs).
+subset of the arms (sync, the baseline, always runs); `--set KEY=VALUE` overrides the config of
+every run (both commands).
 
 `curves` trains once per staleness setting (j, k) in {(1,1), (1,2), (4,8), (4,16)} with the async
 scheduler (eta = k - 1, so generation may run ahead as far as k allows) and plots reward against
@@ -200,7 +201,8 @@ def time_split(records: list[dict], timing: dict) -> dict:
 
 def speedup(args) -> dict:
     base = [*COMMON, f"rl.steps={args.steps}", f"rl.checkpoint_every={args.checkpoint_every}",
-            *(["rl.dynamic_filter=true"] if args.dynamic_filter else []), *(FAST if args.fast else [])]
+            *(["rl.dynamic_filter=true"] if args.dynamic_filter else []), *args.set,
+            *(FAST if args.fast else [])]
     if args.warmup:  # fill JAX's persistent compilation cache for every arm (not measured)
         for name, (arm, flags) in args.arms.items():
             run(f"warmup_{args.prefix}{name}", args.preset, base + arm + [f"rl.steps={args.warmup}"],
@@ -254,7 +256,7 @@ def curves(args) -> dict:
         name = f"j{j}_k{k}"
         overrides = [*COMMON, f"rl.steps={args.steps}", f"rl.checkpoint_every={args.steps}",
                      "rl.scheduler=async", f"rl.reload_every={j}", f"rl.max_lag={k}", f"rl.eta={k - 1}",
-                     *(FAST if args.fast else [])]
+                     *args.set, *(FAST if args.fast else [])]
         run_dir = run(name, args.preset, overrides, args.out)
         recs = records_of(run_dir)
         timing = json.loads((run_dir / "timing.json").read_text())
@@ -316,7 +318,7 @@ def plot_speedup(runs: dict, result: dict, args) -> Path:
         ax.set_xlabel("wall-clock since RL began (s)")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"{args.preset}{' + dynamic filter' if args.dynamic_filter else ''}: sync vs async, "
+    fig.suptitle(f"{args.preset}{' + dynamic filter' if args.dynamic_filter else ''} {' '.join(args.set)}: sync vs async, "
                  f"{args.steps} steps each (load at start "
                  f"{result['load_start'][0]:.1f})")
     path = args.results / f"{args.tag}_reward_vs_time.png"
@@ -366,6 +368,8 @@ def main() -> None:
     p.add_argument("--results", type=Path, default=None, help="default: experiments/results/staleness")
     p.add_argument("--dynamic-filter", action="store_true",
                    help="speedup: DAPO dynamic filtering in every arm (generation-heavy steps)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every run (repeatable), e.g. engine.slots=32")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
                    help="speedup: which arms to run (sync, the baseline, always runs)")
     p.add_argument("--fast", action="store_true", help="a seconds-long smoke run (tests use it)")
