@@ -240,7 +240,8 @@ def main() -> None:
     for j, k in SETTINGS:
         overrides = [*s["overrides"], f"rl.reload_every={j}", f"rl.max_lag={k}", f"rl.eta={k - 1}"]
         summary, records, cost = train(s["preset"], overrides, out / "runs" / f"j{j}_k{k}")
-        runs[(j, k)] = {"records": records, "summary": summary, **cost}
+        pps = make_config(s["preset"], overrides).rl.prompts_per_step
+        runs[(j, k)] = {"records": records, "summary": summary, "prompts_per_step": pps, **cost}
         print(
             f"  j = {j}, k = {k}: {len(records)} steps in {cost['seconds']:4.0f}s wall, "
             f"{cost['cpu_seconds']:4.0f}s CPU (load average {cost['load_after']:.1f})"
@@ -253,7 +254,7 @@ def main() -> None:
     )
     print(
         f"  {'j':>2s} {'k':>2s}  {'lag: mean':>9s} {'worst':>5s}  {'stale groups':>12s}  "
-        f"{'step time':>9s}  {'trainer waits':>13s}  {'final reward':>12s}  "
+        f"{'run-ahead':>9s}  {'step time':>9s}  {'trainer waits':>13s}  {'final reward':>12s}  "
         f"{'held-out pass@1':>15s}"
     )
     rows, bound_ok = {}, True
@@ -264,10 +265,18 @@ def main() -> None:
         step, wait = (
             float(np.mean([r[key] for r in rec[1:]])) for key in ("time/step", "time/wait")
         )
+        # how far generation ran ahead: batches generated and still to be trained on after a
+        # step (the quantity eta bounds; stale discards are out of it, so they get replaced)
+        ahead = [
+            (r["count/groups_produced"] - r["count/groups_stale"] - r["count/groups_trained"])
+            / run["prompts_per_step"]
+            for r in rec
+        ]
         row = {
             "mean_lag": float(np.mean(lags)),
             "worst_step_lag": float(max(lags)),
             "stale_groups": int(rec[-1]["count/groups_stale"]),
+            "run_ahead_batches": float(np.mean(ahead)),
             "step_seconds": step,
             "wait_fraction": wait / step,
             "final_reward": float(np.mean([r["reward/mean"] for r in rec[-last:]])),
@@ -277,7 +286,8 @@ def main() -> None:
         rows[f"j{j}_k{k}"] = row
         print(
             f"  {j:2d} {k:2d}  {row['mean_lag']:9.2f} {row['worst_step_lag']:5.2f}  "
-            f"{row['stale_groups']:12d}  {step:8.2f}s  {row['wait_fraction']:12.0%}  "
+            f"{row['stale_groups']:12d}  {row['run_ahead_batches']:9.2f}  {step:8.2f}s  "
+            f"{row['wait_fraction']:12.0%}  "
             f"{row['final_reward']:12.3f}  {row['pass@1_before']:6.3f} -> {row['pass@1_after']:.3f}"
         )
     base = rows["j1_k1"]["step_seconds"]
