@@ -23,7 +23,8 @@ reward, measured two ways (training reward smoothed over the last `--window` ste
 pass@1 of checkpoints evaluated afterwards by one common evaluator, which the async run's bias
 towards quickly finished short problems cannot inflate); each part's time split (engine: decode
 / verify / reload / idle, trainer: train / idle); and the engine's slot occupancy (kept tokens /
-slot-steps computed). Time is measured from the start of RL, step 1 included; a short warm-up of
+slot-steps computed), and how many cores each run really got (its process's CPU seconds / wall
+seconds). Time is measured from the start of RL, step 1 included; a short warm-up of
 every configuration runs first so that both arms load compiled code from JAX's persistent
 cache, and the seconds still spent compiling are reported per run. `--arms sync async` runs a
 subset of the arms (sync, the baseline, always runs); `--set KEY=VALUE` overrides the config of
@@ -87,11 +88,12 @@ def child(spec: dict) -> None:
     jax.monitoring.register_event_duration_secs_listener(on_event)
     run_dir = Path(spec["run_dir"])
     shutil.rmtree(run_dir, ignore_errors=True)  # this script's own output: start afresh
-    load_before, t0 = os.getloadavg(), time.perf_counter()
+    load_before, t0, cpu0 = os.getloadavg(), time.perf_counter(), time.process_time()
     Run(make_config(spec["preset"], spec["overrides"]), run_dir, log=lambda *a: None,
         progress=False).train(resume=False)
     (run_dir / "timing.json").write_text(json.dumps({
         "seconds": time.perf_counter() - t0, "compile_seconds": compile_s[0],
+        "cpu_seconds": time.process_time() - cpu0,  # all threads of this process
         "load_before": load_before, "load_after": os.getloadavg(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }, indent=2))
@@ -193,6 +195,9 @@ def time_split(records: list[dict], timing: dict) -> dict:
         "overlap": (engine["busy"] + engine["verify"] + train) / wall,  # > 1: parts ran together
         "occupancy": occupancy,
         "compile_seconds": timing["compile_seconds"],
+        # CPU seconds / wall seconds of the whole child (warm-start load and the token-sized
+        # evaluations included): how many of the 2 cores the run really got
+        "cores_used": timing["cpu_seconds"] / timing["seconds"] if "cpu_seconds" in timing else None,
         "load": [timing["load_before"], timing["load_after"]],
     }
 
@@ -400,8 +405,8 @@ def summary(what: str, results: dict) -> dict:
     for name in (n for n in ARMS if n in results):
         out[name] = {k: results[name][k] for k in keep if k in results[name]}
         s = results[name]["split"]
-        out[name]["split"] = {k: s[k] for k in ("wall", "engine", "trainer", "overlap", "occupancy",
-                                                 "compile_seconds")}
+        out[name]["split"] = {k: s.get(k) for k in ("wall", "engine", "trainer", "overlap", "occupancy",
+                                                     "cores_used", "compile_seconds")}
     return out
 
 
