@@ -36,9 +36,11 @@ steps and against wall-clock time; (1,1) is synchronous (eta = 0).
 
 Every run is a subprocess (XLA flags are per process); each prints os.getloadavg() before and
 after, and the result JSON holds them. Timings depend on the machine's load: rerun on a quiet
-machine for numbers to quote. Expected run time on a quiet 2-core machine (estimated from the
-shared-machine runs in docs/staleness.md): speedup ~25 min, curves ~35 min; the first run adds
-the warm start (~5 min, cached in ~/.cache/minirl). Results: --out (default
+machine for numbers to quote (under /work/wt/cpu.lock's exclusive mode on the shared machine).
+Run time on the 2-core machine alone (load ~2): curves 10 min (measured); speedup ~20 min
+(estimated: with `--steps 12 --warmup 2 --checkpoint-every 4 --heldout-prompts 64
+--heldout-samples 2` it took 4 min); the first run adds the warm start (~5 min, cached in
+~/.cache/minirl). docs/staleness.md has the measured results. Results: --out (default
 runs/staleness; run directories with checkpoints), and --results (default
 experiments/results/staleness: the JSON and PNGs only).
 """
