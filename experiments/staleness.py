@@ -14,8 +14,9 @@ ones hold a synchronous batch) four ways from the same warm start, for the same 
               batch's prompts while the trainer trains (eta = 1: one batch of run-ahead is all
               that two cores can overlap; k = 4 leaves room so nothing is discarded)
   async_1core the same, with XLA's multi-threaded Eigen off (`--xla_cpu_multi_thread_eigen=false`),
-              so each part's matmuls run on the thread that launched them: roughly one core for
-              the engine and one for the trainer, instead of both sharing XLA's two-thread pool
+              meant to run each part's matmuls on the thread that launched them (one core for
+              the engine, one for the trainer) instead of both sharing XLA's thread pool. Measured
+              on jax 0.10.2: it does not change how many cores a run uses (docs/staleness.md)
   sync_1core  the synchronous run with the same flag (the baseline for async_1core)
 
 and reports: seconds per step; the time each run needs to reach the synchronous run's final
@@ -36,8 +37,7 @@ steps and against wall-clock time; (1,1) is synchronous (eta = 0).
 
 Every run is a subprocess (XLA flags are per process); each prints os.getloadavg() before and
 after, and the result JSON holds them. Timings depend on the machine's load: rerun on a quiet
-machine for numbers to quote (under /work/wt/cpu.lock's exclusive mode on the shared machine).
-Run time on the 2-core machine alone (load ~2): curves 10 min (measured); speedup ~20 min
+machine for numbers to quote. Run time on the 2-core machine alone (load ~2): curves 10 min (measured); speedup ~20 min
 (estimated: with `--steps 12 --warmup 2 --checkpoint-every 4 --heldout-prompts 64
 --heldout-samples 2` it took 4 min); the first run adds the warm start (~5 min, cached in
 ~/.cache/minirl). docs/staleness.md has the measured results. Results: --out (default
