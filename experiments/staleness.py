@@ -11,8 +11,8 @@ ones hold a synchronous batch) four ways from the same warm start, for the same 
   sync        lockstep, j = k = 1, eta = 0: generate the batch, verify, train, reload
   async       the async scheduler, k = 4, eta = 1, j = 1, in-flight requests continued with the
               new weights at each reload (AReaL): the engine keeps its slots full with the next
-              batch's prompts while the trainer trains (eta = 1: one batch generated ahead, enough
-              to keep the engine busy during a train step here; k = 4: nothing goes stale)
+              batch's prompts while the trainer trains (eta = 1: one batch generated ahead; generation
+              is the shorter part here, so more run-ahead would only wait; k = 4: nothing goes stale)
   async_1core the same, with XLA's multi-threaded Eigen off (`--xla_cpu_multi_thread_eigen=false`),
               meant to run each part's matmuls on the thread that launched them (one core for
               the engine, one for the trainer) instead of both sharing XLA's thread pool. Measured
@@ -40,8 +40,8 @@ after, and the result JSON holds them. Timings depend on the machine's load: rer
 machine for numbers to quote. Run time on the 2-core machine alone (load ~2): curves 10 min
 (measured); speedup ~20 min (estimated: with `--steps 12 --warmup 2 --checkpoint-every 4
 --heldout-prompts 64 --heldout-samples 2` it took 4 min); the first run adds the warm start
-(~5 min, cached in ~/.cache/minirl). docs/staleness.md has the measured results. Results: --out (default
-runs/staleness; run directories with checkpoints), and --results (default
+(~5 min, cached in ~/.cache/minirl); docs/staleness.md has the measured results. Output: --out
+(default runs/staleness: run directories with checkpoints) and --results (default
 experiments/results/staleness: the JSON and PNGs only).
 """
 
