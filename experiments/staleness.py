@@ -6,24 +6,30 @@
     PYTHONPATH=. python experiments/staleness.py speedup --fast   # a smoke run (tests use it)
 
 `speedup` trains the scratchpad-arithmetic preset (completions of 13..~260 tokens, so a few long
-ones hold a synchronous batch) three ways from the same warm start, for the same number of steps:
+ones hold a synchronous batch) four ways from the same warm start, for the same number of steps:
 
   sync        lockstep, j = k = 1, eta = 0: generate the batch, verify, train, reload
-  async       the async scheduler, k = 4, eta = 3, j = 1, in-flight requests continued with the
+  async       the async scheduler, k = 4, eta = 1, j = 1, in-flight requests continued with the
               new weights at each reload (AReaL): the engine keeps its slots full with the next
-              batches' prompts while the trainer trains
+              batch's prompts while the trainer trains (eta = 1: one batch generated ahead; generation
+              is the shorter part here, so more run-ahead would only wait; k = 4: nothing goes stale)
   async_1core the same, with XLA's multi-threaded Eigen off (`--xla_cpu_multi_thread_eigen=false`),
-              so each part's matmuls run on the thread that launched them: roughly one core for
-              the engine and one for the trainer, instead of both sharing XLA's two-thread pool
+              meant to run each part's matmuls on the thread that launched them (one core for
+              the engine, one for the trainer) instead of both sharing XLA's thread pool. Measured
+              on jax 0.10.2: it does not change how many cores a run uses (docs/staleness.md)
+  sync_1core  the synchronous run with the same flag (the baseline for async_1core)
 
 and reports: seconds per step; the time each run needs to reach the synchronous run's final
 reward, measured two ways (training reward smoothed over the last `--window` steps, and held-out
 pass@1 of checkpoints evaluated afterwards by one common evaluator, which the async run's bias
 towards quickly finished short problems cannot inflate); each part's time split (engine: decode
 / verify / reload / idle, trainer: train / idle); and the engine's slot occupancy (kept tokens /
-slot-steps computed). Time is measured from the start of RL, step 1 included; a short warm-up of
+slot-steps computed), and how many cores each run really got (its process's CPU seconds / wall
+seconds). Time is measured from the start of RL, step 1 included; a short warm-up of
 every configuration runs first so that both arms load compiled code from JAX's persistent
-cache, and the seconds still spent compiling are reported per run.
+cache, and the seconds still spent compiling are reported per run. `--arms sync async` runs a
+subset of the arms (sync, the baseline, always runs); `--set KEY=VALUE` overrides the config of
+every run (both commands).
 
 `curves` trains once per staleness setting (j, k) in {(1,1), (1,2), (4,8), (4,16)} with the async
 scheduler (eta = k - 1, so generation may run ahead as far as k allows) and plots reward against
@@ -31,10 +37,11 @@ steps and against wall-clock time; (1,1) is synchronous (eta = 0).
 
 Every run is a subprocess (XLA flags are per process); each prints os.getloadavg() before and
 after, and the result JSON holds them. Timings depend on the machine's load: rerun on a quiet
-machine for numbers to quote. Expected run time on a quiet 2-core machine (estimated from the
-shared-machine runs in docs/staleness.md): speedup ~25 min, curves ~35 min; the first run adds
-the warm start (~5 min, cached in ~/.cache/minirl). Results: --out (default
-runs/staleness; run directories with checkpoints), and --results (default
+machine for numbers to quote. Run time on the 2-core machine alone (load ~2): curves 10 min
+(measured); speedup ~20 min (estimated: with `--steps 12 --warmup 2 --checkpoint-every 4
+--heldout-prompts 64 --heldout-samples 2` it took 4 min); the first run adds the warm start
+(~5 min, cached in ~/.cache/minirl); docs/staleness.md has the measured results. Output: --out
+(default runs/staleness: run directories with checkpoints) and --results (default
 experiments/results/staleness: the JSON and PNGs only).
 """
 
@@ -83,11 +90,12 @@ def child(spec: dict) -> None:
     jax.monitoring.register_event_duration_secs_listener(on_event)
     run_dir = Path(spec["run_dir"])
     shutil.rmtree(run_dir, ignore_errors=True)  # this script's own output: start afresh
-    load_before, t0 = os.getloadavg(), time.perf_counter()
+    load_before, t0, cpu0 = os.getloadavg(), time.perf_counter(), time.process_time()
     Run(make_config(spec["preset"], spec["overrides"]), run_dir, log=lambda *a: None,
         progress=False).train(resume=False)
     (run_dir / "timing.json").write_text(json.dumps({
         "seconds": time.perf_counter() - t0, "compile_seconds": compile_s[0],
+        "cpu_seconds": time.process_time() - cpu0,  # all threads of this process
         "load_before": load_before, "load_after": os.getloadavg(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }, indent=2))
@@ -189,6 +197,9 @@ def time_split(records: list[dict], timing: dict) -> dict:
         "overlap": (engine["busy"] + engine["verify"] + train) / wall,  # > 1: parts ran together
         "occupancy": occupancy,
         "compile_seconds": timing["compile_seconds"],
+        # CPU seconds / wall seconds of the whole child (warm-start load and the token-sized
+        # evaluations included): how many of the 2 cores the run really got
+        "cores_used": timing["cpu_seconds"] / timing["seconds"] if "cpu_seconds" in timing else None,
         "load": [timing["load_before"], timing["load_after"]],
     }
 
@@ -197,13 +208,14 @@ def time_split(records: list[dict], timing: dict) -> dict:
 
 def speedup(args) -> dict:
     base = [*COMMON, f"rl.steps={args.steps}", f"rl.checkpoint_every={args.checkpoint_every}",
-            *(["rl.dynamic_filter=true"] if args.dynamic_filter else []), *(FAST if args.fast else [])]
+            *(["rl.dynamic_filter=true"] if args.dynamic_filter else []), *args.set,
+            *(FAST if args.fast else [])]
     if args.warmup:  # fill JAX's persistent compilation cache for every arm (not measured)
-        for name, (arm, flags) in ARMS.items():
+        for name, (arm, flags) in args.arms.items():
             run(f"warmup_{args.prefix}{name}", args.preset, base + arm + [f"rl.steps={args.warmup}"],
                 args.out, flags)
     result, runs = {"preset": args.preset, "steps": args.steps, "load_start": os.getloadavg()}, {}
-    for name, (arm, flags) in ARMS.items():
+    for name, (arm, flags) in args.arms.items():
         run_dir = run(args.prefix + name, args.preset, base + arm, args.out, flags)
         recs = records_of(run_dir)
         timing = json.loads((run_dir / "timing.json").read_text())
@@ -234,7 +246,7 @@ def speedup(args) -> dict:
         t_end = float(elapsed(runs["sync"]["records"])[-1])
         result[name]["at_sync_end"] = {
             "train_reward": value_at(t, rew, t_end), "heldout": value_at(ev_t, ev_v, t_end)}
-    for name in ARMS:
+    for name in args.arms:
         ratios = {"per_step": result["sync"]["seconds_per_step"] / result[name]["seconds_per_step"]}
         for key, t in result[name]["time_to_target"].items():
             ts = result["sync"]["time_to_target"][key]
@@ -251,7 +263,7 @@ def curves(args) -> dict:
         name = f"j{j}_k{k}"
         overrides = [*COMMON, f"rl.steps={args.steps}", f"rl.checkpoint_every={args.steps}",
                      "rl.scheduler=async", f"rl.reload_every={j}", f"rl.max_lag={k}", f"rl.eta={k - 1}",
-                     *(FAST if args.fast else [])]
+                     *args.set, *(FAST if args.fast else [])]
         run_dir = run(name, args.preset, overrides, args.out)
         recs = records_of(run_dir)
         timing = json.loads((run_dir / "timing.json").read_text())
@@ -313,7 +325,7 @@ def plot_speedup(runs: dict, result: dict, args) -> Path:
         ax.set_xlabel("wall-clock since RL began (s)")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"{args.preset}{' + dynamic filter' if args.dynamic_filter else ''}: sync vs async, "
+    fig.suptitle(f"{args.preset}{' + dynamic filter' if args.dynamic_filter else ''} {' '.join(args.set)}: sync vs async, "
                  f"{args.steps} steps each (load at start "
                  f"{result['load_start'][0]:.1f})")
     path = args.results / f"{args.tag}_reward_vs_time.png"
@@ -363,8 +375,13 @@ def main() -> None:
     p.add_argument("--results", type=Path, default=None, help="default: experiments/results/staleness")
     p.add_argument("--dynamic-filter", action="store_true",
                    help="speedup: DAPO dynamic filtering in every arm (generation-heavy steps)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every run (repeatable), e.g. engine.slots=32")
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                   help="speedup: which arms to run (sync, the baseline, always runs)")
     p.add_argument("--fast", action="store_true", help="a seconds-long smoke run (tests use it)")
     args = p.parse_args()
+    args.arms = {name: ARMS[name] for name in ARMS if name == "sync" or name in args.arms}
     if args.fast:
         args.preset, args.steps, args.warmup = "fixture", min(args.steps, 4), 0
         args.checkpoint_every, args.heldout_prompts, args.heldout_samples, args.window = 2, 4, 1, 2
@@ -387,11 +404,11 @@ def summary(what: str, results: dict) -> dict:
     keep = ("seconds_per_step", "final_reward", "time_to_target", "at_sync_end", "speedup_vs_sync",
             "stale_groups")
     out = {"target": results["target"], "load_start": results["load_start"], "load_end": results["load_end"]}
-    for name in ARMS:
+    for name in (n for n in ARMS if n in results):
         out[name] = {k: results[name][k] for k in keep if k in results[name]}
         s = results[name]["split"]
-        out[name]["split"] = {k: s[k] for k in ("wall", "engine", "trainer", "overlap", "occupancy",
-                                                 "compile_seconds")}
+        out[name]["split"] = {k: s.get(k) for k in ("wall", "engine", "trainer", "overlap", "occupancy",
+                                                     "cores_used", "compile_seconds")}
     return out
 
 

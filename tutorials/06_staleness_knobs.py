@@ -1,6 +1,6 @@
 """Lesson 06 — the staleness knobs j and k: reward against steps and against wall-clock time.
 
-    python tutorials/06_staleness_knobs.py         # full mode (3-6 min of CPU time on 2 cores)
+    python tutorials/06_staleness_knobs.py         # full mode (about 3 min on 2 shared cores)
     python tutorials/06_staleness_knobs.py --fast  # fast mode (about 30 s; the `fixture` task)
 
 Writes `reward_vs_step_and_time.png`, `results.json` and one run directory per setting (`runs/`)
@@ -62,74 +62,78 @@ WHAT THE SCRIPT DOES
    `fixture` task, 8 steps).
 2. Runs each with `Run(cfg, run_dir).train()` and reads its metrics.jsonl.
 3. Prints, per setting: the lag of the data trained on (mean, and the stalest step), the groups
-   discarded as too stale, the mean step time, the share of it the trainer spent waiting for
-   data, and the reward. Checks the bound: no batch was older than k.
+   discarded as too stale, how far generation ran ahead (batches generated and still to be
+   trained on after a step, what eta bounds), the mean step time, the share of it the trainer
+   spent waiting for data, and the reward. Checks the bound: no batch was older than k.
 4. Plots reward against steps and against wall-clock seconds (RLAX Fig. 4).
 
 Expected output (full mode, measured)
 -------------------------------------
-Measured on 2026-11-23 with `python tutorials/06_staleness_knobs.py --out /tmp/t11/m06b/out`,
-library at commit d47d9f8, on a shared virtual machine with 2 cores (nproc = 2), under load from
-other jobs (load average 6-12). It took 403 s of wall time and 186 s of CPU time (user + sys).
-The warm start was loaded from the cache that lesson 05 had filled; without it, add about 140 s
-of CPU time. The figure is figures/06_staleness_knobs.png.
+Measured on 2026-11-23 with `python tutorials/06_staleness_knobs.py --out /tmp/st2/l06`, library
+at commit ee031fa (after the eta fix: eta bounds the groups still to be trained on), on a shared
+virtual machine with 2 cores (nproc = 2), under load from other jobs (load average 4-6). It took
+167 s of wall time and 164 s of CPU time (user + sys): the whole lesson got about one core's worth
+of the machine. The warm start was loaded from the cache that lesson 05 had filled; without it,
+add about 140 s of CPU time. The figure is figures/06_staleness_knobs.png.
 
 What reproduces, and what does not:
 
 - The bounds hold, and the lag behaves as the knobs say. (1, 1) trained only on fresh data (lag
   1 on every step). (1, 2) trained on one-step-old data (lag 2 on almost every step). With j = 4
-  the lag cycles as the engine falls behind and reloads (mean 2.5 and 3.4). Generation that ran
-  ahead was partly wasted: the trainer prefers the freshest groups, so older ones aged past k
-  and were discarded (48 of 688 groups generated for (4, 4), 96 of 752 for (4, 8)). Note what
-  that did to eta: minirl's rate limit counts every group generated, discarded ones included, so
-  each discarded group permanently shortens how far generation may run ahead. In (4, 4) the 3
-  batches generated ahead at the start had all aged out by step 7, and from then on generation
-  never ran ahead again; in (4, 8) the lead fell from 7 batches to 1 by step 10. AReaL avoids
-  this by training on the oldest data first (lesson 07).
+  the lag cycles as the engine falls behind and reloads (mean 2.5 and 3.4, worst 4 and 5).
 
-- Time per step: RLAX's result does NOT reproduce on this machine. With k > j the trainer never
-  waited for data (0% of the step, against 18% with k = j), yet the step did not get shorter:
-  2.47 s against 2.28 s for j = 1, 2.35 s against 2.10 s for j = 4. The engine and the trainer
-  share the same two cores, and XLA already spreads each of their computations over both, so
-  running them at the same time only moves the work around. Generation was also the small part
-  of a step here (the trainer waited 18% of a synchronous step), so even perfect overlap could
-  save at most about a fifth. RLAX runs generation and training on separate accelerators, where
-  the overlap is real. A warning about timing on a shared machine: an earlier run of the same
-  command, at load 12-18 (library at b79de54, which differs only in a rare race fixed since),
-  printed the same rewards and lags to the last digit, but step-time ratios of 0.65x (j = 1) and
-  0.82x (j = 4), the RLAX direction. Under heavy load a process with two busy threads gets a
-  larger share of the crowded CPUs than one with a single busy thread, so that "gain" came from
-  the operating system's scheduler, not from the algorithm.
+- eta holds the run-ahead steady. After every step exactly eta batches waited to be trained on in
+  (1, 2) and (4, 4) (1.00 and 3.00 in the run-ahead column); (4, 8) averaged 6.4 of its 7 (the
+  engine could not always keep up). Because the trainer prefers the freshest groups, the older
+  ones age past k and are discarded, and eta lets the engine replace them: 432 of the 1120 groups
+  generated for (4, 4) and 384 of 1136 for (4, 8) were thrown away (39% and 34%). An earlier
+  measurement, before eta stopped counting discarded groups, discarded only 48 and 96: there each
+  discard shortened the run-ahead for good, until generation no longer ran ahead at all. AReaL
+  trains on the oldest data first, which wastes nothing (lesson 07, `rl.batch_order=oldest`).
 
-- Reward per step: the same for all four settings within the noise of a 40-step run (final
-  training reward 0.68-0.72; the curves wander by +-0.07 around 0.72 and show no trend), and
-  held-out pass@1 rose from 0.688 to 0.736-0.758 in every setting. So "staleness did not hurt"
-  holds here, but only in the weak sense that 40 steps at lesson 05's learning rate (1e-4) move
-  the policy too little for 4-8 versions of staleness to matter. Lesson 07 makes the data much
-  staler and shows when it does. (The async runs happened to give the same rewards in both
-  measurements: sampling keys are counter-based, so a batch's rollouts depend on which prompts
-  and weights it got, not on when.)
+- Time per step: RLAX's result does NOT reproduce on this machine. One-step-off (1, 2) was 8%
+  faster per step than (1, 1) (0.80 s against 0.88 s; its trainer never waited, against 24% of
+  the step for (1, 1)), but the two j = 4 settings were 3-4% slower than (1, 1), although their
+  trainers barely waited (6% and 1%). Their engines generated 1.75x as many groups as were trained
+  on, and that discarded work ran on the same two cores as the trainer: the trainer's own time
+  per step grew from 0.66 s in (1, 1) to 0.80 s in (1, 2) and 0.85-0.89 s with j = 4. RLAX runs
+  generation and training on separate accelerators, where the overlap is real and extra
+  generation does not slow the trainer. A warning about timing on a shared machine: a run of the
+  same command at load 12-18 (library at b79de54) printed step-time ratios of 0.65x and 0.82x,
+  the RLAX direction; under heavy load a process with two busy threads gets a larger share of the
+  crowded CPUs than one with a single busy thread, so that "gain" came from the operating
+  system's scheduler, not from the algorithm. (Steps are 2.6x shorter than in the measurement at
+  commit d47d9f8, 2.28 s for (1, 1), at lower load and with a library changed since.)
+
+- Reward per step: (1, 1) and (1, 2) printed the same final rewards (0.718 and 0.706) and
+  held-out pass@1 (0.688 -> 0.746) as the earlier measurement to the last digit: sampling keys
+  are counter-based, and with j = 1 a batch's rollouts depend on which prompts and weights it
+  got, not on when. (4, 4) ended at 0.695 (held-out 0.748), (4, 8) at 0.670 (held-out 0.705); the
+  (4, 8) curve dips to 0.62 between steps 25 and 35, the stalest data of the four. One run, and
+  the earlier measurement of (4, 8) (0.693, held-out 0.736) did not show it, so it may be noise;
+  at lesson 05's learning rate (1e-4) 40 steps move the policy too little for 4-8 versions of
+  staleness to matter clearly. Lesson 07 makes the data much staler and shows when it does.
 
     mode: full   preset 'arithmetic' with ['task.args.max_operands=3', 'task.args.max_digits=2', 'model.dim=128', 'model.head_dim=32', 'model.mlp_dim=384', 'sft.steps=300', 'rl.steps=40', 'rl.prompts_per_step=16', 'rl.scheduler=async', 'rl.checkpoint_every=1000', 'eval.prompts=64']
-    load average at the start: 6.0 (on 2 CPUs)
+    load average at the start: 4.1 (on 2 CPUs)
 
     Step 1-2. one run per (j, k) with eta = k - 1: Run(cfg, run_dir).train()
-      j = 1, k = 1: 40 steps in  108s wall,   48s CPU (load average 9.3)
-      j = 1, k = 2: 40 steps in  102s wall,   45s CPU (load average 10.5)
-      j = 4, k = 4: 40 steps in   89s wall,   44s CPU (load average 11.4)
-      j = 4, k = 8: 40 steps in  100s wall,   46s CPU (load average 11.6)
+      j = 1, k = 1: 40 steps in   55s wall,   54s CPU (load average 5.0)
+      j = 1, k = 2: 40 steps in   34s wall,   34s CPU (load average 5.4)
+      j = 4, k = 4: 40 steps in   39s wall,   38s CPU (load average 6.3)
+      j = 4, k = 8: 40 steps in   39s wall,   38s CPU (load average 6.2)
 
     Step 3. per setting (times exclude step 1, which compiles; final reward = mean of the last 10 steps)
-       j  k  lag: mean worst  stale groups  step time  trainer waits  final reward  held-out pass@1
-       1  1       1.00  1.00             0      2.28s           18%         0.718   0.688 -> 0.746
-       1  2       1.98  2.00             0      2.47s            0%         0.706   0.688 -> 0.746
-       4  4       2.50  4.00            48      2.10s           18%         0.680   0.688 -> 0.758
-       4  8       3.40  5.00            96      2.35s            0%         0.693   0.688 -> 0.736
+       j  k  lag: mean worst  stale groups  run-ahead  step time  trainer waits  final reward  held-out pass@1
+       1  1       1.00  1.00             0       0.00      0.88s           24%         0.718   0.688 -> 0.746
+       1  2       1.98  2.00             0       1.00      0.80s            0%         0.706   0.688 -> 0.746
+       4  4       2.50  4.00           432       3.00      0.91s            6%         0.695   0.688 -> 0.748
+       4  8       3.40  5.00           384       6.41      0.91s            1%         0.670   0.688 -> 0.705
       -> every batch within its bound k: True (the controller also asserts it for every group: a violation would have stopped the run)
-      -> step time relative to (1, 1): (j=1, k=1) 1.00x,  (j=1, k=2) 1.09x,  (j=4, k=4) 0.92x,  (j=4, k=8) 1.03x
+      -> step time relative to (1, 1): (j=1, k=1) 1.00x,  (j=1, k=2) 0.92x,  (j=4, k=4) 1.03x,  (j=4, k=8) 1.04x
 
-    wall time 400s, CPU time 184s, load average now 11.8
-    wrote /tmp/t11/m06b/out/reward_vs_step_and_time.png and /tmp/t11/m06b/out/results.json
+    wall time 167s, CPU time 164s, load average now 6.2
+    wrote /tmp/st2/l06/reward_vs_step_and_time.png and /tmp/st2/l06/results.json
 """
 
 from __future__ import annotations
@@ -240,7 +244,8 @@ def main() -> None:
     for j, k in SETTINGS:
         overrides = [*s["overrides"], f"rl.reload_every={j}", f"rl.max_lag={k}", f"rl.eta={k - 1}"]
         summary, records, cost = train(s["preset"], overrides, out / "runs" / f"j{j}_k{k}")
-        runs[(j, k)] = {"records": records, "summary": summary, **cost}
+        pps = make_config(s["preset"], overrides).rl.prompts_per_step
+        runs[(j, k)] = {"records": records, "summary": summary, "prompts_per_step": pps, **cost}
         print(
             f"  j = {j}, k = {k}: {len(records)} steps in {cost['seconds']:4.0f}s wall, "
             f"{cost['cpu_seconds']:4.0f}s CPU (load average {cost['load_after']:.1f})"
@@ -253,7 +258,7 @@ def main() -> None:
     )
     print(
         f"  {'j':>2s} {'k':>2s}  {'lag: mean':>9s} {'worst':>5s}  {'stale groups':>12s}  "
-        f"{'step time':>9s}  {'trainer waits':>13s}  {'final reward':>12s}  "
+        f"{'run-ahead':>9s}  {'step time':>9s}  {'trainer waits':>13s}  {'final reward':>12s}  "
         f"{'held-out pass@1':>15s}"
     )
     rows, bound_ok = {}, True
@@ -264,10 +269,18 @@ def main() -> None:
         step, wait = (
             float(np.mean([r[key] for r in rec[1:]])) for key in ("time/step", "time/wait")
         )
+        # how far generation ran ahead: batches generated and still to be trained on after a
+        # step (the quantity eta bounds; stale discards are out of it, so they get replaced)
+        ahead = [
+            (r["count/groups_produced"] - r["count/groups_stale"] - r["count/groups_trained"])
+            / run["prompts_per_step"]
+            for r in rec
+        ]
         row = {
             "mean_lag": float(np.mean(lags)),
             "worst_step_lag": float(max(lags)),
             "stale_groups": int(rec[-1]["count/groups_stale"]),
+            "run_ahead_batches": float(np.mean(ahead)),
             "step_seconds": step,
             "wait_fraction": wait / step,
             "final_reward": float(np.mean([r["reward/mean"] for r in rec[-last:]])),
@@ -277,7 +290,8 @@ def main() -> None:
         rows[f"j{j}_k{k}"] = row
         print(
             f"  {j:2d} {k:2d}  {row['mean_lag']:9.2f} {row['worst_step_lag']:5.2f}  "
-            f"{row['stale_groups']:12d}  {step:8.2f}s  {row['wait_fraction']:12.0%}  "
+            f"{row['stale_groups']:12d}  {row['run_ahead_batches']:9.2f}  {step:8.2f}s  "
+            f"{row['wait_fraction']:12.0%}  "
             f"{row['final_reward']:12.3f}  {row['pass@1_before']:6.3f} -> {row['pass@1_after']:.3f}"
         )
     base = rows["j1_k1"]["step_seconds"]
