@@ -1,6 +1,6 @@
 """Lesson 05 — the first RL run: synchronous GRPO on scratchpad addition, pass@k before and after.
 
-    python tutorials/05_first_rl_run.py         # full mode (about 6 min of CPU time on 2 cores)
+    python tutorials/05_first_rl_run.py         # full mode (about 3 min on 2 free cores)
     python tutorials/05_first_rl_run.py --fast  # fast mode (about 30 s; the `fixture` task)
 
 Writes `pass_at_k.png`, `results.json` and the run directory `run/` (config.json, metrics.jsonl,
@@ -32,7 +32,7 @@ The task is multi-operand addition with a scratchpad, written least-significant 
                 753+6=363         (357 + 6 = 363, reversed)
                 #### 363          (363, reversed: the answer 363)
 
-To fit in about 10 minutes on 2 cores, the lesson changes a few knobs of the preset (the
+To fit in a few minutes on 2 cores, the lesson changes a few knobs of the preset (the
 FULL list below): 2-3 operands of 1-2 digits instead of up to 20 of 1-3 (the long tail of
 lengths is the subject of lessons 02 and 06), a 0.8M-parameter model instead of 3.2M, 300
 warm-start steps, and 100 RL steps of 32 prompts x 8 samples.
@@ -55,7 +55,7 @@ become less diverse.
 Read the measured numbers below with two facts from docs/tasks.md in mind. On this task the
 reference solutions teach EVERYTHING: more supervised steps would raise pass@1 as well, or
 better, than RL. So this run shows the mechanics of RL, not a case where RL beats SFT (issue #7
-and experiments/rl_vs_sft.py test that claim on countdown). And at ~10 CPU-minutes the whole run
+and experiments/rl_vs_sft.py test that claim on countdown). And at ~4.5 CPU-minutes the whole run
 has only 100 RL steps of 256 rollouts each, with one AdamW update of learning rate 1e-4 per step.
 
 WHAT THE SCRIPT DOES
@@ -71,57 +71,61 @@ WHAT THE SCRIPT DOES
 
 Expected output (full mode, measured)
 -------------------------------------
-Measured on 2026-11-23 with `MINIRL_CACHE=/tmp/t11/cache05 python tutorials/05_first_rl_run.py
---out /tmp/t11/m05b/out` (an empty cache, so the warm start is included), library at commit
-b79de54, on a shared virtual machine with 2 cores (nproc = 2), under load from other jobs (load
-average 8-15). It took 1,499 s of wall time and 358 s of CPU time (user + sys); the warm start
-was 139 s of the CPU time. An earlier run of the same command, at load 4-15 and before the check
-line of Step 3 was added, printed the same numbers to the last digit (lockstep runs are bitwise
-reproducible) in 1,154 s of wall time. The figure is figures/05_first_rl_run.png.
+Measured on 2026-11-24 with `MINIRL_CACHE=/tmp/l05/cache python tutorials/05_first_rl_run.py
+--out /tmp/l05/out` (an empty cache, so the warm start is included), library at commit 5164670,
+on a virtual machine with 2 cores (nproc = 2) and nothing else running (load average 1.2-1.7).
+It took 165 s of wall time and 265 s of CPU time (user + sys); the warm start was 61 s of wall
+time. (An earlier measurement at commit b79de54, load 8-15, took 1,499 s of wall time and gave
+pass@1 0.701 -> 0.756 and pass@8 0.992 -> 0.945. Since then the trainer's backward pass was
+rewritten for speed and the arithmetic preset's engine shapes changed (cache_len 224, prefill
+buckets 32/64/128); both change floating-point sums, so the warm start, the sampled rollouts and
+everything after them differ. Lockstep runs are bitwise reproducible for one library version on
+one machine, not across such changes.) The figure is figures/05_first_rl_run.png.
 
-What the numbers say. RL did what it does, in a small way: held-out pass@1 rose from 0.701 to
-0.756 (+0.055, on the same 1,024 prompt-and-key pairs before and after), and the training reward
-from 0.734 (mean of the first 50 steps) to 0.771 (the last 50), a trend smaller than the
-step-to-step noise of one batch (standard deviation 0.058). pass@8 FELL, from 0.992 to 0.945
-(127 of 128 prompts solved by at least one of 8 samples before, 121 after): the model became
-surer of itself and less diverse, the pass@k pattern described above, and the opposite of RLAX
-Fig. 2, where pass@8 rose. RLAX's base model was far from solving every problem; this one
-already found a right answer for almost every prompt within 8 tries, so there was little pass@8
-left to gain. Every step was on-policy and no token was clipped: with one update per batch the
-ratio is exactly 1 when the gradient is taken, so GRPO's clip has nothing to do here (lessons 04
-and 07 show it acting).
+What the numbers say. RL did what it does, in a small way: held-out pass@1 rose from 0.727 to
+0.787 (+0.061, on the same 1,024 prompt-and-key pairs before and after), and the training reward
+from 0.766 (mean of the first 50 steps) to 0.788 (the last 50), a trend smaller than the
+step-to-step noise of one batch (standard deviation 0.054). pass@8 did not move (0.977: 125 of
+128 prompts solved by at least one of 8 samples, before and after), unlike RLAX Fig. 2, where
+pass@8 rose. RLAX's base model was far from solving every problem; this one already found a right
+answer for almost every prompt within 8 tries, so there was no pass@8 left to gain, and RL's
+gain is in pass@1: the model became surer of the answers it could already find (the pass@k
+pattern described above; in the earlier measurement pass@8 even fell, 0.992 -> 0.945). Every
+step was on-policy and no token was clipped: with one update per batch the ratio is exactly 1
+when the gradient is taken, so GRPO's clip has nothing to do here (lessons 04 and 07 show it
+acting).
 
     mode: full   preset 'arithmetic' with ['task.args.max_operands=3', 'task.args.max_digits=2', 'model.dim=128', 'model.head_dim=32', 'model.mlp_dim=384', 'sft.steps=300', 'rl.steps=100', 'rl.prompts_per_step=32', 'rl.checkpoint_every=25', 'eval.prompts=128']
 
-    Step 1. task {'name': 'arithmetic', 'args': {'max_operands': 3, 'max_digits': 2}}, model 0.80M parameters, loss 'grpo', 100 steps x 32 prompts x 8 samples, warm start 300 SFT steps, learning rate 0.0001, temperature 1.0
+    Step 1. task {'name': 'arithmetic', 'args': {'max_digits': 2, 'max_operands': 3}}, model 0.80M parameters, loss 'grpo', 100 steps x 32 prompts x 8 samples, warm start 300 SFT steps, learning rate 0.0001, temperature 1.0
 
     Step 2. Run(cfg, run_dir).train(): warm start -> evaluate -> RL -> evaluate
-      [  606s wall,   139s cpu] warm start: 300 SFT steps in 604s, loss 0.027
-      [  624s wall,   143s cpu] held-out before RL: pass@1 0.701  pass@8 0.992  reward 0.701  length 22.767
-      [ 1477s wall,   354s cpu] held-out after RL:  pass@1 0.756  pass@8 0.945  reward 0.756  length 22.685
+      [   61s wall,    99s cpu] warm start: 300 SFT steps in 61s, loss 0.021
+      [   64s wall,   102s cpu] held-out before RL: pass@1 0.727  pass@8 0.977  reward 0.727  length 22.689
+      [  165s wall,   265s cpu] held-out after RL:  pass@1 0.787  pass@8 0.977  reward 0.787  length 22.675
 
-    Step 3. training reward, mean over blocks of 10 steps (100 steps; mean step time 8.4s)
+    Step 3. training reward, mean over blocks of 10 steps (100 steps; mean step time 1.0s)
       steps      reward  mixed groups  clip fraction  length
-        1-10       0.752          0.48         0.0000    21.9
-       11-20       0.724          0.51         0.0000    22.8
-       21-30       0.717          0.56         0.0000    23.1
-       31-40       0.738          0.47         0.0000    22.3
-       41-50       0.738          0.45         0.0000    22.4
-       51-60       0.766          0.47         0.0000    22.3
-       61-70       0.804          0.46         0.0000    22.7
-       71-80       0.772          0.45         0.0000    22.5
-       81-90       0.732          0.47         0.0000    22.8
-       91-100      0.779          0.46         0.0000    22.5
+        1-10       0.776          0.48         0.0000    21.8
+       11-20       0.754          0.48         0.0000    22.8
+       21-30       0.759          0.55         0.0000    23.2
+       31-40       0.781          0.48         0.0000    22.3
+       41-50       0.760          0.50         0.0000    22.4
+       51-60       0.805          0.47         0.0000    22.3
+       61-70       0.818          0.46         0.0000    22.6
+       71-80       0.784          0.41         0.0000    22.5
+       81-90       0.736          0.50         0.0000    22.8
+       91-100      0.794          0.43         0.0000    22.5
       every batch sampled by the weights it trained (lag 1): True;  one update per batch starts at ratio 1, so the clip never acts: True
 
     Step 4. held-out (128 test prompts x 8 samples)
                    pass@1   pass@8   length
-      before RL     0.701    0.992     22.8
-      after RL      0.756    0.945     22.7
-      change       +0.055   -0.047
-      wall time 1477s, CPU time 354s (warm start 604s, RL 852s wall, the rest is evaluation and compiling)
+      before RL     0.727    0.977     22.7
+      after RL      0.787    0.977     22.7
+      change       +0.061   +0.000
+      wall time 165s, CPU time 265s (warm start 61s, RL 101s wall, the rest is evaluation and compiling)
 
-    wrote /tmp/t11/m05b/out/pass_at_k.png, /tmp/t11/m05b/out/results.json and /tmp/t11/m05b/out/run/
+    wrote /tmp/l05/out/pass_at_k.png, /tmp/l05/out/results.json and /tmp/l05/out/run/
 """
 
 from __future__ import annotations
