@@ -65,7 +65,8 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 import tensorstore as ts
 
-from minirl.serialization import flatten_tree, from_bytes, to_bytes
+from minirl.serialization import from_bytes, to_bytes
+from minirl.trees import flatten_tree
 from minirl.weights import (
     check_new_version,
     check_release,

@@ -15,7 +15,7 @@ import pytest
 import tensorstore as ts
 from weightstore_suite import WeightStoreSuite, all_leaves_equal, filled
 
-from minirl.serialization import assert_trees_equal
+from minirl.trees import assert_trees_equal
 from minirl.weights import UnknownVersionError
 from scale.tensorstore_weights import TensorStoreWeightStore, _chunk_shape
 
