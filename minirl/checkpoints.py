@@ -72,7 +72,8 @@ from minirl.hashed_files import (
     write_file,
     write_file_bytes,
 )
-from minirl.serialization import TreeMismatchError, from_bytes, match_template, to_buffer
+from minirl.serialization import from_bytes, to_buffer
+from minirl.trees import TreeMismatchError, match_template
 
 log = logging.getLogger(__name__)
 

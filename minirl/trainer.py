@@ -82,7 +82,7 @@ from minirl.losses import LossInputs, finalize_metrics, validate_inputs
 from minirl.model import ModelConfig
 from minirl.optimizer import learning_rate
 from minirl.placement import HostPlacement, place_like
-from minirl.serialization import match_template
+from minirl.trees import match_template
 from minirl.types import Batch
 
 __all__ = ["Trainer", "TrainerConfig", "learning_rate"]

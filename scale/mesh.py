@@ -53,7 +53,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from minirl.serialization import flatten_tree
+from minirl.trees import flatten_tree
 
 AXES = ("data", "fsdp", "tensor")
 

@@ -65,7 +65,8 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 import tensorstore as ts
 
-from minirl.serialization import flatten_tree, from_bytes, to_bytes
+from minirl.serialization import from_bytes
+from minirl.trees import flatten_tree
 from minirl.weights import (
     check_new_version,
     check_release,
@@ -74,6 +75,7 @@ from minirl.weights import (
     unknown_version,
 )
 from minirl.workers import register_message_type
+from scale.tensorstore_layout import nbytes, plan, zarr_metadata
 
 FORMAT = "minirl-tensorstore-weights/1"
 _DIGITS = 12  # version numbers in keys are zero-padded, so keys sort like the numbers
@@ -97,89 +99,6 @@ def _key(version: int) -> str:
 def _prefix_range(prefix: str) -> ts.KvStore.KeyRange:
     """All keys that start with `prefix` (which ends in "/": the next byte after "/" is "0")."""
     return ts.KvStore.KeyRange(prefix.encode(), prefix[:-1].encode() + b"0")
-
-
-def _is_array(x: Any) -> bool:
-    return isinstance(x, np.ndarray | np.generic | jax.Array)
-
-
-def _rows_per_chunk(shape: tuple[int, ...], itemsize: int, target: int, divide: bool) -> int:
-    """Rows (leading-axis entries) per chunk so a chunk holds about `target` bytes. With
-    `divide`, a divisor of shape[0], so chunks tile a shard exactly."""
-    if not shape or shape[0] <= 1:
-        return 1
-    row = itemsize * int(np.prod(shape[1:], dtype=np.int64)) or 1
-    rows = max(1, min(shape[0], target // row))
-    if divide:
-        while shape[0] % rows:
-            rows -= 1
-    return rows
-
-
-def _chunk_shape(x: Any, target: int) -> list[int]:
-    """Chunks fill a shard (a jax.Array's per-device block) or the whole array, split along the
-    leading axis into pieces of about `target` bytes."""
-    shape = tuple(int(s) for s in x.shape)
-    if isinstance(x, jax.Array) and not isinstance(x.sharding, jax.sharding.SingleDeviceSharding):
-        block = tuple(int(s) for s in x.sharding.shard_shape(shape))
-        divide = bool(block) and block[0] != shape[0]  # axis 0 split: chunks must tile shards
-    else:
-        block, divide = shape, False
-    itemsize = np.dtype(x.dtype).itemsize
-    rows = _rows_per_chunk(block, itemsize, target, divide)
-    return [max(1, d) for d in (rows, *block[1:])] if block else []
-
-
-def _zarr_metadata(entry: dict) -> dict:
-    """Full zarr v3 metadata of one array entry, so readers can open without reading it."""
-    return {
-        "zarr_format": 3,
-        "node_type": "array",
-        "shape": entry["shape"],
-        "data_type": entry["dtype"],
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": entry["chunks"]}},
-        "chunk_key_encoding": {"name": "default"},
-        "fill_value": False if entry["dtype"] == "bool" else 0,
-        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-    }
-
-
-def _dtype_name(dtype: Any) -> str:
-    dtype = np.dtype(dtype)
-    try:
-        return ts.dtype(dtype.newbyteorder("=")).name
-    except (TypeError, ValueError):
-        raise TypeError(f"TensorStore cannot store arrays of dtype {dtype}") from None
-
-
-def _plan(params: Any, chunk_bytes: int) -> tuple[bytes, list[dict], list[Any]]:
-    """(skeleton bytes, one manifest entry per array leaf, the array leaves), in jax leaf order."""
-    paths = list(flatten_tree(params))
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    if len(paths) != len(leaves):  # flatten_tree and tree_flatten walk the same leaves
-        raise AssertionError("leaf paths and leaves disagree")
-    entries, arrays, skeleton = [], [], []
-    for path, leaf in zip(paths, leaves, strict=True):
-        if not _is_array(leaf):
-            skeleton.append(leaf)  # ints, floats, strings stay in the skeleton
-            continue
-        entries.append(
-            {
-                "path": path,
-                "name": f"{len(arrays):05d}",
-                "shape": [int(s) for s in leaf.shape],
-                "dtype": _dtype_name(leaf.dtype),
-                "chunks": _chunk_shape(leaf, chunk_bytes),
-                "scalar": isinstance(leaf, np.generic),
-            }
-        )
-        skeleton.append(np.array([len(arrays)], np.int64))  # placeholder: its index
-        arrays.append(leaf)
-    return to_bytes(jax.tree_util.tree_unflatten(treedef, skeleton)), entries, arrays
-
-
-def _nbytes(entry: dict) -> int:
-    return int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
 
 
 def _as_index(index: Any, ndim: int) -> tuple:
@@ -306,7 +225,7 @@ class TensorStoreWeightStore:
         across processes). Other leaves (numpy, scalars): only the `primary` process writes them.
         The primary also writes each array's zarr metadata."""
         version = check_version(version)
-        _, entries, arrays = _plan(params, self.chunk_bytes)
+        _, entries, arrays = plan(params, self.chunk_bytes)
         jobs = []  # (open future, pieces): every array is opened concurrently, then written
         for entry, x in zip(entries, arrays, strict=True):
             pieces = []
@@ -335,12 +254,12 @@ class TensorStoreWeightStore:
         version = check_version(version)
         available = self.versions()
         check_new_version(version, available[-1] if available else None)
-        skeleton, entries, _ = _plan(params, self.chunk_bytes)
+        skeleton, entries, _ = plan(params, self.chunk_bytes)
         manifest = {
             "format": FORMAT,
             "version": version,
             "created_unix_s": time.time(),
-            "nbytes": sum(_nbytes(e) for e in entries),
+            "nbytes": sum(nbytes(e) for e in entries),
             "skeleton": base64.b64encode(skeleton).decode(),
             "arrays": entries,
         }
@@ -415,7 +334,7 @@ class TensorStoreWeightStore:
     def _open(self, version: int, entry: dict, create: bool) -> ts.Future:
         spec = {
             "driver": "zarr3",
-            "metadata": _zarr_metadata(entry),
+            "metadata": zarr_metadata(entry),
             "fill_missing_data_reads": False,  # a deleted chunk is an error, not zeros
             "store_data_equal_to_fill_value": True,  # ... so every chunk is really stored
         }

@@ -28,7 +28,7 @@ from minirl.checkpoints import (
     CheckpointSaveError,
     CorruptCheckpointError,
 )
-from minirl.serialization import TreeMismatchError, assert_trees_equal, flatten_tree
+from minirl.trees import TreeMismatchError, assert_trees_equal, flatten_tree
 
 BF16 = ml_dtypes.bfloat16
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from minirl.configlib import ConfigError
 from minirl.controller import Counters
 from minirl.metrics_log import read_metrics
 from minirl.runner import Run, checkpoint_due, open_run_dir
-from minirl.serialization import assert_trees_equal
+from minirl.trees import assert_trees_equal
 
 
 def fixture_cfg(**rl):

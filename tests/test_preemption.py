@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from minirl.checkpoints import CheckpointManager
-from minirl.serialization import assert_trees_equal
+from minirl.trees import assert_trees_equal
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8

@@ -17,20 +17,15 @@ import optax
 import pytest
 from hypothesis import given, settings
 
-from minirl.serialization import (
-    MAGIC,
+from minirl.serialization import MAGIC, from_bytes, read_tree, to_buffer, to_bytes, write_tree
+from minirl.trees import (
     TreeMismatchError,
     assert_trees_allclose,
     assert_trees_equal,
     flatten_tree,
-    from_bytes,
     match_template,
-    read_tree,
-    to_buffer,
-    to_bytes,
     tree_mismatch,
     unflatten_tree,
-    write_tree,
 )
 
 BF16 = ml_dtypes.bfloat16

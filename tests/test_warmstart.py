@@ -2,8 +2,8 @@
 
 from minirl.config import make_config
 from minirl.data import get_task
-from minirl.serialization import assert_trees_equal
 from minirl.tokenizer import CharTokenizer
+from minirl.trees import assert_trees_equal
 from minirl.warmstart import warm_start
 
 

@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from minirl.serialization import assert_trees_equal
+from minirl.trees import assert_trees_equal
 from minirl.weights import (
     EmptyStoreError,
     StaleVersionError,

@@ -137,7 +137,7 @@ from matplotlib.figure import Figure
 
 from minirl.checkpoints import CheckpointManager
 from minirl.metrics_log import read_metrics
-from minirl.serialization import tree_mismatch
+from minirl.trees import tree_mismatch
 
 ROOT = Path(__file__).resolve().parents[1]
 

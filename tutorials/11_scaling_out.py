@@ -202,8 +202,8 @@ from minirl.engine import Engine, EngineConfig  # noqa: E402
 from minirl.losses import get_preset  # noqa: E402
 from minirl.model import ModelConfig, init_model  # noqa: E402
 from minirl.scheduler import Request  # noqa: E402
-from minirl.serialization import flatten_tree  # noqa: E402
 from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
+from minirl.trees import flatten_tree  # noqa: E402
 from minirl.types import Batch, Prompt, Rollout, Score  # noqa: E402
 from scale import mesh as M  # noqa: E402
 

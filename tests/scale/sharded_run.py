@@ -57,8 +57,8 @@ from minirl.diagnostics import mismatch_metrics  # noqa: E402
 from minirl.engine import Engine, EngineConfig, Request  # noqa: E402
 from minirl.losses import get_preset  # noqa: E402
 from minirl.model import ModelConfig, init_model  # noqa: E402
-from minirl.serialization import flatten_tree  # noqa: E402
 from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
+from minirl.trees import flatten_tree  # noqa: E402
 from minirl.types import Prompt, Score  # noqa: E402
 from scale.tensorstore_weights import TensorStoreWeightStore  # noqa: E402
 

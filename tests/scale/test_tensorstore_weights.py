@@ -15,9 +15,10 @@ import pytest
 import tensorstore as ts
 from weightstore_suite import WeightStoreSuite, all_leaves_equal, filled
 
-from minirl.serialization import assert_trees_equal
+from minirl.trees import assert_trees_equal
 from minirl.weights import UnknownVersionError
-from scale.tensorstore_weights import TensorStoreWeightStore, _chunk_shape
+from scale.tensorstore_layout import chunk_shape
+from scale.tensorstore_weights import TensorStoreWeightStore
 
 BF16 = ml_dtypes.bfloat16
 
@@ -107,10 +108,10 @@ def test_chunks_tile_the_shards_of_a_sharded_array():
     x = jax.device_put(
         jnp.zeros((8, 6)), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
     )
-    assert _chunk_shape(x, 1 << 20) == [8, 6]  # one shard: one chunk
-    assert _chunk_shape(np.zeros((7, 4), np.float32), 32) == [2, 4]  # ~32 bytes: 2 rows
-    assert _chunk_shape(np.zeros((0, 4), np.float32), 32) == [1, 4]  # zarr needs chunks >= 1
-    assert _chunk_shape(np.float32(1.0), 32) == []
+    assert chunk_shape(x, 1 << 20) == [8, 6]  # one shard: one chunk
+    assert chunk_shape(np.zeros((7, 4), np.float32), 32) == [2, 4]  # ~32 bytes: 2 rows
+    assert chunk_shape(np.zeros((0, 4), np.float32), 32) == [1, 4]  # zarr needs chunks >= 1
+    assert chunk_shape(np.float32(1.0), 32) == []
 
 
 def test_an_uncommitted_version_is_invisible_and_its_leftovers_are_cleared(tmp_path):

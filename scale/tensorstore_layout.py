@@ -1,0 +1,104 @@
+"""How scale/tensorstore_weights.py lays a parameter tree out as zarr v3 arrays: one array per
+array leaf, chunks that tile each process's shard (so no two processes write the same chunk), the
+full zarr metadata kept in the manifest (so readers open arrays without reading it), and the tree's
+skeleton with each array replaced by its index.
+
+    skeleton, entries, arrays = plan(params, chunk_bytes=64 << 20)
+    entries[0] == {"path": "embed", "name": "00000", "shape": [V, D], "dtype": "float32",
+                   "chunks": [rows, D], "scalar": False}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+import numpy as np
+import tensorstore as ts
+
+from minirl.serialization import to_bytes
+from minirl.trees import flatten_tree
+
+
+def is_array(x: Any) -> bool:
+    return isinstance(x, np.ndarray | np.generic | jax.Array)
+
+
+def rows_per_chunk(shape: tuple[int, ...], itemsize: int, target: int, divide: bool) -> int:
+    """Rows (leading-axis entries) per chunk so a chunk holds about `target` bytes. With
+    `divide`, a divisor of shape[0], so chunks tile a shard exactly."""
+    if not shape or shape[0] <= 1:
+        return 1
+    row = itemsize * int(np.prod(shape[1:], dtype=np.int64)) or 1
+    rows = max(1, min(shape[0], target // row))
+    if divide:
+        while shape[0] % rows:
+            rows -= 1
+    return rows
+
+
+def chunk_shape(x: Any, target: int) -> list[int]:
+    """Chunks fill a shard (a jax.Array's per-device block) or the whole array, split along the
+    leading axis into pieces of about `target` bytes."""
+    shape = tuple(int(s) for s in x.shape)
+    if isinstance(x, jax.Array) and not isinstance(x.sharding, jax.sharding.SingleDeviceSharding):
+        block = tuple(int(s) for s in x.sharding.shard_shape(shape))
+        divide = bool(block) and block[0] != shape[0]  # axis 0 split: chunks must tile shards
+    else:
+        block, divide = shape, False
+    itemsize = np.dtype(x.dtype).itemsize
+    rows = rows_per_chunk(block, itemsize, target, divide)
+    return [max(1, d) for d in (rows, *block[1:])] if block else []
+
+
+def zarr_metadata(entry: dict) -> dict:
+    """Full zarr v3 metadata of one array entry, so readers can open without reading it."""
+    return {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": entry["shape"],
+        "data_type": entry["dtype"],
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": entry["chunks"]}},
+        "chunk_key_encoding": {"name": "default"},
+        "fill_value": False if entry["dtype"] == "bool" else 0,
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+    }
+
+
+def _dtype_name(dtype: Any) -> str:
+    dtype = np.dtype(dtype)
+    try:
+        return ts.dtype(dtype.newbyteorder("=")).name
+    except (TypeError, ValueError):
+        raise TypeError(f"TensorStore cannot store arrays of dtype {dtype}") from None
+
+
+def plan(params: Any, chunk_bytes: int) -> tuple[bytes, list[dict], list[Any]]:
+    """(skeleton bytes, one manifest entry per array leaf, the array leaves), in jax leaf order."""
+    paths = list(flatten_tree(params))
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    if len(paths) != len(leaves):  # flatten_tree and tree_flatten walk the same leaves
+        raise AssertionError("leaf paths and leaves disagree")
+    entries, arrays, skeleton = [], [], []
+    for path, leaf in zip(paths, leaves, strict=True):
+        if not is_array(leaf):
+            skeleton.append(leaf)  # ints, floats, strings stay in the skeleton
+            continue
+        entries.append(
+            {
+                "path": path,
+                "name": f"{len(arrays):05d}",
+                "shape": [int(s) for s in leaf.shape],
+                "dtype": _dtype_name(leaf.dtype),
+                "chunks": chunk_shape(leaf, chunk_bytes),
+                "scalar": isinstance(leaf, np.generic),
+            }
+        )
+        skeleton.append(np.array([len(arrays)], np.int64))  # placeholder: its index
+        arrays.append(leaf)
+    return to_bytes(jax.tree_util.tree_unflatten(treedef, skeleton)), entries, arrays
+
+
+def nbytes(entry: dict) -> int:
+    return int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
