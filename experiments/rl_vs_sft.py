@@ -55,18 +55,14 @@ import numpy as np
 
 from minirl.batching import make_batch
 from minirl.config import make_config
-from minirl.controller import Controller
 from minirl.data.countdown import sample_in_range
-from minirl.data.mixture import Mixture
 from minirl.evaluation import decode_rollouts, heldout_prompts
-from minirl.losses import get_preset
+from minirl.metrics_log import format_table
 from minirl.runner import Run
 from minirl.scheduler import Request
 from minirl.trainer import Trainer
 from minirl.types import Rollout
 from minirl.warmstart import demonstration_rollouts, warm_start
-from minirl.weights import InMemoryWeightStore
-from minirl.workers import InProcessWorker
 
 # The warm start read demonstrations of train prompts 0 .. sft.steps * batch_size - 1; the SFT
 # control reads from here on, so every demonstration it sees is new to the model.
@@ -115,22 +111,16 @@ class Arm:
 
 
 def rl_arm(run: Run, base, sft_lr: float | None = None) -> Arm:
-    """The `minirl train` loop, built as minirl.runner.Run.train builds it."""
-    cfg = run.cfg
-    trainer = Trainer(cfg.model, base, get_preset(cfg.rl.loss), cfg.trainer_config())
-    store = InMemoryWeightStore(keep=max(4, cfg.rl.reload_every + 2))
-    controller = Controller(cfg, engine=InProcessWorker(run.engine(0, base)),
-                            trainer=InProcessWorker(trainer), verifier=InProcessWorker(run.task.verifier),
-                            store=store, mixture=Mixture({run.task.name: run.task}, seed=cfg.rl.seed),
-                            tokenizer=run.tokenizer, max_new_tokens=run.task.max_new_tokens, log=lambda *a: None)
-    store.put(0, trainer.params(host=True))
+    """The `minirl train` loop, built by the same Run.build_loop."""
+    controller, trainer = run.build_loop(base, run.engine(0, base), log=lambda *a: None)
+    controller.store.put(0, trainer.params(host=True))
     log = []
 
     def step():
         m = controller.step()
         log.append({k: m[k] for k in RL_KEYS})
 
-    return Arm(step, trainer.params, log, limit=cfg.rl.steps)
+    return Arm(step, trainer.params, log, limit=run.cfg.rl.steps)
 
 
 def sft_arm(run: Run, base, sft_lr: float | None = None) -> Arm:
@@ -271,18 +261,24 @@ def plot(results: dict, path: Path) -> None:
 
 def table(results: dict) -> str:
     k = results["eval_samples"]
-    rows = [f"{'seed':>4}  {'base p@1':>8}  {f'base p@{k}':>8}  {'RL p@1':>7}  {'SFT p@1':>7}  "
-            f"{'RL decoy':>8}  {'RL steps':>8}  {'SFT steps':>9}  {'met':>4}  load (1-min avg, RL / SFT)"]
+    rows = []
     for seed, r in results["per_seed"].items():
         rl, sft = r.get("rl"), r.get("sft")
-        rl_p = rl["final"]["pass@1"] if rl else np.nan
-        sft_p = sft["final"]["pass@1"] if sft else np.nan
-        met = rl_p >= r["base"][f"pass@{k}"] and (sft is None or rl_p > sft_p)
-        loads = " / ".join(f"{a['load'][0]:.1f}-{a['load'][1]:.1f}" for a in (rl, sft) if a)
-        rows.append(f"{seed:>4}  {r['base']['pass@1']:8.3f}  {r['base'][f'pass@{k}']:8.3f}  {rl_p:7.3f}  {sft_p:7.3f}  "
-                    f"{rl['final'].get('decoy_pass@1', np.nan) if rl else np.nan:8.3f}  "
-                    f"{rl['steps'] if rl else 0:8d}  {sft['steps'] if sft else 0:9d}  {'yes' if met else 'no':>4}  {loads}")
-    return "\n".join(rows)
+        rl_p = rl["final"]["pass@1"] if rl else None
+        sft_p = sft["final"]["pass@1"] if sft else None
+        met = rl_p is not None and rl_p >= r["base"][f"pass@{k}"] and (sft_p is None or rl_p > sft_p)
+        rows.append({
+            "seed": seed, "base1": r["base"]["pass@1"], "basek": r["base"][f"pass@{k}"], "rl": rl_p, "sft": sft_p,
+            "decoy": rl["final"].get("decoy_pass@1") if rl else None,
+            "rl_steps": rl["steps"] if rl else 0, "sft_steps": sft["steps"] if sft else 0,
+            "met": "yes" if met else "no",
+            "load": " / ".join(f"{a['load'][0]:.1f}-{a['load'][1]:.1f}" for a in (rl, sft) if a),
+        })
+    columns = [("seed", "seed", "{}"), ("base p@1", "base1", "{:.3f}"), (f"base p@{k}", "basek", "{:.3f}"),
+               ("RL p@1", "rl", "{:.3f}"), ("SFT p@1", "sft", "{:.3f}"), ("RL decoy", "decoy", "{:.3f}"),
+               ("RL steps", "rl_steps", "{}"), ("SFT steps", "sft_steps", "{}"), ("met", "met", "{}"),
+               ("load (1-min avg, RL / SFT)", "load", "{}")]
+    return format_table(rows, columns)
 
 
 def main(argv=None) -> int:

@@ -97,13 +97,7 @@ class Run:
             self.log(f"held-out before RL: {_fmt(summary['before'])}")
             write_json(self.run_dir, "summary.json", summary)
 
-        trainer = Trainer(cfg.model, base, get_preset(rl.loss), cfg.trainer_config())
-        store = InMemoryWeightStore(keep=max(4, rl.reload_every + 2))
-        mixture = Mixture({self.task.name: self.task}, seed=rl.seed)
-        controller = Controller(cfg, engine=self._engine_worker(engine), trainer=InProcessWorker(trainer),
-                                verifier=self._verifier_worker(), store=store, mixture=mixture,
-                                tokenizer=self.tokenizer, max_new_tokens=self.task.max_new_tokens,
-                                log=self.log)
+        controller, trainer = self.build_loop(base, engine)
         if restored is not None:
             restore_run(restored, controller, self.run_dir)
             self.log(f"resumed {self.run_dir} at step {controller.counters.steps} "
@@ -111,7 +105,7 @@ class Run:
         # The engine starts from the trainer's weights (a resumed run: the snapshot's version,
         # a reload boundary, so nothing older is needed).
         params = trainer.params(host=True)
-        store.put(controller.counters.version, params)
+        controller.store.put(controller.counters.version, params)
         controller.counters.engine_version = controller.counters.version
         controller.engine.call("load_weights", controller.counters.version, params).result()
 
@@ -157,6 +151,20 @@ class Run:
         write_json(self.run_dir, "summary.json", summary)
         self.log(f"held-out after RL:  {_fmt(summary['after'])}")
         return summary
+
+    def build_loop(self, base, engine: Engine, log=None) -> tuple[Controller, Trainer]:
+        """The RL loop as `train` runs it: a trainer starting from `base`, a weight store, the
+        prompt mixture and a controller driving `engine`; returns the controller and the trainer
+        its worker wraps. Weights are not yet in the store (the caller publishes the start)."""
+        cfg, rl = self.cfg, self.cfg.rl
+        trainer = Trainer(cfg.model, base, get_preset(rl.loss), cfg.trainer_config())
+        controller = Controller(cfg, engine=self._engine_worker(engine), trainer=InProcessWorker(trainer),
+                                verifier=self._verifier_worker(),
+                                store=InMemoryWeightStore(keep=max(4, rl.reload_every + 2)),
+                                mixture=Mixture({self.task.name: self.task}, seed=rl.seed),
+                                tokenizer=self.tokenizer, max_new_tokens=self.task.max_new_tokens,
+                                log=self.log if log is None else log)
+        return controller, trainer
 
     def _engine_worker(self, engine):
         if self.cfg.rl.workers == "process" and self.cfg.rl.scheduler == "lockstep":
