@@ -164,7 +164,8 @@ def heldout(run_dir: Path, preset: str, overrides: list[str], prompts: int, samp
 
     run = Run(make_config(preset, overrides), run_dir, log=lambda *a: None, progress=False)
     ckpts = CheckpointManager(run_dir, keep=10**6)
-    times = dict(zip([r["step"] for r in records_of(run_dir)], elapsed(records_of(run_dir)), strict=True))
+    records = records_of(run_dir)
+    times = dict(zip([r["step"] for r in records], elapsed(records), strict=True))
     test = heldout_prompts(run.task, prompts)
     base, _ = warm_start(run.cfg, run.tokenizer, run.task, progress=False, log=lambda *a: None)
     points = [(0, 0.0, base)] + [(s, float(times[s]), ckpts.restore(step=s).params)

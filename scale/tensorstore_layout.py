@@ -1,5 +1,6 @@
-"""How scale/tensorstore_weights.py lays a parameter tree out as zarr v3 arrays: one array per
-array leaf, chunks that tile each process's shard (so no two processes write the same chunk), the
+"""How scale/tensorstore_weights.py lays versions out under its root — `data/<version>/<array>/`
+and `manifests/<version>.json`, versions zero-padded so keys sort like the numbers — and a
+parameter tree out as zarr v3 arrays: one array per array leaf, chunks that tile each process's shard (so no two processes write the same chunk), the
 full zarr metadata kept in the manifest (so readers open arrays without reading it), and the tree's
 skeleton with each array replaced by its index.
 
@@ -19,6 +20,28 @@ import tensorstore as ts
 
 from minirl.serialization import to_bytes
 from minirl.trees import flatten_tree
+
+MANIFESTS = "manifests/"
+_DIGITS = 12  # version numbers in keys are zero-padded, so keys sort like the numbers
+
+
+def manifest_key(version: int) -> str:
+    return f"{MANIFESTS}{version:0{_DIGITS}d}.json"
+
+
+def manifest_version(key: bytes) -> int | None:
+    """The version a manifests/ key names, or None for anything else under manifests/."""
+    name = key.decode().removeprefix(MANIFESTS)
+    return int(name[:-5]) if name.endswith(".json") and name[:-5].isdigit() else None
+
+
+def data_prefix(version: int) -> str:
+    return f"data/{version:0{_DIGITS}d}/"
+
+
+def prefix_range(prefix: str) -> ts.KvStore.KeyRange:
+    """All keys that start with `prefix` (which ends in "/": the next byte after "/" is "0")."""
+    return ts.KvStore.KeyRange(prefix.encode(), prefix[:-1].encode() + b"0")
 
 
 def is_array(x: Any) -> bool:

@@ -75,10 +75,18 @@ from minirl.weights import (
     unknown_version,
 )
 from minirl.workers import register_message_type
-from scale.tensorstore_layout import nbytes, plan, zarr_metadata
+from scale.tensorstore_layout import (
+    MANIFESTS,
+    data_prefix,
+    manifest_key,
+    manifest_version,
+    nbytes,
+    plan,
+    prefix_range,
+    zarr_metadata,
+)
 
 FORMAT = "minirl-tensorstore-weights/1"
-_DIGITS = 12  # version numbers in keys are zero-padded, so keys sort like the numbers
 
 __all__ = ["FORMAT", "StoredWeights", "TensorStoreWeightStore"]
 
@@ -90,15 +98,6 @@ class StoredWeights:
     a multi-host run instead of the weights themselves (scale/launch.py)."""
 
     version: int
-
-
-def _key(version: int) -> str:
-    return f"{version:0{_DIGITS}d}"
-
-
-def _prefix_range(prefix: str) -> ts.KvStore.KeyRange:
-    """All keys that start with `prefix` (which ends in "/": the next byte after "/" is "0")."""
-    return ts.KvStore.KeyRange(prefix.encode(), prefix[:-1].encode() + b"0")
 
 
 def _as_index(index: Any, ndim: int) -> tuple:
@@ -168,13 +167,8 @@ class TensorStoreWeightStore:
 
     def versions(self) -> list[int]:
         """Committed versions, oldest first (listed from the kvstore on every call)."""
-        keys = self._store().list(_prefix_range("manifests/")).result()
-        out = []
-        for key in keys:
-            name = key.decode().removeprefix("manifests/")
-            if name.endswith(".json") and name[:-5].isdigit():
-                out.append(int(name[:-5]))
-        return sorted(out)
+        keys = self._store().list(prefix_range(MANIFESTS)).result()
+        return sorted(v for v in map(manifest_version, keys) if v is not None)
 
     def release(self, before_version: int) -> list[int]:
         """Delete every version older than `before_version` (never the newest)."""
@@ -216,7 +210,7 @@ class TensorStoreWeightStore:
         version = check_version(version)
         available = self.versions()
         check_new_version(version, available[-1] if available else None)
-        self._store().delete_range(_prefix_range(f"data/{_key(version)}/")).result()
+        self._store().delete_range(prefix_range(data_prefix(version))).result()
         return version
 
     def write(self, version: int, params: Any, *, primary: bool = True) -> int:
@@ -263,7 +257,7 @@ class TensorStoreWeightStore:
             "skeleton": base64.b64encode(skeleton).decode(),
             "arrays": entries,
         }
-        key = f"manifests/{_key(version)}.json"
+        key = manifest_key(version)
         self._store().write(key.encode(), json.dumps(manifest, indent=1).encode()).result()
         for v in (available + [version])[: -self.keep]:  # the hard cap: oldest go first
             self._delete(v)
@@ -338,7 +332,7 @@ class TensorStoreWeightStore:
             "fill_missing_data_reads": False,  # a deleted chunk is an error, not zeros
             "store_data_equal_to_fill_value": True,  # ... so every chunk is really stored
         }
-        kvstore = self._store() / f"data/{_key(version)}/{entry['name']}/"
+        kvstore = self._store() / f"{data_prefix(version)}{entry['name']}/"
         if create:
             return ts.open(spec, kvstore=kvstore, context=self.context, create=True)
         return ts.open(spec, kvstore=kvstore, context=self.context, open=True, assume_metadata=True)
@@ -347,7 +341,7 @@ class TensorStoreWeightStore:
         with self._lock:
             if version in self._manifests:
                 return self._manifests[version]
-        result = self._store().read(f"manifests/{_key(version)}.json".encode()).result()
+        result = self._store().read(manifest_key(version).encode()).result()
         if result.state != "value":
             raise unknown_version(version, self.versions())
         manifest = json.loads(result.value)
@@ -372,7 +366,7 @@ class TensorStoreWeightStore:
         return version, self._load_manifest(version)
 
     def _committed(self, version: int) -> bool:
-        key = f"manifests/{_key(version)}.json".encode()
+        key = manifest_key(version).encode()
         return self._store().read(key).result().state == "value"
 
     def _read(self, version: int, manifest: dict, wanted: list[tuple[dict, tuple]]) -> list:
@@ -413,10 +407,10 @@ class TensorStoreWeightStore:
         """Manifest first (the version stops existing for readers), then its data. The data
         deletion runs in the background (file systems delete slowly); `flush` waits for it."""
         kv = self._store()
-        kv.write(f"manifests/{_key(version)}.json".encode(), None).result()
+        kv.write(manifest_key(version).encode(), None).result()
         with self._lock:
             self._manifests.pop(version, None)
-            future = kv.delete_range(_prefix_range(f"data/{_key(version)}/"))
+            future = kv.delete_range(prefix_range(data_prefix(version)))
             self._pending.append((version, future))
             backlog = len(self._pending) > self.keep
         self._reap(wait=backlog)
@@ -429,7 +423,7 @@ class TensorStoreWeightStore:
         for version, future in pending:
             if wait or future.done():
                 future.result()  # a failed deletion surfaces here
-                self._remove_empty_dir(f"data/{_key(version)}")
+                self._remove_empty_dir(data_prefix(version))
             else:
                 keep.append((version, future))
         with self._lock:
