@@ -34,6 +34,9 @@ the store's versions from the checkpoint's on (`publish_from`) and publishes tha
 and the engine job loads it. Engine and trainer jobs may keep running across a controller
 restart, or be restarted themselves: they hold no progress the checkpoint does not have.
 
+Scripts that start roles as local processes (the localhost recipe's tests, tutorial 11) wait
+for each to print its address with `wait_for_output(proc, r"listening on (\\S+)")`.
+
 Simplified on purpose: checkpoints pass through the controller (params + optimizer state over
 TCP every rl.checkpoint_every steps; a trainer-side writer to object storage is the scalable
 version); no evaluation passes; lockstep scheduling only; one engine job.
@@ -45,6 +48,9 @@ import argparse
 import dataclasses
 import json
 import os
+import re
+import select
+import subprocess
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -314,6 +320,26 @@ def run_controller(args) -> None:
     if args.shutdown_workers:
         engine.shutdown()
         trainer.shutdown()
+
+
+def wait_for_output(proc: subprocess.Popen, pattern: str, timeout: float = 300.0) -> tuple[str, str]:
+    """Read `proc`'s stdout (a pipe) until the regex `pattern` matches; return (its group 1, the
+    output so far). If the process closes its output or the time runs out first, kill it (only
+    it: a caller that started a process group kills the group) and raise RuntimeError with the
+    end of what it printed."""
+    out, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 0.2)[0]:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break  # end of output: the process exited
+            out += chunk
+            match = re.search(pattern.encode(), out)
+            if match:
+                return match.group(1).decode(), out.decode(errors="replace")
+    proc.kill()
+    raise RuntimeError(f"no {pattern!r} within {timeout:.0f} s from {proc.args!r}: "
+                       f"{out.decode(errors='replace')[-3000:]}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -175,9 +175,7 @@ os.environ["XLA_FLAGS"] = (
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
-import re  # noqa: E402
 import resource  # noqa: E402
-import select  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
@@ -206,6 +204,7 @@ from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
 from minirl.trees import flatten_tree  # noqa: E402
 from minirl.types import Batch, Prompt, Rollout, Score  # noqa: E402
 from scale import mesh as M  # noqa: E402
+from scale.launch import wait_for_output  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -497,7 +496,7 @@ class Service:
                "--item-timeout", "20"]  # fmt: skip
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        self.url = _wait_for(self.proc, r"on (http://127\.0\.0\.1:\d+)", 120)
+        self.url, _ = wait_for_output(self.proc, r"on (http://127\.0\.0\.1:\d+)", 120)
         self.port = int(self.url.rsplit(":", 1)[1])
 
     def kill(self) -> None:
@@ -505,19 +504,6 @@ class Service:
             os.killpg(self.proc.pid, signal.SIGKILL)  # the service and its pool workers
         self.proc.wait(30)
         self.proc.stdout.close()
-
-
-def _wait_for(proc: subprocess.Popen, pattern: str, timeout: float) -> str:
-    """Read `proc`'s output until `pattern` matches; return group 1."""
-    seen, deadline = b"", time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if select.select([proc.stdout], [], [], 0.2)[0]:
-            seen += os.read(proc.stdout.fileno(), 4096)
-            match = re.search(pattern.encode(), seen)
-            if match:
-                return match.group(1).decode()
-    proc.kill()
-    raise SystemExit(f"a service did not start: {seen.decode(errors='replace')[-2000:]}")
 
 
 def code_rollouts(repo, problems: int, per_problem: int, pad: int) -> list[Rollout]:
@@ -621,7 +607,7 @@ def step_launcher(work: Path) -> dict:
         proc = subprocess.Popen([*launch, *args], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         procs.append(proc)
-        return _wait_for(proc, pattern, 600)
+        return wait_for_output(proc, pattern, 600)[0]
 
     t0 = time.perf_counter()
     try:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from minirl.types import Prompt, Rollout
+from scale.launch import wait_for_output
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,20 +33,11 @@ class ServiceProcess:
         env = {**os.environ, "MINIRL_VERIFIER_TOKEN": self.token, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + timeout
-        line = b""
-        while time.monotonic() < deadline and not line.endswith(b"\n"):
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
-            if ready:
-                line += os.read(self.proc.stdout.fileno(), 1)
-            if self.proc.poll() is not None:
-                break
-        if b" on http://" not in line:
-            self.kill()
-            raise RuntimeError(
-                f"service did not start: {line!r} {self.proc.stderr.read()[-2000:]!r}"
-            )
-        self.url = line.decode().split(" on ")[-1].strip()
+        try:
+            self.url, _ = wait_for_output(self.proc, r" on (http://\S+)\n", timeout)
+        except RuntimeError as e:
+            self.kill()  # its pool workers too (wait_for_output kills only the service itself)
+            raise RuntimeError(f"service did not start: {e} {self.proc.stderr.read()[-2000:]!r}") from None
         self.port = int(self.url.rsplit(":", 1)[-1])
         assert self.url.startswith("http://127.0.0.1:")
         return self.url

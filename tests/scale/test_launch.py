@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from scale.launch import wait_for_output
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["--set", "rl.prompts_per_step=4", "--set", "rl.group_size=4", "--set", "engine.slots=16",
@@ -36,19 +35,6 @@ def _launch(args: list[str], env: dict) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
-def _wait_for(proc: subprocess.Popen, pattern: str, timeout: float = 300.0) -> tuple[str, str]:
-    """Read `proc`'s output until `pattern` matches; returns (group 1, the output so far)."""
-    out, deadline = b"", time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if select.select([proc.stdout], [], [], 0.2)[0]:
-            out += os.read(proc.stdout.fileno(), 4096)
-            match = re.search(pattern.encode(), out)
-            if match:
-                return match.group(1).decode(), out.decode(errors="replace")
-    proc.kill()
-    raise RuntimeError(f"no {pattern!r} in time: {out.decode(errors='replace')[-3000:]}")
-
-
 @pytest.mark.slow  # ~2-4 min on the shared 2-core machine: four processes, six RL steps
 def test_localhost_processes_run_and_a_killed_controller_resumes_exactly(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -59,20 +45,20 @@ def test_localhost_processes_run_and_a_killed_controller_resumes_exactly(tmp_pat
         verifier = _launch(["verifier", "--host", "127.0.0.1", "--port", "0", "--workers", "1",
                             "--verifier", "task:fixture", "--repository", str(tmp_path / "vdata")], env)  # fmt: skip
         procs.append(verifier)
-        url, _ = _wait_for(verifier, r"on (http://127\.0\.0\.1:\d+)")
+        url, _ = wait_for_output(verifier, r"on (http://127\.0\.0\.1:\d+)")
         jobs = {}
         for role, mesh in (("engine", "tensor=2"), ("trainer", "fsdp=2")):
             proc = _launch([role, "--listen", "127.0.0.1:0", "--weights", weights, "--preset",
                             "fixture", *SETS, "--cpu-devices", "2", "--mesh", mesh], env)  # fmt: skip
             procs.append(proc)
-            jobs[role], _ = _wait_for(proc, r"listening on (127\.0\.0\.1:\d+)")
+            jobs[role], _ = wait_for_output(proc, r"listening on (127\.0\.0\.1:\d+)")
         controller = ["controller", "--engine", jobs["engine"], "--trainer", jobs["trainer"],
                       "--verifier-url", url, "--weights", weights, "--run-dir", str(run),
                       "--preset", "fixture", *SETS, "--steps", "4"]  # fmt: skip
 
         first = _launch(controller, env)  # preempted during step 4 (checkpoints: step 2 only)
         procs.append(first)
-        _wait_for(first, r"(step 3) version")
+        wait_for_output(first, r"(step 3) version")
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(30)
         attempt1 = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").open())}

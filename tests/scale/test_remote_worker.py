@@ -9,6 +9,7 @@ import pytest
 
 from minirl.types import Prompt, Score
 from minirl.workers import WorkerDied, WorkerError
+from scale.launch import wait_for_output
 from scale.remote_worker import RemoteWorker, serve
 from scale.tensorstore_weights import StoredWeights
 
@@ -101,12 +102,9 @@ def test_a_stopped_server_fails_calls_with_worker_died(server):
 def test_a_two_process_job_runs_every_call_on_both_processes(tmp_path):
     import json
     import os
-    import re
-    import select
     import socket
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     script = Path(__file__).with_name("spmd_worker.py")
@@ -118,13 +116,7 @@ def test_a_two_process_job_runs_every_call_on_both_processes(tmp_path):
     procs = [subprocess.Popen([sys.executable, str(script), str(log), coordinator, str(i)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(2)]  # fmt: skip
     try:
-        out, deadline, address = b"", time.monotonic() + 300, None
-        while address is None and time.monotonic() < deadline and procs[0].poll() is None:
-            if select.select([procs[0].stdout], [], [], 0.2)[0]:
-                out += os.read(procs[0].stdout.fileno(), 4096)
-                match = re.search(rb"listening on (127\.0\.0\.1:\d+)", out)
-                address = match and match.group(1).decode()
-        assert address, out.decode(errors="replace")
+        address, _ = wait_for_output(procs[0], r"listening on (127\.0\.0\.1:\d+)", 300)
         worker = RemoteWorker(address, "spmd-token-123")
         assert worker.call("total", [1, 2]).result(120) == 6.0  # 3 on each of 2 devices
         assert worker.call("total", [5]).result(120) == 10.0
