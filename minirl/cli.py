@@ -1,10 +1,16 @@
 """The `minirl` command: train, sft, eval, plot, diagnose.
 
     minirl train                              the built-in default (countdown, 0.75M-parameter model, ~5 min)
+    minirl train --model DIR --data train.jsonl [--eval-data test.jsonl] [--verifier math]
+                                              your own Hugging Face model directory and dataset file
+    minirl train --model DIR --data train.jsonl [--eval-data test.jsonl] [--verifier math]
+                                              your own Hugging Face model directory and dataset file
     minirl train --preset arithmetic --set rl.steps=50 --set engine.temperature=0.8
     minirl train --resume runs/countdown      continue a run from its last checkpoint
     minirl sft                                only the warm start (cached for `train`)
     minirl eval RUN_DIR                       held-out pass@1 / pass@k of a run's last checkpoint
+    minirl export RUN_DIR --out DIR           a run's weights as a Hugging Face checkpoint directory
+    minirl export RUN_DIR --out DIR           a run's weights as a Hugging Face checkpoint directory
     minirl plot RUN_DIR [RUN_DIR ...]         dashboard PNGs (several runs: one comparison plot)
     minirl diagnose [--fast]                  training-inference mismatch per source, as a table
     minirl config [--preset NAME]             every knob, its default and what it means
@@ -38,6 +44,31 @@ def add_config_arguments(p: argparse.ArgumentParser, *, staleness: bool = True,
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one knob, e.g. --set rl.steps=50 (repeatable; "
                         "`minirl config` lists every key)")
+    p.add_argument("--model", metavar="DIR",
+                   help="start from a Hugging Face checkpoint directory (config.json, *.safetensors, "
+                        "tokenizer.json; sets model.path; the default preset is then `custom`)")
+    p.add_argument("--data", metavar="FILE",
+                   help="train on a .jsonl or .parquet file of problems (sets task.name=file and "
+                        "data.train; its fields: data.prompt_key, data.answer_key)")
+    p.add_argument("--eval-data", metavar="FILE",
+                   help="held-out problems (data.eval); without it, a content-hash split of --data")
+    p.add_argument("--verifier", metavar="NAME",
+                   help="how completions of --data are scored (data.verifier; default: math)")
+
+
+def _input_overrides(args) -> list[str]:
+    """--model / --data / --eval-data / --verifier as the overrides they stand for (paths made
+    absolute, so a run directory resumes from anywhere)."""
+    out = []
+    if args.model:
+        out.append(f"model.path={Path(args.model).resolve()}")
+    if args.data:
+        out += [f"data.train={Path(args.data).resolve()}", "task.name=file"]
+    if args.eval_data:
+        out.append(f"data.eval={Path(args.eval_data).resolve()}")
+    if args.verifier:
+        out.append(f"data.verifier={args.verifier}")
+    return out
 
 
 def config_from_args(args, default_preset: str | None = None, extra: list[str] = ()):
@@ -45,11 +76,14 @@ def config_from_args(args, default_preset: str | None = None, extra: list[str] =
     minirl's default), the staleness preset, then `extra` overrides, then the --set ones."""
     from minirl.config import DEFAULT_PRESET, make_config
 
-    preset = args.preset or default_preset or DEFAULT_PRESET
-    return make_config(preset, [*extra, *args.overrides], getattr(args, "staleness", None))
+    inputs = _input_overrides(args)
+    preset = args.preset or default_preset or ("custom" if inputs else DEFAULT_PRESET)
+    return make_config(preset, [*extra, *inputs, *args.overrides], getattr(args, "staleness", None))
 
 
 def _default_run_dir(cfg) -> Path:
+    if cfg.task.name == "file":
+        return Path("runs") / Path(cfg.data.train).stem
     return Path("runs") / cfg.task.name
 
 
@@ -60,7 +94,7 @@ def cmd_train(args) -> int:
         run_dir = Path(args.resume)
         if not (run_dir / "config.json").exists():
             raise ConfigError(f"--resume {run_dir}: no config.json there (not a minirl run directory)")
-        if args.staleness or args.preset:
+        if args.staleness or args.preset or _input_overrides(args):
             raise ConfigError("--resume continues with the run's own config.json; use --set for changes "
                               "(e.g. --set rl.steps=400)")
         cfg = load_config(run_dir)
@@ -98,6 +132,14 @@ def cmd_eval(args) -> int:
         raise ConfigError(f"{args.run_dir} has no checkpoint to evaluate")
     run = Run(cfg, args.run_dir, progress=False)
     print(json.dumps({"step": ckpt.step, **run.evaluate(run.engine(ckpt.step, ckpt.params))}, indent=2))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from minirl.export import export_run
+
+    out = export_run(args.run_dir, args.out, step=args.step, dtype=args.dtype, force=args.force)
+    print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained)")
     return 0
 
 
@@ -162,6 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_eval)
 
+    p = sub.add_parser("export", help="write a run's weights as a Hugging Face checkpoint directory",
+                       description="Write a checkpoint of RUN_DIR as a Hugging Face directory "
+                                   "(config.json, model.safetensors, generation_config.json, tokenizer "
+                                   "files) that transformers and vLLM load.")
+    p.add_argument("run_dir")
+    p.add_argument("--out", required=True, metavar="DIR", help="the directory to write")
+    p.add_argument("--step", type=int, help="which checkpoint (default: the latest)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="weights' dtype in the files (default: the run's, float32)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.set_defaults(fn=cmd_export)
+
     p = sub.add_parser("plot", help="write a run's PNG dashboard, or compare several runs")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--x", default="step", choices=["step", "time"], help="comparison x axis")
@@ -183,7 +237,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, ValueError, OSError) as e:
         print(f"minirl {args.command}: error: {e}", file=sys.stderr)
         return 2
 

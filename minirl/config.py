@@ -1,8 +1,10 @@
 """One place for every knob: `RunConfig` nests each component's own config, plus named presets.
 
     RunConfig
-      task      which built-in task (and its difficulty knobs)
-      model     shapes of the decoder (minirl.model.ModelConfig)
+      task      which built-in task (and its difficulty knobs), or "file": the dataset in `data`
+      data      a dataset file of your own: fields, prompt format, verifier (task.name=file)
+      model     shapes of the decoder (minirl.model.ModelConfig), or model.path: a Hugging Face
+                checkpoint directory whose config.json gives the shapes (`resolve_model`)
       engine    rollout engine: slots, sampling, exact mode (minirl.engine.EngineConfig)
       trainer   optimiser and micro-batching (minirl.trainer.TrainerConfig)
       rl        the controller: loss preset, batch shape, staleness knobs (j, k, eta), schedule
@@ -10,7 +12,8 @@
       eval      held-out pass@k measurement
 
 `minirl train --preset NAME --set rl.steps=50 --set engine.temperature=0.8` builds one; every
-key and its meaning is listed by `minirl train --help`. Values the trainer must share with the
+key and its meaning is listed by `minirl config`. `minirl train --model DIR --data FILE` starts
+from the `custom` preset with model.path, task.name=file and data.train set. Values the trainer must share with the
 engine (temperature, top-k/p, exact mode) are set once, on the engine, and copied — never
 stored twice. Defaults run on a 2-core laptop CPU.
 """
@@ -32,10 +35,39 @@ BATCH_ORDERS = ("freshest", "oldest")
 VOCAB = CharTokenizer().vocab_size  # the built-in tasks' character tokenizer
 
 
+FILE_TASK = "file"  # task.name of a run on the dataset files named in `data`
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    name: str = "countdown"  # a built-in task (minirl.data.list_tasks())
+    name: str = "countdown"  # a built-in task (minirl.data.list_tasks()), or "file" (see data.*)
     args: dict = dataclasses.field(default_factory=dict)  # the task's difficulty knobs
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Your own dataset (used when task.name=file; minirl/data/files.py reads it)."""
+
+    train: str = ""  # training problems: a .jsonl or .parquet file
+    eval: str = ""  # held-out problems (same format); "" = hold out a content-hash split of train
+    test_fraction: float = 0.05  # share of train held out when data.eval is empty
+    prompt_key: str = "question"  # the field holding the problem text
+    answer_key: str = "answer"  # the gold answer: "... #### 42", "... \\boxed{42}" or "42"
+    messages_key: str = "messages"  # or a chat-format list of {role, content} under this field
+    system_prompt: str = ""  # a system message put before every prompt ("" = none)
+    instruction: str = ""  # appended to every question, e.g. "\nPut the final answer in \\boxed{}."
+    chat_template: bool = True  # render prompts with the model's chat template, if it has one
+    max_new_tokens: int = 256  # completion budget per sample (tokens, EOS included)
+    verifier: str = "math"  # scores completions against the gold answer (minirl.verifiers)
+    format_reward: float = 0.0  # reward for a wrong but well-formed (extractable) final answer
+
+    def __post_init__(self):
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"data.test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"data.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0.0 <= self.format_reward < 1.0:
+            raise ValueError(f"data.format_reward must be in [0, 1), got {self.format_reward}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +90,7 @@ class RLConfig:
     seed: int = 0  # keys the prompt mixture and every sampling draw
     checkpoint_every: int = 10  # write a checkpoint every N steps (at reload boundaries)
     keep_checkpoints: int = 2  # checkpoints kept on disk
+    export_hf: bool = False  # at the end, also write RUN_DIR/hf: a Hugging Face checkpoint (minirl export)
 
     def __post_init__(self):
         for name in ("steps", "prompts_per_step", "group_size", "reload_every", "checkpoint_every",
@@ -100,6 +133,7 @@ class EvalConfig:
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     task: TaskSpec = TaskSpec()
+    data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig(vocab_size=VOCAB)
     engine: EngineConfig = EngineConfig(slots=64, cache_len=64, prefill_buckets=(16, 32),
                                         prefill_rows=16, decode_chunk=8)
@@ -112,6 +146,21 @@ class RunConfig:
         for name in ("exact", "temperature", "top_k", "top_p"):
             if getattr(self.trainer, name) != getattr(TrainerConfig(), name):
                 raise ConfigError(f"trainer.{name} is copied from engine.{name}; set engine.{name} instead")
+
+    def check(self) -> RunConfig:
+        """Rules across sections, checked once the whole config is assembled (a preset and its
+        overrides may pass through states that break them). Returns self."""
+        uses_file = self.task.name == FILE_TASK
+        if uses_file and not self.data.train:
+            raise ConfigError("task.name=file needs a dataset: --data FILE (data.train)")
+        if self.data.train and not uses_file:
+            raise ConfigError(f"data.train is set but task.name={self.task.name!r}; the dataset is "
+                              "used with task.name=file (what `minirl train --data` sets)")
+        if not uses_file and self.data != DataConfig():
+            changed = [f.name for f in dataclasses.fields(DataConfig)
+                       if getattr(self.data, f.name) != getattr(DataConfig(), f.name)]
+            raise ConfigError(f"data.{changed[0]} does nothing without a dataset (--data FILE)")
+        return self
 
     def trainer_config(self) -> TrainerConfig:
         """The trainer's config with the engine's sampling numerics copied in (one source)."""
@@ -174,12 +223,29 @@ def _fixture() -> RunConfig:
     )
 
 
+def _custom() -> RunConfig:
+    # Your own model and dataset (`minirl train --model DIR --data FILE`): model.path, task=file
+    # and data.train are set by the command line. A pretrained model needs no warm start.
+    # Sampling at temperature 1 with 8 samples per prompt; the learning rate suits a model that
+    # already solves some problems (tune it with --set trainer.learning_rate=...).
+    return RunConfig(
+        task=TaskSpec(FILE_TASK),
+        engine=EngineConfig(slots=32, cache_len=512, prefill_buckets=(64, 128, 256), prefill_rows=8,
+                            decode_chunk=8),
+        trainer=TrainerConfig(learning_rate=1e-5, schedule="cosine", total_steps=200),
+        rl=RLConfig(steps=200, prompts_per_step=16, checkpoint_every=10, export_hf=True),
+        sft=SFTConfig(steps=0),
+        eval=EvalConfig(prompts=128, samples=8),
+    )
+
+
 PRESETS = {
     "countdown": _countdown,
     "countdown_hard": _countdown_hard,
     "arithmetic": _arithmetic,
     "program_synthesis": _program_synthesis,
     "fixture": _fixture,
+    "custom": _custom,
 }
 DEFAULT_PRESET = "countdown"
 
@@ -203,7 +269,32 @@ def make_config(preset: str = DEFAULT_PRESET, overrides: list[str] = (), stalene
         cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, **STALENESS[staleness]))
     for item in overrides:
         cfg = override(cfg, item)
-    return cfg
+    return resolve_model(cfg, overrides).check()
+
+
+# What a model directory cannot override: its config.json fixes the shapes.
+_FROM_MODEL_DIR = tuple(f.name for f in dataclasses.fields(ModelConfig)
+                        if f.name not in ("path", "dtype", "param_dtype"))
+
+
+def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
+    """With model.path set, the model's shapes come from DIR/config.json (minirl.hf); only
+    model.dtype / model.param_dtype stay yours (float32 master weights by default, see hf.py).
+    Setting a shape too is refused: it would do nothing."""
+    if not cfg.model.path:
+        return cfg
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key.startswith("model.") and key[len("model."):] in _FROM_MODEL_DIR:
+            raise ConfigError(f"{key} comes from {cfg.model.path}/config.json; it cannot be set "
+                              "together with model.path")
+    try:
+        from minirl.hf import read_model_config
+    except ImportError as e:
+        raise ConfigError(f"model.path needs the 'hf' extra (pip install 'minirl[hf]'): {e}") from None
+    shapes = read_model_config(cfg.model.path, dtype=cfg.model.dtype)
+    model = dataclasses.replace(shapes, path=cfg.model.path, param_dtype=cfg.model.param_dtype)
+    return dataclasses.replace(cfg, model=model)
 
 
 def task_kwargs(cfg: RunConfig) -> dict[str, Any]:

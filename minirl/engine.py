@@ -75,7 +75,7 @@ class EngineConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # token-id sequences that end a completion
-    eos_id: int | None = None
+    eos_ids: tuple[int, ...] = ()  # token ids that end a completion (kept in it); () = none
     seed: int = 0
     exact: bool = False  # fixed-order reductions: log-probs bitwise equal to the trainer's
     paged: bool = False  # paged KV cache instead of slots x cache_len
@@ -150,8 +150,9 @@ class Engine:
                 f"cache_len {config.cache_len} exceeds the model's max_seq_len "
                 f"{model_config.max_seq_len}"
             )
-        if config.eos_id is not None and not 0 <= config.eos_id < model_config.vocab_size:
-            raise ValueError(f"eos_id {config.eos_id} is outside the vocabulary")
+        outside = [i for i in config.eos_ids if not 0 <= i < model_config.vocab_size]
+        if outside:
+            raise ValueError(f"eos_ids {outside} are outside the vocabulary")
         dtype = config.dtype or model_config.dtype
         self.config = config
         self.model_config = dataclasses.replace(model_config, dtype=dtype, param_dtype=dtype)
@@ -399,7 +400,7 @@ class Engine:
         for tok, logp in zip(toks, logps, strict=True):
             seq.append(tok, logp, self._version)
             self.stats["tokens"] += 1
-            reason = finish_reason(seq, self.config.eos_id, self.config.stop_sequences)
+            reason = finish_reason(seq, self.config.eos_ids, self.config.stop_sequences)
             if reason is not None:
                 self._release_blocks(b)
                 self._sched.release(b)

@@ -15,6 +15,9 @@ from minirl.types import Prompt, Rollout
 
 
 def heldout_prompts(task, n: int) -> list[Prompt]:
+    """The first `n` test prompts (all of them, if a dataset file's test split is smaller)."""
+    test = getattr(task, "test", None)  # a file task's held-out rows; built-in tasks are endless
+    n = n if test is None else min(n, len(test))
     return [task.prompt(i, "test") for i in range(n)]
 
 

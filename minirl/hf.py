@@ -9,10 +9,26 @@ to its place in the model's parameter tree. torch Linear weights are stored [out
 stores dense weights [in, out] (`x @ w`), so those are transposed on the way in and out.
 
 Strict on purpose: a missing tensor, a tensor of the wrong shape or an unexpected tensor raises
-`CheckpointError` naming the first few offenders, so a checkpoint is never half-loaded. Two kinds
-of extra tensors are known to be harmless and are skipped: `*.rotary_emb.inv_freq` buffers that
-old checkpoints carry, and `lm_head.weight` in a checkpoint whose config ties the embeddings
-(transformers ties it to the embedding on load too, so the embedding wins).
+`CheckpointError` naming the file and the first few offenders, so a checkpoint is never
+half-loaded; so do a config.json field minirl cannot honour (mixture-of-experts, sliding windows,
+another activation: the error names the field and the file) and a damaged or truncated
+safetensors file. `*.rotary_emb.inv_freq` buffers of old checkpoints are skipped. A config that
+ties the embeddings but a file that also holds a *different* `lm_head.weight` is loaded untied,
+with that head — what transformers 5 does (measured: it warns and unties); an identical copy is
+dropped and the model stays tied.
+
+Numerics: minirl trains with float32 master weights and float32 compute by default, whatever
+the checkpoint's dtype (bf16 checkpoints are upcast exactly on load). An AdamW step changes a
+weight by ~lr relative to its size, below bf16's 8-bit mantissa for any usual learning rate, so
+bf16 storage would silently drop updates; and XLA on CPU runs bf16 matmuls no faster than fp32
+(BENCHMARKING.md). `dtype="bfloat16"` is the explicit opt-in; a bf16 engine with fp32 trainer is
+`engine.dtype=bfloat16`.
+
+Token ids: `read_token_ids(DIR)` gives BOS, padding and EVERY end-of-sequence id the model may
+emit (generation_config.json's `eos_token_id` list, e.g. Qwen's `<|im_end|>` and
+`<|endoftext|>`); `save_hf(..., token_ids=...)` writes them to config.json and
+generation_config.json, so `transformers.generate` on an exported model stops where minirl's
+engine stops.
 
 Simplified on purpose: no torch, no `transformers` import (safetensors' numpy reader, bfloat16
 via ml_dtypes); no float16 compute (float16 checkpoints load as float32); no sliding-window
@@ -22,6 +38,7 @@ need them are refused with a clear error rather than loaded wrongly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,7 +47,7 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from minirl.model import ModelConfig, Transformer
@@ -43,6 +60,10 @@ ARCHITECTURES = {
 }
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+GENERATION_FILE = "generation_config.json"
+# config.json fields that mean mixture-of-experts layers (Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek)
+MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size",
+              "num_experts_per_tok")
 _SHOW = 5  # how many offending names an error message lists
 
 
@@ -87,37 +108,46 @@ def _rope(hf: dict) -> tuple[float, tuple | None]:
     )
 
 
-def config_from_hf(hf: dict, dtype=None) -> ModelConfig:
+def read_config(path) -> dict:
+    """DIR/config.json as a dict, or a CheckpointError naming the file and what is wrong."""
+    file = Path(path) / "config.json"
+    if not file.exists():
+        raise CheckpointError(f"{path} has no config.json (not a Hugging Face model directory)")
+    try:
+        hf = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{file} must hold a JSON object, not {type(hf).__name__}")
+    return hf
+
+
+def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelConfig:
     """A transformers config.json (as a dict) -> ModelConfig. `dtype` ("float32", "bfloat16" or a
-    dtype) sets compute and storage dtype; default: the checkpoint's (float16 -> float32)."""
-    arch = architecture_of(hf)
+    dtype) sets compute and storage dtype; default float32 (see the module docstring). `source`
+    names the file in error messages."""
+    arch = architecture_of(hf, source)
     _, qkv_bias, qk_norm = ARCHITECTURES[arch]
-    required = (
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "vocab_size",
-    )
-    missing = [k for k in required if hf.get(k) is None]
-    if missing:
-        raise CheckpointError(f"config.json lacks {missing}")
+    refuse = lambda field, why: CheckpointError(f"{source}: {field} = {hf.get(field)!r}: {why}")
+    for field in MOE_FIELDS:
+        if hf.get(field):
+            raise refuse(field, "mixture-of-experts layers are not implemented")
+    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "vocab_size")
+    for field in required:
+        if isinstance(hf.get(field), bool) or not isinstance(hf.get(field), int) or hf[field] < 1:
+            raise refuse(field, "a positive integer is required")
     if hf.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"unsupported hidden_act {hf['hidden_act']!r}; minirl uses silu")
+        raise refuse("hidden_act", "minirl's MLP uses silu")
     if hf.get("use_sliding_window"):
-        raise CheckpointError("sliding-window attention (use_sliding_window) is not implemented")
+        raise refuse("use_sliding_window", "sliding-window attention is not implemented")
     if arch != "Qwen2ForCausalLM" and hf.get("attention_bias"):
-        raise CheckpointError(
-            f"{arch} with attention_bias=true has an o_proj bias, not implemented"
-        )
+        raise refuse("attention_bias", f"{arch} with an o_proj bias is not implemented")
     if hf.get("mlp_bias"):
-        raise CheckpointError("mlp_bias=true is not implemented")
+        raise refuse("mlp_bias", "MLP biases are not implemented")
     heads = hf["num_attention_heads"]
     theta, scaling = _rope(hf)
-    if dtype is None:
-        stored = hf.get("dtype") or hf.get("torch_dtype") or "float32"
-        dtype = "bfloat16" if stored == "bfloat16" else "float32"
-    dtype = _dtype_name(dtype)
+    dtype = _dtype_name("float32" if dtype is None else dtype)
     return ModelConfig(
         vocab_size=hf["vocab_size"],
         dim=hf["hidden_size"],
@@ -138,18 +168,21 @@ def config_from_hf(hf: dict, dtype=None) -> ModelConfig:
     )
 
 
-def architecture_of(hf: dict) -> str:
+def architecture_of(hf: dict, source: str = "config.json") -> str:
     """The supported architecture name a config.json declares, or a clear error."""
     archs = hf.get("architectures") or []
     by_type = {t: a for a, (t, _, _) in ARCHITECTURES.items()}
+    if not isinstance(archs, list):
+        raise CheckpointError(f"{source}: architectures = {archs!r} is not a list")
     for name in archs:
         if name in ARCHITECTURES:
             return name
     if not archs and hf.get("model_type") in by_type:
         return by_type[hf["model_type"]]
-    found = archs or hf.get("model_type")
+    field = "architectures" if archs else "model_type"
     raise CheckpointError(
-        f"unsupported architecture {found!r}; minirl loads {sorted(ARCHITECTURES)}"
+        f"{source}: unsupported {field} {hf.get(field)!r}; minirl loads {sorted(ARCHITECTURES)} "
+        f"(model_type {sorted(by_type)})"
     )
 
 
@@ -248,41 +281,83 @@ def _set(tree: dict, path: tuple, value) -> None:
     tree[path[-1]] = value
 
 
-def _ignorable(name: str, cfg: ModelConfig) -> bool:
-    return name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and cfg.tie_embeddings)
+def _ignorable(name: str) -> bool:
+    return name.endswith("rotary_emb.inv_freq")
 
 
 # ----------------------------------------------------------------------------------------------
 # Load
 
 
+def _open(file: Path):
+    """safe_open, with a damaged or truncated file reported by name."""
+    if not file.exists():
+        raise CheckpointError(f"{file} is missing (named by {INDEX_FILE})")
+    try:
+        return safe_open(file, framework="numpy")
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file} is not a readable safetensors file "
+                              f"(truncated or damaged?): {e}") from None
+
+
 def _tensor_files(path: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file holding it."""
     if (path / SINGLE_FILE).exists():
-        with safe_open(path / SINGLE_FILE, framework="numpy") as f:
+        with _open(path / SINGLE_FILE) as f:
             return {name: path / SINGLE_FILE for name in f.keys()}  # noqa: SIM118
     if (path / INDEX_FILE).exists():
-        weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
-        return {name: path / file for name, file in weight_map.items()}
+        try:
+            weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
+            return {name: path / file for name, file in weight_map.items()}
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{path / INDEX_FILE} is not a safetensors index "
+                                  f"(a JSON object with a 'weight_map'): {e!r}") from None
     raise CheckpointError(f"{path} has neither {SINGLE_FILE} nor {INDEX_FILE}")
+
+
+def _read(files: dict[str, Path], name: str) -> np.ndarray:
+    with _open(files[name]) as f:
+        try:
+            return f.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{files[name]}: tensor {name} cannot be read: {e}") from None
+
+
+def _untie_if_needed(cfg: ModelConfig, files: dict[str, Path]) -> ModelConfig:
+    """A tied config whose files hold a different lm_head.weight: untied, as transformers does."""
+    if not (cfg.tie_embeddings and "lm_head.weight" in files and "model.embed_tokens.weight" in files):
+        return cfg
+    if np.array_equal(_read(files, "lm_head.weight"), _read(files, "model.embed_tokens.weight")):
+        return cfg
+    return dataclasses.replace(cfg, tie_embeddings=False)
+
+
+def read_model_config(path, dtype=None) -> ModelConfig:
+    """The ModelConfig `load_hf(path, dtype)` builds, without reading the weights (but for the
+    tie check above)."""
+    path = Path(path)
+    cfg = config_from_hf(read_config(path), dtype, source=str(path / "config.json"))
+    return _untie_if_needed(cfg, _tensor_files(path))
 
 
 def load_hf(path, dtype=None) -> tuple[ModelConfig, Transformer]:
     """Read a Qwen2/Qwen3/Llama checkpoint directory -> (config, model). `dtype` as in
-    `config_from_hf`. No random initialisation happens: the model is built from the tensors."""
+    `config_from_hf`. No random initialisation happens: the model is built from the tensors, one
+    file at a time (peak memory ~ one copy of the parameters)."""
     path = Path(path)
-    if not (path / "config.json").exists():
-        raise CheckpointError(f"{path} has no config.json")
-    cfg = config_from_hf(json.loads((path / "config.json").read_text()), dtype)
-    names = tensor_names(cfg)
+    hf = read_config(path)
     files = _tensor_files(path)
+    cfg = _untie_if_needed(config_from_hf(hf, dtype, str(path / "config.json")), files)
+    names = tensor_names(cfg)
     missing = names.keys() - files.keys()
     if missing:
         raise CheckpointError(
-            f"checkpoint {path} lacks {len(missing)} tensor(s) the config "
+            f"checkpoint {path} lacks {len(missing)} tensor(s) its config.json "
             f"implies: {_names(missing)}"
         )
-    unexpected = {n for n in files.keys() - names.keys() if not _ignorable(n, cfg)}
+    # A tied model's file may hold a copy of the head (equal to the embedding, see above).
+    copies = {"lm_head.weight"} if cfg.tie_embeddings else set()
+    unexpected = {n for n in files.keys() - names.keys() - copies if not _ignorable(n)}
     if unexpected:
         raise CheckpointError(
             f"checkpoint {path} has {len(unexpected)} tensor(s) minirl does "
@@ -295,21 +370,72 @@ def load_hf(path, dtype=None) -> tuple[ModelConfig, Transformer]:
     for name in names:
         by_file.setdefault(files[name], []).append(name)
     for file, file_names in by_file.items():
-        with safe_open(file, framework="numpy") as f:
+        with _open(file) as f:
             for name in file_names:
                 where, transposed = names[name]
-                array = f.get_tensor(name)
+                try:
+                    array = f.get_tensor(name)
+                except (SafetensorError, OSError) as e:
+                    raise CheckpointError(f"{file}: tensor {name} cannot be read: {e}") from None
                 array = array.T if transposed else array
                 want = _get(params, where).shape
                 if array.shape != want:
                     flip = (lambda s: s[::-1]) if transposed else (lambda s: s)
                     raise CheckpointError(
-                        f"tensor {name} has shape {flip(array.shape)}, the "
-                        f"config implies {flip(want)}"
+                        f"{file}: tensor {name} has shape {flip(array.shape)}, "
+                        f"config.json implies {flip(want)}"
                     )
                 _set(params, where, jnp.asarray(array.astype(cfg.storage_dtype)))
     nnx.replace_by_pure_dict(state, params)
     return cfg, nnx.merge(graphdef, state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Token ids
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenIds:
+    """The special token ids a checkpoint declares: BOS, every EOS (primary first), padding."""
+
+    bos: int | None = None
+    eos: tuple[int, ...] = ()
+    pad: int | None = None
+
+
+def _ids(value, field: str, file: Path, vocab: int) -> list[int]:
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
+            raise CheckpointError(f"{file}: {field} = {value!r}: token ids must be integers in "
+                                  f"[0, vocab_size={vocab})")
+    return values
+
+
+def read_token_ids(path) -> TokenIds:
+    """BOS / EOS / padding ids from generation_config.json, then config.json. EOS is every id
+    either file lists (generation_config.json's first); missing files or keys give None / ()."""
+    path = Path(path)
+    hf = read_config(path)
+    vocab = hf.get("vocab_size") or 2**31
+    sources = []
+    gen_file = path / GENERATION_FILE
+    if gen_file.exists():
+        try:
+            gen = json.loads(gen_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{gen_file} is not valid JSON: {e}") from None
+        if not isinstance(gen, dict):
+            raise CheckpointError(f"{gen_file} must hold a JSON object")
+        sources.append((gen, gen_file))
+    sources.append((hf, path / "config.json"))
+    found = {field: [] for field in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    for data, file in sources:
+        for field, ids in found.items():
+            ids += _ids(data.get(field), field, file, vocab)
+    first = lambda ids: ids[0] if ids else None
+    return TokenIds(bos=first(found["bos_token_id"]), eos=tuple(dict.fromkeys(found["eos_token_id"])),
+                    pad=first(found["pad_token_id"]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -330,12 +456,22 @@ def save_hf(
     path,
     architecture: str | None = None,
     max_shard_bytes: int | None = None,
+    token_ids: TokenIds | None = None,
 ) -> None:
     """Write config.json + safetensors that transformers (and `load_hf`) read. `model_or_state`
     is a Transformer, its nnx.State or its pure dict. With `max_shard_bytes`, tensors are split
-    into `model-0000i-of-0000n.safetensors` files plus `model.safetensors.index.json`."""
+    into `model-0000i-of-0000n.safetensors` files plus `model.safetensors.index.json`. With
+    `token_ids`, config.json and a generation_config.json carry the BOS / EOS / padding ids."""
     path = Path(path)
     hf_config = config_to_hf(cfg, architecture)
+    path.mkdir(parents=True, exist_ok=True)
+    if token_ids is not None:
+        ids = {"bos_token_id": token_ids.bos,
+               "eos_token_id": token_ids.eos[0] if len(token_ids.eos) == 1 else list(token_ids.eos),
+               "pad_token_id": token_ids.pad}
+        hf_config.update(ids)
+        generation = {**ids, "do_sample": True}
+        (path / GENERATION_FILE).write_text(json.dumps(generation, indent=2) + "\n")
     params = _pure_params(model_or_state)
     tensors = {}
     for name, (where, transposed) in tensor_names(cfg).items():
@@ -355,7 +491,6 @@ def save_hf(
             size = 0
         shards[-1][name] = array
         size += array.nbytes
-    path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     meta = {"format": "pt"}  # transformers refuses safetensors files without it
     # Remove the other layout's entry file, so the directory holds exactly one checkpoint.
@@ -376,7 +511,11 @@ def save_hf(
 __all__ = [
     "ARCHITECTURES",
     "CheckpointError",
+    "TokenIds",
     "config_from_hf",
+    "read_config",
+    "read_model_config",
+    "read_token_ids",
     "config_to_hf",
     "load_hf",
     "save_hf",

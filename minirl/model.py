@@ -62,6 +62,7 @@ class ModelConfig:
     max_seq_len: int = 512
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"  # storage dtype
+    path: str = ""  # a Hugging Face checkpoint directory: the shapes above come from its config.json
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:

@@ -20,6 +20,7 @@ worker (`state_dict` / `load_state_dict` calls), so a remote trainer resumes the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import sys
@@ -33,20 +34,19 @@ from minirl.checkpoints import Checkpoint, CheckpointManager
 from minirl.config import RunConfig
 from minirl.configlib import ConfigError, config_hash, from_dict, to_dict
 from minirl.controller import Controller
-from minirl.data import get_task
 from minirl.data.mixture import Mixture
 from minirl.engine import Engine
 from minirl.evaluation import evaluate, heldout_prompts
+from minirl.inputs import describe_inputs, load_tokenizer, make_task, make_verifier, train_prompts
 from minirl.losses import get_preset
 from minirl.metrics_log import MetricsWriter, read_metrics
-from minirl.tokenizer import CharTokenizer
 from minirl.trainer import Trainer
 from minirl.warmstart import warm_start
 from minirl.weights import InMemoryWeightStore
 from minirl.workers import InProcessWorker, from_plain, to_plain
 
 # Keys a resumed run may change: how long to run and how often to evaluate, not what a step does.
-RESUMABLE_CHANGES = ("rl.steps", "rl.time_budget", "eval.every")
+RESUMABLE_CHANGES = ("rl.steps", "rl.time_budget", "eval.every", "rl.export_hf")
 
 
 def _versions() -> dict[str, str]:
@@ -68,12 +68,13 @@ class Run:
 
     def __init__(self, cfg: RunConfig, run_dir, log=print, progress: bool = True):
         self.cfg, self.run_dir, self.log, self.progress = cfg, Path(run_dir), log, progress
-        self.tokenizer = CharTokenizer()
+        self.tokenizer = load_tokenizer(cfg)
         if cfg.model.vocab_size < self.tokenizer.vocab_size:
             raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
                               f"{self.tokenizer.vocab_size}")
-        self.task = get_task(cfg.task.name, **cfg.task.args)
-        self.engine_cfg = _with_eos(cfg.engine, self.tokenizer.eos_id, cfg.rl.seed)
+        self.task = make_task(cfg, self.tokenizer)
+        self.engine_cfg = dataclasses.replace(cfg.engine, eos_ids=tuple(self.tokenizer.eos_ids),
+                                              seed=cfg.rl.seed)
 
     def engine(self, version: int, params) -> Engine:
         engine = Engine(self.cfg.model, self.engine_cfg)
@@ -150,6 +151,13 @@ class Run:
         summary["counters"] = to_plain(controller.counters.__dict__)
         write_json(self.run_dir, "summary.json", summary)
         self.log(f"held-out after RL:  {_fmt(summary['after'])}")
+        if rl.export_hf:
+            from minirl.export import export_params
+
+            source = {"run_dir": str(self.run_dir.resolve()), "step": controller.counters.steps}
+            out = export_params(trainer.params(host=True), cfg, self.tokenizer, self.run_dir / "hf",
+                                force=True, source=source)
+            self.log(f"exported the final weights as a Hugging Face checkpoint: {out}")
         return summary
 
     def build_loop(self, base, engine: Engine, log=None) -> tuple[Controller, Trainer]:
@@ -161,7 +169,7 @@ class Run:
         controller = Controller(cfg, engine=self._engine_worker(engine), trainer=InProcessWorker(trainer),
                                 verifier=self._verifier_worker(),
                                 store=InMemoryWeightStore(keep=max(4, rl.reload_every + 2)),
-                                mixture=Mixture({self.task.name: self.task}, seed=rl.seed),
+                                mixture=Mixture({self.task.name: train_prompts(self.task)}, seed=rl.seed),
                                 tokenizer=self.tokenizer, max_new_tokens=self.task.max_new_tokens,
                                 log=self.log if log is None else log)
         return controller, trainer
@@ -178,8 +186,8 @@ class Run:
         if self.cfg.rl.workers == "process":
             from minirl.workers import ProcessWorker
 
-            task_name, task_args = self.cfg.task.name, dict(self.cfg.task.args)
-            return ProcessWorker(lambda: get_task(task_name, **task_args).verifier, name="verifier").start()
+            cfg = self.cfg
+            return ProcessWorker(lambda: make_verifier(cfg), name="verifier").start()
         return InProcessWorker(self.task.verifier)
 
 
@@ -207,7 +215,7 @@ def open_run_dir(cfg: RunConfig, run_dir, resume: bool = True, force: bool = Fal
     write_json(run_dir, "config.json", {"hash": chash, "config": to_dict(cfg)})
     if restored is None:
         write_json(run_dir, "meta.json", {"seed": cfg.rl.seed, "started": time.time(),
-                                          "versions": _versions()})
+                                          "versions": _versions(), "inputs": describe_inputs(cfg)})
         truncate_metrics(run_dir, 0)
     return ckpts, restored
 
@@ -264,12 +272,6 @@ def write_json(run_dir, name: str, data) -> None:
 def _read_json(run_dir, name: str) -> dict:
     path = Path(run_dir) / name
     return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _with_eos(engine_cfg, eos_id: int, seed: int):
-    import dataclasses
-
-    return dataclasses.replace(engine_cfg, eos_id=eos_id, seed=seed)
 
 
 def _fmt(d: dict) -> str:

@@ -92,11 +92,11 @@ class Sequence:
 
 
 def finish_reason(
-    seq: Sequence, eos_id: int | None, stop_sequences: Seq[tuple[int, ...]]
+    seq: Sequence, eos_ids: Seq[int], stop_sequences: Seq[tuple[int, ...]]
 ) -> str | None:
     """Why `seq` must stop after its last token, or None. EOS and stop-sequence tokens stay in
     the completion (they were sampled and have behaviour log-probs the trainer needs)."""
-    if eos_id is not None and seq.tokens[-1] == eos_id:
+    if seq.tokens[-1] in eos_ids:
         return "eos"
     for stop in stop_sequences:
         if len(seq.tokens) >= len(stop) and tuple(seq.tokens[-len(stop) :]) == stop:

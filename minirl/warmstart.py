@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from minirl import serialization
 from minirl.batching import make_batch
 from minirl.configlib import config_hash
-from minirl.model import ModelConfig, init_model
+from minirl.inputs import initial_params
+from minirl.model import ModelConfig
 from minirl.trainer import Trainer, TrainerConfig
 from minirl.types import Rollout, Score
 
@@ -49,6 +50,15 @@ class _Key:  # what determines a warm start (hashed for the cache file name)
     model: ModelConfig
     sft: object
     trainer: TrainerConfig
+    data: object = None  # the dataset section (task.name=file)
+    files: tuple = ()  # (name, size, mtime) of the model directory's and dataset's files
+
+
+def _input_files(cfg) -> tuple:
+    """What the warm start reads from disk, by name, size and time: an edit misses the cache."""
+    paths = sorted(p for p in Path(cfg.model.path).iterdir() if p.is_file()) if cfg.model.path else []
+    paths += [Path(p) for p in (cfg.data.train, cfg.data.eval) if p]
+    return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
 
 
 def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[dict, dict]:
@@ -63,7 +73,7 @@ def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[
                                       schedule="cosine", warmup_steps=min(20, sft.steps // 10),
                                       total_steps=max(sft.steps, 1), ppo_epochs=1,
                                       num_minibatches=1, seed=0)
-    key = config_hash(_Key(cfg.task, cfg.model, sft, trainer_cfg))
+    key = config_hash(_Key(cfg.task, cfg.model, sft, trainer_cfg, cfg.data, _input_files(cfg)))
     path = cache_dir() / "warmstart" / f"{key}.mrl"
     if sft.cache and path.exists():
         try:
@@ -74,9 +84,7 @@ def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[
         except (OSError, ValueError) as e:  # a damaged cache is rebuilt, never fatal
             log(f"warm start: cache {path} unreadable ({e}); retraining")
 
-    from flax import nnx
-
-    params = nnx.to_pure_dict(nnx.split(init_model(cfg.model, seed=sft.seed))[1])
+    params = initial_params(cfg, seed=sft.seed)  # the model directory's weights, or a random init
     if sft.steps == 0:
         return params, {"cached": False, "steps": 0}
     trainer = Trainer(cfg.model, params, None, trainer_cfg)

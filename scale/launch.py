@@ -195,14 +195,18 @@ def _start_jax(args) -> None:
 
 
 def _config(args):
+    """(config, tokenizer, task) of a role, from the same flags `minirl train` takes (--preset,
+    --set, --model DIR, --data FILE): every role builds the same tokenizer from the model
+    directory, so ids and EOS agree across hosts."""
     from minirl.cli import config_from_args
     from minirl.configlib import override
-    from minirl.data import get_task
+    from minirl.inputs import load_tokenizer, make_task
 
     cfg = config_from_args(args)
     if getattr(args, "steps", 0):
         cfg = override(cfg, f"rl.steps={args.steps}")
-    return cfg, get_task(cfg.task.name, **cfg.task.args)
+    tokenizer = load_tokenizer(cfg)
+    return cfg, tokenizer, make_task(cfg, tokenizer)
 
 
 def _serve(role: Any, listen: str, token: str) -> None:
@@ -222,15 +226,14 @@ def _serve(role: Any, listen: str, token: str) -> None:
 def run_trainer(args) -> None:
     _start_jax(args)
     from minirl.losses import get_preset
-    from minirl.tokenizer import CharTokenizer
     from minirl.trainer import Trainer
     from minirl.warmstart import warm_start
     from scale import mesh as M
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     token = _token()
-    cfg, task = _config(args)
-    base, _ = warm_start(cfg, CharTokenizer(), task, progress=False)
+    cfg, tokenizer, task = _config(args)
+    base, _ = warm_start(cfg, tokenizer, task, progress=False)  # --model: the directory's weights
     mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
 
     def make_trainer() -> Trainer:
@@ -244,13 +247,12 @@ def run_trainer(args) -> None:
 def run_engine(args) -> None:
     _start_jax(args)
     from minirl.engine import Engine
-    from minirl.tokenizer import CharTokenizer
     from scale import mesh as M
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     token = _token()
-    cfg, _ = _config(args)
-    engine_cfg = dataclasses.replace(cfg.engine, eos_id=CharTokenizer().eos_id, seed=cfg.rl.seed)
+    cfg, tokenizer, _ = _config(args)
+    engine_cfg = dataclasses.replace(cfg.engine, eos_ids=tuple(tokenizer.eos_ids), seed=cfg.rl.seed)
     mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
     role = EngineRole(Engine(cfg.model, engine_cfg), store, mesh, M.tensor_parallel())
@@ -269,16 +271,16 @@ def run_verifier(args) -> None:
 def run_controller(args) -> None:
     from minirl.controller import Controller
     from minirl.data.mixture import Mixture
+    from minirl.inputs import train_prompts
     from minirl.metrics_log import MetricsWriter
     from minirl.runner import checkpoint_due, open_run_dir, restore_run, save_checkpoint
-    from minirl.tokenizer import CharTokenizer
     from minirl.workers import InProcessWorker
     from scale.remote_verifier import RemoteVerifier
     from scale.remote_worker import RemoteWorker
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     token = _token()
-    cfg, task = _config(args)
+    cfg, tokenizer, task = _config(args)
     ckpts, restored = open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
     engine = RemoteWorker(args.engine, token, name="engine")
     trainer = RemoteWorker(args.trainer, token, name="trainer")
@@ -289,8 +291,8 @@ def run_controller(args) -> None:
                 if args.verifier_url else task.verifier)  # fmt: skip
     store = ReferenceStore(TensorStoreWeightStore(args.weights, keep=args.keep))
     controller = Controller(cfg, engine=engine, trainer=trainer, verifier=InProcessWorker(verifier),
-                            store=store, mixture=Mixture({task.name: task}, seed=cfg.rl.seed),
-                            tokenizer=CharTokenizer(), max_new_tokens=task.max_new_tokens)  # fmt: skip
+                            store=store, mixture=Mixture({task.name: train_prompts(task)}, seed=cfg.rl.seed),
+                            tokenizer=tokenizer, max_new_tokens=task.max_new_tokens)  # fmt: skip
     if restored is not None:
         restore_run(restored, controller, args.run_dir)  # the trainer job loads the checkpoint
         print(f"resumed {args.run_dir} at step {controller.counters.steps} "

@@ -304,10 +304,16 @@ def test_finish_reasons(params):
     assert out.finish_reason == "stop" and out.tokens.tolist() == ref[:end]
 
     eos = ref[6]
-    out = engine(dataclasses.replace(greedy, eos_id=eos), params).generate(
+    out = engine(dataclasses.replace(greedy, eos_ids=(eos,)), params).generate(
         [Request(prompt, 0, 12)]
     )[0]
     assert out.finish_reason == "eos" and out.tokens.tolist() == ref[: ref.index(eos) + 1]
+    # Several EOS ids (generation_config.json lists e.g. <|im_end|> and <|endoftext|>): any ends it.
+    unused = next(i for i in range(64) if i not in ref)
+    out = engine(dataclasses.replace(greedy, eos_ids=(unused, ref[8])), params).generate(
+        [Request(prompt, 0, 12)]
+    )[0]
+    assert out.finish_reason == "eos" and out.tokens.tolist() == ref[: ref.index(ref[8]) + 1]
 
     e = engine(greedy, params)
     short, one = e.generate([Request(prompt, 0, 5), Request(prompt, 1, 1)])

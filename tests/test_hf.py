@@ -171,9 +171,14 @@ def test_round_trip_bfloat16(checkpoints, tmp_path):
         load_file(tmp_path / "model.safetensors")["model.embed_tokens.weight"].dtype.name
         == "bfloat16"
     )
-    cfg2, model2 = load_hf(tmp_path)  # the stored dtype is the default
+    cfg2, model2 = load_hf(tmp_path, dtype="bfloat16")
     assert cfg2 == cfg
     _assert_same_params(model, model2)
+    # The default is float32 master weights, whatever the file stores: an exact upcast.
+    cfg3, model3 = load_hf(tmp_path)
+    assert (cfg3.dtype, cfg3.param_dtype) == ("float32", "float32")
+    assert model3.embed[...].dtype == jnp.float32
+    assert np.array_equal(np.asarray(model3.embed[...]), np.asarray(model.embed[...], np.float32))
 
 
 def test_sharded_checkpoints(checkpoints, tmp_path):
@@ -195,6 +200,7 @@ def test_sharded_checkpoints(checkpoints, tmp_path):
 
 
 def _edited_copy(src, dst, drop=(), add=None):
+    dst.mkdir(parents=True, exist_ok=True)
     shutil.copy(src / "config.json", dst / "config.json")
     tensors = load_file(src / "model.safetensors")
     for name in drop:
@@ -225,12 +231,26 @@ def test_unexpected_tensor_is_named(checkpoints, tmp_path):
 
 def test_harmless_extra_tensors_are_skipped(checkpoints, tmp_path):
     path, _, ref = checkpoints["qwen2"]  # tied embeddings
+    embed = load_file(path / "model.safetensors")["model.embed_tokens.weight"]
     extra = {
         "model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32),
-        "lm_head.weight": np.zeros((100, 64), np.float32),
-    }  # ignored: the embedding is tied
-    _, model = load_hf(_edited_copy(path, tmp_path, add=extra))
+        "lm_head.weight": embed.copy(),  # a tied model's head saved as well: a copy, dropped
+    }
+    cfg, model = load_hf(_edited_copy(path, tmp_path, add=extra))
+    assert cfg.tie_embeddings
     _assert_same_params(model, load_hf(path)[1])
+
+
+def test_tied_config_with_a_different_head_matches_transformers(checkpoints, tmp_path):
+    # Measured with transformers 5.24: it warns, unties, and uses the file's lm_head.weight.
+    path, _, _ = checkpoints["qwen2"]  # tie_word_embeddings=true
+    head = np.random.default_rng(1).normal(0, 0.2, (100, 64)).astype(np.float32)
+    edited = _edited_copy(path, tmp_path, add={"lm_head.weight": head})
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(edited).eval()
+    cfg, model = load_hf(edited)
+    assert not cfg.tie_embeddings
+    assert np.abs(_forward(model) - _torch_logits(theirs)).max() <= LOGIT_TOL
+    assert np.abs(_forward(model) - _forward(load_hf(path)[1])).max() > 1.0  # the head matters
 
 
 def test_wrong_shape_is_named(checkpoints, tmp_path):
@@ -240,8 +260,8 @@ def test_wrong_shape_is_named(checkpoints, tmp_path):
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         CheckpointError,
-        match=r"model\.layers\.\d\.mlp\.\w+_proj\.weight has "
-        r"shape \((128, 64|64, 128)\), the config implies",
+        match=r"model\.safetensors: tensor model\.layers\.\d\.mlp\.\w+_proj\.weight has "
+        r"shape \((128, 64|64, 128)\), config.json implies",
     ):
         load_hf(path)
 
@@ -253,7 +273,7 @@ def test_unknown_architecture(checkpoints, tmp_path):
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         CheckpointError,
-        match=r"unsupported architecture \['MistralForCausalLM'\]"
+        match=r"config.json: unsupported architectures \['MistralForCausalLM'\]"
         r".*LlamaForCausalLM",
     ):
         load_hf(path)
@@ -262,11 +282,76 @@ def test_unknown_architecture(checkpoints, tmp_path):
 def test_missing_files(tmp_path):
     with pytest.raises(CheckpointError, match="has no config.json"):
         load_hf(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json is not valid JSON"):
+        load_hf(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="config.json must hold a JSON object"):
+        load_hf(tmp_path)
     (tmp_path / "config.json").write_text(
         json.dumps({"architectures": ["LlamaForCausalLM"], **SMALL})
     )
     with pytest.raises(CheckpointError, match="neither model.safetensors nor"):
         load_hf(tmp_path)
+
+
+def test_damaged_files_are_named(checkpoints, tmp_path):
+    path, hf_model, _ = checkpoints["llama"]
+    cut = _edited_copy(path, tmp_path / "cut")
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.raises(CheckpointError, match=r"cut/model\.safetensors.*(truncated|cannot be read)"):
+        load_hf(cut)
+    (cut / "model.safetensors").write_bytes(b"\xff" * 64)  # garbage header
+    with pytest.raises(CheckpointError, match=r"cut/model\.safetensors is not a readable"):
+        load_hf(cut)
+    sharded = tmp_path / "sharded"
+    hf_model.save_pretrained(sharded, max_shard_size="40KB")
+    shard = sorted(sharded.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=f"{shard.name} is missing"):
+        load_hf(sharded)
+    (sharded / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="index.json is not a safetensors index"):
+        load_hf(sharded)
+
+
+@pytest.mark.parametrize("field, value", [("num_experts", 8), ("num_local_experts", 8),
+                                          ("n_routed_experts", 64), ("moe_intermediate_size", 768)])
+def test_mixture_of_experts_is_refused(checkpoints, tmp_path, field, value):
+    path = _edited_copy(checkpoints["qwen2"][0], tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, field: value}))
+    with pytest.raises(CheckpointError, match=f"config.json: {field} = {value}: mixture-of-experts"):
+        load_hf(path)
+
+
+def test_token_ids_are_read_and_written(checkpoints, tmp_path):
+    from minirl.hf import TokenIds, read_token_ids
+
+    path, _, _ = checkpoints["qwen2"]
+    src = _edited_copy(path, tmp_path / "src")
+    (src / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [7, 9], "pad_token_id": 3, "bos_token_id": None}))
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "eos_token_id": 11, "bos_token_id": 1}))
+    ids = read_token_ids(src)
+    assert ids == TokenIds(bos=1, eos=(7, 9, 11), pad=3)  # generation_config.json's first
+
+    cfg, model = load_hf(src)
+    save_hf(model, cfg, tmp_path / "out", token_ids=TokenIds(bos=None, eos=(7, 9), pad=3))
+    assert read_token_ids(tmp_path / "out") == TokenIds(bos=None, eos=(7, 9), pad=3)
+    gen = transformers.GenerationConfig.from_pretrained(tmp_path / "out")
+    assert (gen.eos_token_id, gen.pad_token_id) == ([7, 9], 3)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert theirs.config.eos_token_id == [7, 9]
+
+    (src / "generation_config.json").write_text(json.dumps({"eos_token_id": "7"}))
+    with pytest.raises(CheckpointError, match="generation_config.json: eos_token_id = '7'"):
+        read_token_ids(src)
+    (src / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 1000]}))
+    with pytest.raises(CheckpointError, match=r"in \[0, vocab_size=100\)"):
+        read_token_ids(src)
 
 
 # Published config.json files (the fields minirl reads), in transformers 4.x layout.
@@ -337,14 +422,14 @@ LLAMA32_1B = dict(
     [(QWEN25_05B, "qwen2.5-0.5b"), (QWEN3_06B, "qwen3-0.6b"), (LLAMA32_1B, "llama-3.2-1b")],
 )
 def test_published_configs_give_the_presets(hf, preset):
-    assert config_from_hf(hf) == ModelConfig.preset(preset)
+    assert config_from_hf(hf, dtype="bfloat16") == ModelConfig.preset(preset)
     # transformers 5.x moves rope_theta and the scaling into rope_parameters: same result.
     rope = {**(hf.get("rope_scaling") or {"rope_type": "default"}), "rope_theta": hf["rope_theta"]}
     v5 = {k: v for k, v in hf.items() if k not in ("rope_theta", "rope_scaling", "torch_dtype")}
     assert config_from_hf(
-        {**v5, "rope_parameters": rope, "dtype": "bfloat16"}
+        {**v5, "rope_parameters": rope, "dtype": "bfloat16"}, dtype="bfloat16"
     ) == ModelConfig.preset(preset)
-    assert config_from_hf(hf, dtype="float32").param_dtype == "float32"
+    assert config_from_hf(hf).param_dtype == "float32"  # float32 master weights by default
 
 
 @pytest.mark.parametrize(
@@ -357,9 +442,9 @@ def test_published_configs_give_the_presets(hf, preset):
         ),
         ({"attention_bias": True}, "o_proj bias"),
         ({"mlp_bias": True}, "mlp_bias"),
-        ({"hidden_act": "gelu"}, "unsupported hidden_act 'gelu'"),
+        ({"hidden_act": "gelu"}, "hidden_act = 'gelu': minirl's MLP uses silu"),
         ({"use_sliding_window": True}, "sliding-window"),
-        ({"hidden_size": None}, r"lacks \['hidden_size'\]"),
+        ({"hidden_size": None}, "hidden_size = None: a positive integer is required"),
         ({"torch_dtype": "float16"}, None),  # loads, as float32
     ],
 )

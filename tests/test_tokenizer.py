@@ -48,12 +48,19 @@ def test_char_errors():
     assert tok.decode([3, 4, 99, 0]) == "ab\ufffd"  # unknown ids never raise; pad is skipped
 
 
+def _write(path, tok, config):
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
 @pytest.fixture(scope="module")
-def bpe_file(tmp_path_factory):
+def bpe_dir(tmp_path_factory):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    # A post-processor that adds <bos>: HFTokenizer must not apply it (encode adds BOS itself).
+    # A post-processor that adds <bos>: encode(bos=True) applies it, as transformers does.
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", special_tokens=[("<bos>", 1)]
     )
@@ -63,49 +70,53 @@ def bpe_file(tmp_path_factory):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(["the cat sat on the mat", "hello world 12+7=19"] * 3, trainer)
-    path = tmp_path_factory.mktemp("bpe") / "tokenizer.json"
-    tok.save(str(path))
-    return path
+    config = {"eos_token": "<eos>", "bos_token": "<bos>", "pad_token": "<pad>"}
+    return _write(tmp_path_factory.mktemp("bpe"), tok, config)
 
 
-def test_hf_bpe_round_trip(bpe_file):
-    tok = HFTokenizer.from_file(bpe_file, eos_token="<eos>", bos_token="<bos>", pad_token="<pad>")
-    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2)
-    assert tok.vocab_size == Tokenizer.from_file(str(bpe_file)).get_vocab_size()
+def test_hf_bpe_round_trip(bpe_dir):
+    tok = HFTokenizer.from_dir(bpe_dir)
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.eos_ids) == (0, 1, 2, (2,))
+    assert tok.vocab_size == Tokenizer.from_file(str(bpe_dir / "tokenizer.json")).get_vocab_size()
     for text in TEXTS:
         ids = tok.encode(text, eos=True)
         assert ids.dtype == np.int32
         assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id
-        assert tok.bos_id not in ids[1:].tolist()  # the file's post-processor was not applied
+        assert tok.bos_id not in ids[1:].tolist()
         assert tok.decode(ids) == text
     assert tok.encode("the cat", bos=False)[0] != tok.bos_id
     assert len(tok.encode("the cat sat", bos=False)) < len("the cat sat")  # merges happened
     assert tok.decode(tok.encode("hi", eos=True), skip_special=False) == "<bos>hi<eos>"
 
 
-def test_hf_special_tokens_from_config_and_defaults(bpe_file, tmp_path):
-    (tmp_path / "tokenizer.json").write_bytes(bpe_file.read_bytes())
-    config = {"eos_token": {"content": "<eos>"}, "bos_token": None, "pad_token": "<pad>"}
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    tok = HFTokenizer.from_file(tmp_path)  # a directory works too
-    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, None, 2)
-    assert tok.encode("the cat", bos=True).tolist() == tok.encode("the cat", bos=False).tolist()
-    # Arguments win over the config; pad falls back to EOS when nobody names one.
-    tok = HFTokenizer(Tokenizer.from_file(str(bpe_file)), eos_token="<pad>")
-    assert tok.pad_id == tok.eos_id == 0
+def test_hf_special_tokens_from_config_and_defaults(bpe_dir, tmp_path):
+    tok = Tokenizer.from_file(str(bpe_dir / "tokenizer.json"))
+    tok.post_processor = None  # a Qwen-like file: no BOS token, nothing added
+    config = {"eos_token": {"content": "<eos>"}, "bos_token": None}
+    hf = HFTokenizer.from_dir(_write(tmp_path, tok, config))
+    assert (hf.pad_id, hf.bos_id, hf.eos_id) == (2, None, 2)  # pad falls back to EOS
+    assert hf.encode("the cat", bos=True).tolist() == hf.encode("the cat", bos=False).tolist()
+    # No eos_token in the config: the first of generation_config's EOS ids stands in.
+    hf = HFTokenizer.from_dir(_write(tmp_path / "noeos", tok, {}), extra_eos_ids=(2, 0))
+    assert hf.eos_ids == (2, 0) and hf.eos_id == 2
 
 
-def test_hf_errors(bpe_file, tmp_path):
+def test_hf_errors(bpe_dir, tmp_path):
+    tok = Tokenizer.from_file(str(bpe_dir / "tokenizer.json"))
     with pytest.raises(ValueError, match="no EOS token"):
-        HFTokenizer.from_file(bpe_file)  # no tokenizer_config.json beside it
+        HFTokenizer.from_dir(_write(tmp_path / "a", tok, {}))
     with pytest.raises(ValueError, match="eos_token '<end>' is not in the tokenizer's vocabulary"):
-        HFTokenizer.from_file(bpe_file, eos_token="<end>")
+        HFTokenizer.from_dir(_write(tmp_path / "b", tok, {"eos_token": "<end>"}))
     with pytest.raises(FileNotFoundError, match="no tokenizer file"):
-        HFTokenizer.from_file(tmp_path)
-    tok = HFTokenizer.from_file(bpe_file, eos_token="<eos>")
-    ids = tok.encode("the cat", bos=False).tolist()
+        HFTokenizer.from_dir(tmp_path / "nowhere")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "tokenizer.json").write_text("{}")
+    with pytest.raises(ValueError, match="is not a tokenizers file"):
+        HFTokenizer.from_dir(tmp_path / "c")
+    hf = HFTokenizer.from_dir(bpe_dir)
+    ids = hf.encode("the cat", bos=False).tolist()
     # Model output may hold ids the tokenizer lacks (padded vocabularies): shown, never raised.
-    assert tok.decode([*ids, tok.vocab_size + 5, -1, *ids]) == "the cat\ufffd\ufffdthe cat"
+    assert hf.decode([*ids, hf.vocab_size + 5, -1, *ids]) == "the cat\ufffd\ufffdthe cat"
 
 
 def test_hf_word_level(tmp_path):
@@ -113,9 +124,8 @@ def test_hf_word_level(tmp_path):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok.save(str(tmp_path / "tokenizer.json"))
-    hf = HFTokenizer.from_file(tmp_path, eos_token="<eos>", bos_token="<bos>", pad_token="<pad>")
+    hf = HFTokenizer.from_dir(_write(tmp_path, tok, {"eos_token": "<eos>", "pad_token": "<pad>"}))
     ids = hf.encode("two plus two is", eos=True)
-    assert ids.tolist() == [1, 4, 5, 4, 6, 2]
+    assert ids.tolist() == [4, 5, 4, 6, 2]  # no BOS: the file has no post-processor adding one
     assert hf.decode(ids) == "two plus two is"
     assert hf.encode("two minus", bos=False).tolist() == [4, 3]  # unknown word -> <unk>

@@ -152,7 +152,7 @@ def engine_config(slots: int, cache_len: int, exact: bool = False) -> EngineConf
         prefill_rows=8,
         decode_chunk=8,
         temperature=1.0,
-        eos_id=None,
+        eos_ids=(),
         seed=0,
         exact=exact,
     )

@@ -31,6 +31,7 @@ import re
 import numpy as np
 
 from minirl.data import tasks
+from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
 
 _ANSWER = re.compile(r"####[ ]*(\S*)\s*\Z")
@@ -103,8 +104,8 @@ class Arithmetic:
     Config = ArithmeticConfig
     name = "arithmetic"
 
-    def __init__(self, config: ArithmeticConfig = ArithmeticConfig()):
-        self.config = config
+    def __init__(self, config: ArithmeticConfig = ArithmeticConfig(), tokenizer=None):
+        self.config, self.tokenizer = config, tokenizer or CharTokenizer()
         self.verifier = ArithmeticVerifier()
 
     @property
@@ -133,7 +134,7 @@ class Arithmetic:
             "operands": list(operands),
             "reverse_digits": self.config.reverse_digits,
         }
-        return tasks.make_prompt(self.name, self.config, split, index, text, meta)
+        return tasks.make_prompt(self.name, self.config, split, index, text, meta, self.tokenizer)
 
     def demonstration(self, prompt: Prompt, sample: int = 0) -> str:
         """The perfect scratchpad (there is only one, so `sample` is ignored)."""

@@ -32,6 +32,7 @@ from fractions import Fraction
 import numpy as np
 
 from minirl.data import tasks
+from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
 
 _OPS = "+-*/"
@@ -242,8 +243,8 @@ class Countdown:
     Config = CountdownConfig
     name = "countdown"
 
-    def __init__(self, config: CountdownConfig = CountdownConfig()):
-        self.config = config
+    def __init__(self, config: CountdownConfig = CountdownConfig(), tokenizer=None):
+        self.config, self.tokenizer = config, tokenizer or CharTokenizer()
         self.verifier = CountdownVerifier(config.format_reward)
 
     @property
@@ -280,7 +281,7 @@ class Countdown:
             "use_all": self.config.use_all,
             "reference": reference,  # one solution, for humans and tests; demos do not use it
         }
-        return tasks.make_prompt(self.name, self.config, split, index, text, meta)
+        return tasks.make_prompt(self.name, self.config, split, index, text, meta, self.tokenizer)
 
     def demonstration(self, prompt: Prompt, sample: int = 0) -> str:
         """A random well-formed expression over the prompt's numbers (format only: it hits

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from minirl.data import tasks
+from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
 
 
@@ -49,8 +50,8 @@ class Fixture:
     name = "fixture"
     max_new_tokens = 2  # a digit, then EOS
 
-    def __init__(self, config: FixtureConfig = FixtureConfig()):
-        self.config = config
+    def __init__(self, config: FixtureConfig = FixtureConfig(), tokenizer=None):
+        self.config, self.tokenizer = config, tokenizer or CharTokenizer()
         self.verifier = FixtureVerifier()
 
     def prompt(self, index: int, split: str = "train") -> Prompt:
@@ -64,7 +65,7 @@ class Fixture:
             content=lambda v: v,
         )
         return tasks.make_prompt(
-            self.name, self.config, split, index, f"{value}:", {"value": value}
+            self.name, self.config, split, index, f"{value}:", {"value": value}, self.tokenizer
         )
 
     def demonstration(self, prompt: Prompt, sample: int = 0) -> str:

@@ -35,6 +35,7 @@ import os
 import numpy as np
 
 from minirl.data import tasks
+from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
 
 FAMILIES = {"linear": "x", "quadratic": "x*x"}
@@ -128,12 +129,14 @@ class ProgramSynthesis:
         config: ProgramSynthesisConfig = ProgramSynthesisConfig(),
         repository=None,
         charset_check: bool = True,
+        tokenizer=None,
     ):
         from minirl.verifiers import TestRepository
 
         if not isinstance(repository, TestRepository):
             repository = TestRepository(repository or default_repository_path())
         self.config, self.repository = config, repository
+        self.tokenizer = tokenizer or CharTokenizer()
         self.verifier = ProgramSynthesisVerifier(repository, charset_check)
 
     def _draw(self, rng: np.random.Generator):
@@ -164,7 +167,7 @@ class ProgramSynthesis:
             "examples": examples,
             "reference": render(family, a, b),  # for humans and tests; demos do not use it
         }
-        return tasks.make_prompt(self.name, self.config, split, index, text, meta)
+        return tasks.make_prompt(self.name, self.config, split, index, text, meta, self.tokenizer)
 
     def demonstration(self, prompt: Prompt, sample: int = 0) -> str:
         """A random family and slope, offset fitted to the first visible example only."""

@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "test")
 MAX_ATTEMPTS = 10_000  # candidate draws before a split is declared (nearly) empty
-_TOKENIZER = CharTokenizer()
 
 
 @runtime_checkable
@@ -126,10 +125,12 @@ def draw_in_split(
     )
 
 
-def make_prompt(task_name: str, config, split: str, index: int, text: str, meta: dict) -> Prompt:
-    """A Prompt with a stable 63-bit uid from (task name, config fingerprint, split, index)."""
+def make_prompt(task_name: str, config, split: str, index: int, text: str, meta: dict,
+                tokenizer) -> Prompt:
+    """A Prompt with a stable 63-bit uid from (task name, config fingerprint, split, index),
+    its text encoded by `tokenizer` (the run's own, handed to the task by `get_task`)."""
     uid = stable_hash("prompt", task_name, fingerprint(config), split, index)
-    return Prompt(uid=uid, task=task_name, text=text, tokens=_TOKENIZER.encode(text), meta=meta)
+    return Prompt(uid=uid, task=task_name, text=text, tokens=tokenizer.encode(text), meta=meta)
 
 
 def check_fraction(name: str, value: float) -> None:
@@ -164,9 +165,11 @@ def list_tasks() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_task(name: str, **cfg) -> Task:
+def get_task(name: str, tokenizer=None, **cfg) -> Task:
     """Build a registered task; keyword arguments are fields of its config dataclass, or
     resources the task declares in `resources` (e.g. program_synthesis's `repository`).
+    `tokenizer` encodes its prompts: the run's tokenizer (default: the character tokenizer the
+    built-in tasks were designed for).
 
     Example: `get_task("countdown", max_numbers=5)`.
     """
@@ -182,7 +185,8 @@ def get_task(name: str, **cfg) -> Task:
             f"task {name!r} has no option(s) {unknown}; options: {sorted(fields | resources)}"
         )
     config = cls.Config(**{k: v for k, v in cfg.items() if k in fields})
-    return cls(config, **{k: v for k, v in cfg.items() if k in resources})
+    tokenizer = CharTokenizer() if tokenizer is None else tokenizer
+    return cls(config, tokenizer=tokenizer, **{k: v for k, v in cfg.items() if k in resources})
 
 
 # ----------------------------------------------------------------------------- routing

@@ -244,7 +244,7 @@ def generate_rollouts(cfg, params, prompts: int, samples: int) -> tuple[list[Rol
     tokenizer = CharTokenizer()
     task = get_task(cfg.task.name, **cfg.task.args)
     engine_cfg = dataclasses.replace(
-        cfg.engine, exact=False, dtype=None, eos_id=tokenizer.eos_id, seed=cfg.rl.seed
+        cfg.engine, exact=False, dtype=None, eos_ids=tokenizer.eos_ids, seed=cfg.rl.seed
     )
     engine = Engine(cfg.model, engine_cfg)
     engine.load_weights(0, params)

@@ -1,0 +1,129 @@
+"""Tiny Hugging Face checkpoint directories for tests, made here (nothing is downloaded).
+
+    make_tokenizer_dir(path, style="qwen" | "llama")   tokenizer.json + tokenizer_config.json
+    make_model_dir(path, arch="qwen2" | "qwen3", style="qwen" | "llama")
+                                                        + config.json, model.safetensors and
+                                                        generation_config.json (two EOS ids)
+
+The tokenizer is a byte-level BPE trained with `tokenizers` on generated word-problem text, with
+the special tokens and a chat template in the style of the family: "qwen" is ChatML
+(`<|im_start|>role\\n...<|im_end|>`, a default system message, no BOS, eos `<|im_end|>`, pad
+`<|endoftext|>`); "llama" has Llama 3's header tokens, a template that starts with
+`{{ bos_token }}` and a post-processor that adds BOS to plain text. The model is a random
+transformers Qwen2 (GQA, q/k/v biases, tied embeddings) or Qwen3 (q/k norm, head_dim 32, tied)
+whose vocabulary is the tokenizer's rounded up to a multiple of 64 (as Qwen pads it). Both are
+deterministic (fixed seeds) and take about a second.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+QWEN_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] != 'system' or not loop.first %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+LLAMA_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{{- message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- endif %}"
+)
+STYLES = {
+    # specials (in id order), config's special tokens, extra EOS of generation_config, template
+    "qwen": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+             {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None},
+             "<|endoftext|>", QWEN_TEMPLATE),
+    "llama": (["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+               "<|eot_id|>"],
+              {"eos_token": "<|eot_id|>", "bos_token": "<|begin_of_text|>", "pad_token": None},
+              "<|end_of_text|>", LLAMA_TEMPLATE),
+}  # fmt: skip
+
+
+def corpus(n: int = 400) -> list[str]:
+    """Word-problem-like lines: digits, words, \\boxed{}, punctuation."""
+    rng = np.random.default_rng(0)
+    names, things = ["Tom", "Ana", "Li", "Sam"], ["apples", "books", "coins", "pens"]
+    out = []
+    for _ in range(n):
+        a, b = (int(x) for x in rng.integers(1, 50, 2))
+        name, thing = names[rng.integers(4)], things[rng.integers(4)]
+        out.append(f"{name} has {a} {thing} and buys {b} more. How many {thing} now? "
+                   f"{a} + {b} = {a + b}. The answer is \\boxed{{{a + b}}}.")
+    return out
+
+
+def make_tokenizer_dir(path, style: str = "qwen", vocab_size: int = 320) -> Path:
+    """Train a byte-level BPE and write tokenizer.json + tokenizer_config.json into `path`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    specials, config, _, template = STYLES[style]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer)
+    if style == "llama":
+        bos = config["bos_token"]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tok.token_to_id(bos))])
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template,
+                        "model_max_length": 256, **config}
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    return path
+
+
+def make_model_dir(path, arch: str = "qwen2", style: str = "qwen", seed: int = 0) -> Path:
+    """A random tiny transformers model of `arch` saved beside a `style` tokenizer in `path`."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    path = make_tokenizer_dir(path, style)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    _, config, extra_eos, _ = STYLES[style]
+    eos = [tok.token_to_id(config["eos_token"]), tok.token_to_id(extra_eos)]
+    pad = tok.token_to_id(config["pad_token"] or extra_eos)
+    bos = tok.token_to_id(config["bos_token"]) if config["bos_token"] else None
+    vocab = -(-tok.get_vocab_size() // 64) * 64
+    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, vocab_size=vocab, max_position_embeddings=256,
+                 tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-6,
+                 bos_token_id=bos, eos_token_id=eos[0], pad_token_id=pad)
+    if arch == "qwen2":
+        model_cfg = transformers.Qwen2Config(**sizes)
+        model_cls = transformers.Qwen2ForCausalLM
+    elif arch == "qwen3":
+        model_cfg = transformers.Qwen3Config(**sizes, head_dim=32)
+        model_cls = transformers.Qwen3ForCausalLM
+    else:
+        raise ValueError(f"unknown arch {arch!r}")
+    torch.manual_seed(seed)
+    model = model_cls(model_cfg).eval()
+    with torch.no_grad():  # weights large enough for logits of a few units, non-trivial norms
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * (0.05 if p.ndim == 1 else 1.0 / p.shape[-1] ** 0.5))
+    model.save_pretrained(path)
+    generation = {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad, "do_sample": True}
+    (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    return path
