@@ -32,7 +32,11 @@ def _hints(cls) -> dict[str, Any]:
 
 
 def _parse(text: str, tp: Any, key: str) -> Any:
-    """Parse a command-line string as type `tp` (bool, int, float, str, tuples, Optional)."""
+    """Parse a command-line string as type `tp` (bool, int, float, str, tuples, Optional). A str
+    is taken as written (an instruction may start with a space); other types ignore spaces."""
+    if tp is str:
+        return text
+    text = text.strip()
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if text.lower() in ("none", "null") and type(None) in args:
@@ -79,7 +83,7 @@ def override(cfg, assignment: str):
     if "=" not in assignment:
         raise ConfigError(f"override {assignment!r} must look like key=value (e.g. engine.temperature=0.8)")
     key, text = assignment.split("=", 1)
-    return _set(cfg, key.strip().split("."), text.strip(), key.strip())
+    return _set(cfg, key.strip().split("."), text, key.strip())  # str values keep their spaces
 
 
 def _set(cfg, path: list[str], text: str, full_key: str):

@@ -42,10 +42,15 @@ def make_verifier(cfg: RunConfig):
         from minirl.data import get_task
 
         return get_task(cfg.task.name, **cfg.task.args).verifier
-    from minirl.verifiers import get_verifier
+    from minirl.verifiers import get_verifier, verifier_names
 
+    name = cfg.data.verifier
+    if name not in verifier_names() or name == "code":
+        answers = [n for n in verifier_names() if n != "code"]
+        raise ConfigError(f"data.verifier={name!r}: a dataset file's answers are scored by one of "
+                          f"{answers}")
     shaping = {"format_reward": cfg.data.format_reward} if cfg.data.format_reward else {}
-    return get_verifier(cfg.data.verifier, **shaping)
+    return get_verifier(name, **shaping)
 
 
 def make_task(cfg: RunConfig, tokenizer):

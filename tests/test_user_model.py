@@ -138,3 +138,26 @@ def test_resumed_model_run_equals_uninterrupted(model_dirs, data, tmp_path):
 def test_export_refuses_clearly(tmp_path, capsys):
     assert cli.main(["export", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "not a minirl run directory" in capsys.readouterr().err
+
+
+def test_careless_input_is_a_one_line_error(model_dirs, data, tmp_path, capsys):
+    train, test = data
+    model = str(model_dirs["qwen2"])
+
+    def error(*argv):
+        assert cli.main(["train", "--quiet", "--run-dir", str(tmp_path / "r"), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("minirl train: error:") and "Traceback" not in err
+        return err
+
+    assert "model.dim comes from" in error("--model", model, "--data", str(train), "--set", "model.dim=64")
+    assert "no dataset file" in error("--model", model, "--data", str(tmp_path / "nope.jsonl"))
+    assert "unknown dataset format '.csv'" in error("--model", model, "--data", str(tmp_path / "x.csv"))
+    assert "data.verifier='nope'" in error("--model", model, "--data", str(train), "--verifier", "nope")
+    assert "has no config.json" in error("--model", str(tmp_path), "--data", str(train))
+    moe = tmp_path / "moe"
+    moe.mkdir()
+    config = json.loads((model_dirs["qwen2"] / "config.json").read_text())
+    (moe / "config.json").write_text(json.dumps({**config, "num_experts": 8}))
+    assert "num_experts = 8: mixture-of-experts" in error("--model", str(moe), "--data", str(train))
+    assert "data.eval does nothing without a dataset" in error("--set", f"data.eval={test}")

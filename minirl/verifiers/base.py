@@ -71,6 +71,16 @@ def _math_factory(**kwargs: Any) -> Verifier:
     return MathVerifier(MathVerifierConfig(**kwargs))
 
 
+def _math_verify_factory(workers: int = 2, item_timeout_s: float = 30.0, **kwargs: Any) -> Verifier:
+    """The math verifier on math-verify, in a pool of worker processes: its signal timeouts need
+    a main thread, and the pool kills a worker that still hangs (minirl/verifiers/math_verifier.py)."""
+    from minirl.verifiers.math_verifier import MathVerifier, MathVerifierConfig
+    from minirl.verifiers.pool import PoolConfig, VerifierPool
+
+    inner = MathVerifier(MathVerifierConfig(backend="math_verify", **kwargs))
+    return VerifierPool(inner, PoolConfig(workers=workers, item_timeout_s=item_timeout_s))
+
+
 def _code_factory(repository: Any = None, **kwargs: Any) -> Verifier:
     from minirl.verifiers.code_verifier import CodeVerifier, CodeVerifierConfig
     from minirl.verifiers.repository import TestRepository
@@ -83,7 +93,8 @@ def _code_factory(repository: Any = None, **kwargs: Any) -> Verifier:
 
 
 # name -> factory(**kwargs) -> Verifier. Built-ins are imported lazily (code pulls in the sandbox).
-_FACTORIES: dict[str, Callable[..., Verifier]] = {"math": _math_factory, "code": _code_factory}
+_FACTORIES: dict[str, Callable[..., Verifier]] = {
+    "math": _math_factory, "math_verify": _math_verify_factory, "code": _code_factory}
 
 
 def register_verifier(name: str, factory: Callable[..., Verifier]) -> None:

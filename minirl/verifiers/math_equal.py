@@ -146,8 +146,10 @@ def sympy_equal(ta: tuple, tb: tuple, timeout_s: float) -> bool | None:
 
 
 def _split_sequence(s: str) -> tuple[str, list[str]]:
-    """("()", ["1", "2"]) for "(1,2)"; ("", [s]) for a scalar. Brackets count only when the
-    outer pair encloses everything."""
+    """("()", ["1", "2"]) for "(1,2)"; ("{}", [...]) for a set "\\{1,2\\}"; ("", [s]) for a
+    scalar. Brackets count only when the outer pair encloses everything."""
+    if s.startswith("\\{") and s.endswith("\\}") and "\\{" not in s[2:-2]:
+        return "{}", _split_top(s[2:-2])
     brackets, inner = "", s
     if len(s) >= 2 and s[0] in "([" and s[-1] in ")]":
         depth = 0
@@ -158,6 +160,14 @@ def _split_sequence(s: str) -> tuple[str, list[str]]:
                 break
         else:
             brackets, inner = s[0] + s[-1], s[1:-1]
+    parts = _split_top(inner)
+    if len(parts) == 1:
+        return "", [s]
+    return brackets or "()", parts
+
+
+def _split_top(inner: str) -> list[str]:
+    """`inner` split at commas outside any bracket."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(inner):
         depth += ch in "([{"
@@ -166,9 +176,7 @@ def _split_sequence(s: str) -> tuple[str, list[str]]:
             parts.append(inner[start:i])
             start = i + 1
     parts.append(inner[start:])
-    if len(parts) == 1:
-        return "", [s]
-    return brackets or "()", parts
+    return parts
 
 
 def _scalar_equal(a: str, b: str, rel_tol: float, use_sympy: bool, timeout_s: float) -> bool:
@@ -200,6 +208,18 @@ def _scalar_equal(a: str, b: str, rel_tol: float, use_sympy: bool, timeout_s: fl
     return bool(probe)
 
 
+def _match_unordered(cparts: list[str], rparts: list[str], args) -> bool:
+    """Each candidate element equals a different reference element (greedy: set elements are
+    distinct values, so the first match is the only one)."""
+    left = list(rparts)
+    for x in cparts:
+        hit = next((i for i, y in enumerate(left) if _scalar_equal(x, y, *args)), None)
+        if hit is None:
+            return False
+        left.pop(hit)
+    return True
+
+
 def math_equal(
     candidate: str,
     reference: str,
@@ -223,6 +243,8 @@ def math_equal(
         (cl, cr), (rl, rr) = c.split("="), r.split("=")
         return _scalar_equal(cl, rl, *args) and _scalar_equal(cr, rr, *args)
     (cb, cparts), (rb, rparts) = _split_sequence(c), _split_sequence(r)
+    if cb == rb == "{}":  # sets: the same elements in any order
+        return len(cparts) == len(rparts) and _match_unordered(cparts, rparts, args)
     if len(cparts) > 1 or len(rparts) > 1:
         return (
             cb == rb

@@ -67,6 +67,8 @@ EQUIVALENCE_TABLE = [
     ("(1,2)", "1, 2", True),
     ("[0,1)", "[0, 1)", True),
     ("(\\frac{1}{2}, 3)", "(0.5, 3)", True),
+    ("\\{2, 1\\}", "\\{1,2\\}", True),  # a set: any order
+    ("\\{\\frac{1}{2}, -3\\}", "\\{-3,0.5\\}", True),
     # expressions with symbols
     ("(x+1)^2", "x^2+2x+1", True),
     ("2x+1", "1+2x", True),
@@ -91,6 +93,8 @@ EQUIVALENCE_TABLE = [
     ("[0,1)", "(0,1)", False),
     ("(1,2)", "(2,1)", False),
     ("(1,2,3)", "(1,2)", False),
+    ("\\{1, 3\\}", "\\{1,2\\}", False),
+    ("\\{1\\}", "\\{1,1\\}", False),
     ("5 or 7", "5", False),
     ("12 cm", "13", False),
     ("north", "south", False),
@@ -279,3 +283,54 @@ def test_decimals_are_exact_and_functions_are_floats():
     assert evaluate(*parse_expression("\\sqrt{\\frac{9}{4}}")) == Fraction(3, 2)  # perfect squares
     assert isinstance(evaluate(*parse_expression("\\sqrt{2}")), float)
     assert evaluate(*parse_expression("2x^2"), {"x": Fraction(1, 2)}) == Fraction(1, 2)
+
+
+# ------------------------------------------------------------------------ backends and shaping
+
+
+def test_format_reward_goes_to_wrong_but_found_answers(make_rollout):
+    verifier = MathVerifier(MathVerifierConfig(format_reward=0.1))
+    texts = ["so \\boxed{7}", "so \\boxed{8}", "I give up"]
+    rewards = [s.reward for s in verifier.score([make_rollout(t, {"answer": "7"}) for t in texts])]
+    assert rewards == [1.0, 0.1, 0.0]
+    with pytest.raises(ValueError, match="format_reward"):
+        MathVerifierConfig(format_reward=1.0)
+    with pytest.raises(ValueError, match="backend"):
+        MathVerifierConfig(backend="sympy")
+
+
+CHECKS = [("so \\boxed{\\dfrac{1}{2}}", "0.5", 1.0), ("#### 1,234", "1234", 1.0),
+          ("the answer is \\boxed{\\{3, 1\\}}", "\\{1,3\\}", 1.0), ("\\boxed{x = 4}", "4", 1.0),
+          ("\\boxed{5}", "4", 0.0), ("no idea", "4", 0.0)]
+
+
+@pytest.mark.parametrize("backend", ["builtin", "math_verify"])
+def test_both_backends_judge_alike(make_rollout, backend):
+    pytest.importorskip("math_verify")
+    verifier = MathVerifier(MathVerifierConfig(backend=backend))
+    scores = verifier.score([make_rollout(text, {"answer": gold}) for text, gold, _ in CHECKS])
+    assert [s.reward for s in scores] == [r for *_, r in CHECKS], [s.reason for s in scores]
+
+
+def test_math_verify_refuses_off_the_main_thread_and_runs_in_the_pool(make_rollout):
+    import threading
+
+    from minirl.verifiers import PoolConfig, VerifierPool
+
+    pytest.importorskip("math_verify")
+    verifier = MathVerifier(MathVerifierConfig(backend="math_verify"))
+    rollouts = [make_rollout(text, {"answer": gold}) for text, gold, _ in CHECKS]
+    out = []
+    thread = threading.Thread(target=lambda: out.extend(verifier.score(rollouts[:1])))
+    thread.start()
+    thread.join()
+    assert out[0].reward == 0.0 and "main thread" in out[0].reason  # zero, and why
+    # Pool workers score in their own main thread: math-verify's timeouts work there, and an
+    # answer that would hang it (a power tower) costs only its item, bounded by the timeouts.
+    hostile = make_rollout("\\boxed{9^{9^{9^{9^{9^{9^{9}}}}}}} and " + "{" * 30 + "}" * 30,
+                           {"answer": "1"})
+    with VerifierPool(verifier, PoolConfig(workers=1, item_timeout_s=20)) as pool:
+        t0 = time.perf_counter()
+        scores = pool.score([*rollouts, hostile])
+        assert time.perf_counter() - t0 < 20
+    assert [s.reward for s in scores] == [r for *_, r in CHECKS] + [0.0]
