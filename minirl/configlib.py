@@ -112,6 +112,23 @@ def _set(cfg, path: list[str], text: str, full_key: str):
         raise ConfigError(f"{full_key}={text}: {e}") from None
 
 
+def read_json_object(file, error: type[Exception] = ConfigError) -> dict | None:
+    """The JSON object in `file` (None if there is no such file), or `error` naming the file:
+    what every reader of a model directory's config files needs."""
+    from pathlib import Path
+
+    file = Path(file)
+    if not file.exists():
+        return None
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise error(f"{file} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
 def to_dict(cfg) -> dict[str, Any]:
     """A nested dataclass -> JSON-able nested dict (tuples become lists)."""
     out = {}

@@ -4,8 +4,9 @@ What it is: `load_hf(path)` reads a checkpoint directory as written by `transfor
 `save_pretrained` (one `model.safetensors`, or shards listed in `model.safetensors.index.json`)
 into a `minirl.model.Transformer`; `save_hf(model, cfg, path)` writes one back that
 `transformers` loads. The whole translation is two small tables: `config_from_hf` maps
-config.json keys to `ModelConfig` fields, and `tensor_names` maps every Hugging Face tensor name
-to its place in the model's parameter tree. torch Linear weights are stored [out, in]; minirl
+config.json keys to `ModelConfig` fields (minirl/hf_config.py, with the token ids of
+generation_config.json), and `tensor_names` maps every Hugging Face tensor name to its place in
+the model's parameter tree. torch Linear weights are stored [out, in]; minirl
 stores dense weights [in, out] (`x @ w`), so those are transposed on the way in and out.
 
 Strict on purpose: a missing tensor, a tensor of the wrong shape or an unexpected tensor raises
@@ -50,196 +51,29 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from minirl.hf_config import (
+    ARCHITECTURES,
+    GENERATION_FILE,
+    CheckpointError,
+    TokenIds,
+    architecture_of,
+    config_from_hf,
+    config_to_hf,
+    default_architecture,
+    read_config,
+    read_token_ids,
+)
 from minirl.model import ModelConfig, Transformer
 
-# Hugging Face architecture name -> (model_type, has q/k/v bias, has q/k RMSNorm).
-ARCHITECTURES = {
-    "Qwen2ForCausalLM": ("qwen2", True, False),
-    "Qwen3ForCausalLM": ("qwen3", False, True),
-    "LlamaForCausalLM": ("llama", False, False),
-}
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-GENERATION_FILE = "generation_config.json"
-# config.json fields that mean mixture-of-experts layers (Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek)
-MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size",
-              "num_experts_per_tok")
 _SHOW = 5  # how many offending names an error message lists
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory cannot be read (or written) as the model minirl implements."""
 
 
 def _names(names, show: int = _SHOW) -> str:
     names = sorted(names)
     more = f" (and {len(names) - show} more)" if len(names) > show else ""
     return ", ".join(names[:show]) + more
-
-
-# ----------------------------------------------------------------------------------------------
-# Config
-
-
-def _dtype_name(dtype) -> str:
-    name = jnp.dtype(dtype).name if not isinstance(dtype, str) else dtype
-    if name not in ("float32", "bfloat16"):
-        raise CheckpointError(f"minirl computes in float32 or bfloat16, not {name!r}")
-    return name
-
-
-def _rope(hf: dict) -> tuple[float, tuple | None]:
-    """(rope_theta, Llama-3 scaling or None) from transformers 5 `rope_parameters` or the older
-    top-level `rope_theta` + `rope_scaling`."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
-        return theta, None
-    if kind == "llama3":
-        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-        missing = [k for k in keys if k not in params]
-        if missing:
-            raise CheckpointError(f"llama3 rope scaling is missing {missing}")
-        factor, low, high, original = (params[k] for k in keys)
-        return theta, (float(factor), float(low), float(high), int(original))
-    raise CheckpointError(
-        f"unsupported rope_type {kind!r}; minirl implements 'default' and 'llama3'"
-    )
-
-
-def read_config(path) -> dict:
-    """DIR/config.json as a dict, or a CheckpointError naming the file and what is wrong."""
-    file = Path(path) / "config.json"
-    if not file.exists():
-        raise CheckpointError(f"{path} has no config.json (not a Hugging Face model directory)")
-    try:
-        hf = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{file} is not valid JSON: {e}") from None
-    if not isinstance(hf, dict):
-        raise CheckpointError(f"{file} must hold a JSON object, not {type(hf).__name__}")
-    return hf
-
-
-def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelConfig:
-    """A transformers config.json (as a dict) -> ModelConfig. `dtype` ("float32", "bfloat16" or a
-    dtype) sets compute and storage dtype; default float32 (see the module docstring). `source`
-    names the file in error messages."""
-    arch = architecture_of(hf, source)
-    _, qkv_bias, qk_norm = ARCHITECTURES[arch]
-    refuse = lambda field, why: CheckpointError(f"{source}: {field} = {hf.get(field)!r}: {why}")
-    for field in MOE_FIELDS:
-        if hf.get(field):
-            raise refuse(field, "mixture-of-experts layers are not implemented")
-    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "vocab_size")
-    for field in required:
-        if isinstance(hf.get(field), bool) or not isinstance(hf.get(field), int) or hf[field] < 1:
-            raise refuse(field, "a positive integer is required")
-    if hf.get("hidden_act", "silu") != "silu":
-        raise refuse("hidden_act", "minirl's MLP uses silu")
-    if hf.get("use_sliding_window"):
-        raise refuse("use_sliding_window", "sliding-window attention is not implemented")
-    if arch != "Qwen2ForCausalLM" and hf.get("attention_bias"):
-        raise refuse("attention_bias", f"{arch} with an o_proj bias is not implemented")
-    if hf.get("mlp_bias"):
-        raise refuse("mlp_bias", "MLP biases are not implemented")
-    heads = hf["num_attention_heads"]
-    theta, scaling = _rope(hf)
-    dtype = _dtype_name("float32" if dtype is None else dtype)
-    return ModelConfig(
-        vocab_size=hf["vocab_size"],
-        dim=hf["hidden_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        mlp_dim=hf["intermediate_size"],
-        rope_theta=theta,
-        rope_scaling=scaling,
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        qkv_bias=qkv_bias,
-        qk_norm=qk_norm,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_seq_len=hf.get("max_position_embeddings", 2048),
-        dtype=dtype,
-        param_dtype=dtype,
-    )
-
-
-def architecture_of(hf: dict, source: str = "config.json") -> str:
-    """The supported architecture name a config.json declares, or a clear error."""
-    archs = hf.get("architectures") or []
-    by_type = {t: a for a, (t, _, _) in ARCHITECTURES.items()}
-    if not isinstance(archs, list):
-        raise CheckpointError(f"{source}: architectures = {archs!r} is not a list")
-    for name in archs:
-        if name in ARCHITECTURES:
-            return name
-    if not archs and hf.get("model_type") in by_type:
-        return by_type[hf["model_type"]]
-    field = "architectures" if archs else "model_type"
-    raise CheckpointError(
-        f"{source}: unsupported {field} {hf.get(field)!r}; minirl loads {sorted(ARCHITECTURES)} "
-        f"(model_type {sorted(by_type)})"
-    )
-
-
-def default_architecture(cfg: ModelConfig) -> str:
-    """The one architecture whose layer shapes match cfg (q/k/v bias -> Qwen2, q/k norm -> Qwen3)."""
-    for name, (_, qkv_bias, qk_norm) in ARCHITECTURES.items():
-        if (cfg.qkv_bias, cfg.qk_norm) == (qkv_bias, qk_norm):
-            return name
-    raise CheckpointError("no supported architecture has both q/k/v bias and q/k norm")
-
-
-def config_to_hf(cfg: ModelConfig, architecture: str | None = None) -> dict:
-    """ModelConfig -> config.json dict, readable by transformers 4.x and 5.x."""
-    arch = architecture or default_architecture(cfg)
-    if arch not in ARCHITECTURES:
-        raise CheckpointError(f"unsupported architecture {arch!r}; known: {sorted(ARCHITECTURES)}")
-    if arch != default_architecture(cfg):
-        raise CheckpointError(
-            f"{arch} cannot express qkv_bias={cfg.qkv_bias}, "
-            f"qk_norm={cfg.qk_norm}; use {default_architecture(cfg)}"
-        )
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    if cfg.rope_scaling is not None:
-        factor, low, high, original = cfg.rope_scaling
-        rope = {
-            "rope_type": "llama3",
-            "rope_theta": cfg.rope_theta,
-            "factor": factor,
-            "low_freq_factor": low,
-            "high_freq_factor": high,
-            "original_max_position_embeddings": original,
-        }
-    hf = {
-        "architectures": [arch],
-        "model_type": ARCHITECTURES[arch][0],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.dim,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.mlp_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": cfg.norm_eps,
-        "max_position_embeddings": cfg.max_seq_len,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "rope_parameters": rope,  # transformers >= 5
-        "rope_theta": cfg.rope_theta,  # transformers 4.x
-        "rope_scaling": None if cfg.rope_scaling is None else rope,  # transformers 4.x
-        "dtype": cfg.param_dtype,
-        "torch_dtype": cfg.param_dtype,
-    }
-    if arch == "Qwen2ForCausalLM":
-        hf["use_sliding_window"] = False
-    else:
-        hf["attention_bias"] = False
-    return hf
 
 
 # ----------------------------------------------------------------------------------------------
@@ -391,54 +225,6 @@ def load_hf(path, dtype=None) -> tuple[ModelConfig, Transformer]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Token ids
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenIds:
-    """The special token ids a checkpoint declares: BOS, every EOS (primary first), padding."""
-
-    bos: int | None = None
-    eos: tuple[int, ...] = ()
-    pad: int | None = None
-
-
-def _ids(value, field: str, file: Path, vocab: int) -> list[int]:
-    values = value if isinstance(value, list) else [] if value is None else [value]
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
-            raise CheckpointError(f"{file}: {field} = {value!r}: token ids must be integers in "
-                                  f"[0, vocab_size={vocab})")
-    return values
-
-
-def read_token_ids(path) -> TokenIds:
-    """BOS / EOS / padding ids from generation_config.json, then config.json. EOS is every id
-    either file lists (generation_config.json's first); missing files or keys give None / ()."""
-    path = Path(path)
-    hf = read_config(path)
-    vocab = hf.get("vocab_size") or 2**31
-    sources = []
-    gen_file = path / GENERATION_FILE
-    if gen_file.exists():
-        try:
-            gen = json.loads(gen_file.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{gen_file} is not valid JSON: {e}") from None
-        if not isinstance(gen, dict):
-            raise CheckpointError(f"{gen_file} must hold a JSON object")
-        sources.append((gen, gen_file))
-    sources.append((hf, path / "config.json"))
-    found = {field: [] for field in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    for data, file in sources:
-        for field, ids in found.items():
-            ids += _ids(data.get(field), field, file, vocab)
-    first = lambda ids: ids[0] if ids else None
-    return TokenIds(bos=first(found["bos_token_id"]), eos=tuple(dict.fromkeys(found["eos_token_id"])),
-                    pad=first(found["pad_token_id"]))
-
-
-# ----------------------------------------------------------------------------------------------
 # Save
 
 
@@ -508,8 +294,9 @@ def save_hf(
     (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
-__all__ = [
+__all__ = [  # the config side is re-exported from minirl.hf_config
     "ARCHITECTURES",
+    "GENERATION_FILE",
     "CheckpointError",
     "TokenIds",
     "config_from_hf",

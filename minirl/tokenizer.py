@@ -134,7 +134,9 @@ class HFTokenizer:
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.exists():
             raise FileNotFoundError(f"no tokenizer file at {file}")
-        config = _read_json(file.parent / "tokenizer_config.json")
+        from minirl.configlib import read_json_object
+
+        config = read_json_object(file.parent / "tokenizer_config.json", ValueError) or {}
         special = _special_tokens(config)
         try:
             tok = Tokenizer.from_file(str(file))
@@ -195,19 +197,6 @@ class HFTokenizer:
         if self.chat_template is not None:
             config["chat_template"] = self.chat_template
         _write_files(directory, self._tok, config)
-
-
-def _read_json(file: Path) -> dict:
-    """A JSON object from `file` ({} if there is no such file); a clear error if it is broken."""
-    if not file.exists():
-        return {}
-    try:
-        data = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{file} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{file} must hold a JSON object, not {type(data).__name__}")
-    return data
 
 
 def _special_tokens(config: dict) -> dict[str, str]:

@@ -69,7 +69,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 FULL = dict(build=dict(), overrides=[
-    "rl.time_budget=600", "rl.steps=160", "trainer.total_steps=160", "trainer.learning_rate=1e-3",
+    "rl.time_budget=600", "rl.steps=170", "trainer.total_steps=170", "trainer.learning_rate=3e-4",
     "rl.prompts_per_step=32", "engine.slots=64", "eval.prompts=200", "rl.checkpoint_every=40"])
 FAST = dict(build=dict(train=2000, test=100, steps=40, dim=64, layers=2), overrides=[
     "rl.steps=3", "trainer.total_steps=3", "trainer.learning_rate=3e-4", "rl.prompts_per_step=8",

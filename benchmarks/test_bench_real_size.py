@@ -1,0 +1,187 @@
+"""Benchmark: a Qwen2.5-0.5B-shaped checkpoint on this machine — load, decode, train, memory.
+
+Run (about 10 minutes on 2 cores; needs the `reference` extra to build the checkpoint):
+    python -m pytest benchmarks/test_bench_real_size.py -q -s
+
+The checkpoint: `transformers.Qwen2ForCausalLM` with Qwen2.5-0.5B's config.json values (D=896,
+L=24, H=14, K=2, F=4864, V=151936, tied embeddings, q/k/v biases; 494M parameters), random
+weights, saved in bfloat16 as the real one ships (0.99 GB), with a small BPE tokenizer and a
+chat template beside it (tests/hf_tiny.py; the vocabulary size of the model is the real one).
+Nothing is downloaded. Every figure is a ratio to a baseline measured in the same run
+(BENCHMARKING.md):
+
+  load        `minirl.hf.load_hf` (bf16 files -> float32 master weights) vs reading the same
+              bytes raw from the page cache
+  decode      engine tokens/s at 1 and 32 slots (prompt 16 tokens, 32 new, temperature 1), as a
+              fraction of the same-run float32 matmul peak, counting 2 x (non-embedding params +
+              the LM head's V x D) FLOPs per token; at 1 slot also as memory traffic: the fp32
+              weights read once per token over a same-run numpy copy bandwidth
+  train       a train step (GRPO, 4 rows x 128 tokens) in tokens/s and as a fraction of peak,
+              counting 6 x (non-embedding params + V x D) per token
+  memory      peak resident memory of a 2-step `minirl train --model DIR --data FILE` run in a
+              fresh process (engine + trainer + AdamW state), without and with remat, as a
+              multiple of the model's float32 bytes; the accounting is printed beside it
+
+Nothing about time or memory is asserted beyond "it ran and fits in this machine's 24 GiB".
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from test_bench_trainer import matmul_peak  # noqa: E402
+
+from minirl.model import ModelConfig  # noqa: E402
+
+pytest.importorskip("transformers")
+PRESET = ModelConfig.preset("qwen2.5-0.5b")
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    jax.block_until_ready(out)
+    return time.perf_counter() - t0, out
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    import torch
+    import transformers
+    from hf_tiny import make_tokenizer_dir
+
+    path = tmp_path_factory.mktemp("qwen2.5-0.5b-shaped")
+    c = PRESET
+    config = transformers.Qwen2Config(
+        vocab_size=c.vocab_size, hidden_size=c.dim, num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+        intermediate_size=c.mlp_dim, max_position_embeddings=4096, rope_theta=c.rope_theta,
+        rms_norm_eps=c.norm_eps, tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(path)
+    del model
+    make_tokenizer_dir(path, "qwen")
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "pad_token_id": 0}))
+    data = path / "data.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(32)))
+    return path
+
+
+def non_embedding_flops_params(cfg: ModelConfig) -> int:
+    return cfg.num_params(embeddings=False) + cfg.vocab_size * cfg.dim  # + the LM head matmul
+
+
+def test_real_size(checkpoint):
+    from minirl.hf import load_hf
+
+    peak = matmul_peak()
+    report = {"matmul_peak_gflops": peak / 1e9}
+
+    # load vs raw read (both from the page cache: the files were just written / read)
+    files = sorted(checkpoint.glob("*.safetensors"))
+    raw = min(_timed(lambda: [f.read_bytes() for f in files])[0] for _ in range(2))
+    load_s, (cfg, model) = _timed(lambda: load_hf(checkpoint))
+    report["load"] = {"seconds": load_s, "raw_read_seconds": raw, "raw_over_load": raw / load_s,
+                      "file_gb": sum(f.stat().st_size for f in files) / 1e9}
+    params = nnx.to_pure_dict(nnx.split(model)[1])
+    fp32_bytes = 4 * cfg.num_params()
+    report["decode"] = {slots: _decode(cfg, params, slots, peak, fp32_bytes) for slots in (1, 32)}
+    report["train"] = _train(cfg, params, peak)
+    report["memory"] = {remat: _rl_run_peak_rss(checkpoint, remat) / fp32_bytes
+                        for remat in ("none", "nothing")}
+    report["memory_accounting_gb"] = _accounting(cfg)
+    print(json.dumps(report, indent=2, default=float))
+    assert all(v * fp32_bytes < 24 * 2**30 for v in report["memory"].values())
+
+
+def _copy_bandwidth() -> float:
+    """Bytes/s of a numpy copy of 1 GiB (read + write), for the 1-slot decode view."""
+    src = np.ones(2**28, np.float32)
+    return 2 * src.nbytes / min(_timed(src.copy)[0] for _ in range(3))
+
+
+def _decode(cfg, params, slots: int, peak: float, fp32_bytes: int) -> dict:
+    from minirl.engine import Engine, EngineConfig, Request
+    from minirl.types import Prompt
+
+    engine = Engine(cfg, EngineConfig(slots=slots, cache_len=64, prefill_buckets=(16,),
+                                      prefill_rows=min(slots, 8), decode_chunk=8))
+    engine.load_weights(0, params)
+    rng = np.random.default_rng(slots)
+    requests = lambda seed: [
+        Request(Prompt(seed * 1000 + i, "b", "", rng.integers(3, 300, 16).astype(np.int32)), 0, 32)
+        for i in range(slots)]
+    engine.generate(requests(1))  # compiles
+    seconds, rollouts = _timed(lambda: engine.generate(requests(2)))
+    tps = sum(len(r.tokens) for r in rollouts) / seconds
+    row = {"tokens_per_s": tps, "fraction_of_peak": tps * 2 * non_embedding_flops_params(cfg) / peak}
+    if slots == 1:
+        row["weight_bytes_per_s_over_copy_bandwidth"] = tps * fp32_bytes / _copy_bandwidth()
+    return row
+
+
+def _train(cfg, params, peak: float, rows: int = 4, length: int = 128) -> dict:
+    from minirl.losses import get_preset
+    from minirl.trainer import Trainer, TrainerConfig
+
+    trainer = Trainer(cfg, params, get_preset("grpo"), TrainerConfig(learning_rate=1e-6))
+    batch = _batch(rows, length, cfg.vocab_size)
+    trainer.train_step(batch)  # compiles
+    seconds, _ = _timed(lambda: trainer.train_step(batch))
+    tokens = rows * length  # every position goes through forward and backward
+    return {"tokens_per_s": tokens / seconds,
+            "fraction_of_peak": tokens * 6 * non_embedding_flops_params(cfg) / seconds / peak}
+
+
+def _batch(rows, length, vocab):
+    from minirl.batching import make_batch
+    from minirl.types import Prompt, Rollout, Score
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(rows):
+        prompt = Prompt(i // 2, "b", "", rng.integers(3, 300, 16).astype(np.int32))
+        c = length - 16
+        out.append(Rollout(prompt, i % 2, rng.integers(3, 300, c).astype(np.int32),
+                           np.full(c, -1.0, np.float32), np.zeros(c, np.int32), "length",
+                           score=Score(float(i % 2))))
+    return make_batch(out, 0)
+
+
+def _rl_run_peak_rss(checkpoint: Path, remat: str) -> int:
+    """Peak RSS (bytes) of a fresh `minirl train` process doing 2 RL steps on the checkpoint."""
+    run_dir = checkpoint.parent / f"run-{remat}"
+    sets = ["rl.steps=2", "rl.prompts_per_step=2", "rl.group_size=4", "eval.prompts=2",
+            "eval.samples=2", "engine.slots=8", "engine.cache_len=96", "engine.prefill_buckets=(64,)",
+            "data.max_new_tokens=32", "rl.export_hf=false", f"trainer.remat={remat}"]
+    code = ("import resource, sys; from minirl.cli import main; rc = main(sys.argv[1:]); "
+            "print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
+    argv = [sys.executable, "-c", code, "train", "--quiet", "--model", str(checkpoint), "--data",
+            str(checkpoint / "data.jsonl"), "--run-dir", str(run_dir)]
+    for s in sets:
+        argv += ["--set", s]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return int(out.split("MAXRSS")[1].split()[0]) * 1024  # Linux: kilobytes
+
+
+def _accounting(cfg: ModelConfig) -> dict:
+    n = cfg.num_params()
+    kv = 8 * 96 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4  # the run above
+    logits = 8 * 128 * cfg.vocab_size * 4
+    return {"params_fp32": 4 * n / 1e9, "adam_m_and_v": 8 * n / 1e9, "gradients": 4 * n / 1e9,
+            "engine_copy_of_weights": 4 * n / 1e9, "kv_cache": kv / 1e9,
+            "logits_of_one_micro_batch": logits / 1e9}
+
