@@ -53,7 +53,47 @@ WHAT THE SCRIPT DOES
 
 Expected output (full mode, measured)
 -------------------------------------
-MEASURED_OUTPUT
+Measured on 2026-11-24 with `python tutorials/12_your_own_model.py --out /tmp/l12` (the base
+directory already built by the same script, so Step 1 is a cache hit; building it takes ~100 s),
+library at the commit that adds this lesson, on a virtual machine with 2 cores (nproc = 2) and
+nothing else running (load average 0.9-1.7). It took 632 s of wall time and 1,051 s of CPU time
+(user + sys). The figure is figures/12_your_own_model.png.
+
+What the numbers say. The whole path works: the directory's tokenizer, chat template and both EOS
+ids are used, the 20,000 rows load with none bad, GRPO raises held-out pass@1 from 0.405 to 0.578
+(+0.17 on the same 1,600 prompt-and-key pairs) in 10 minutes, and the exported checkpoint loads
+in transformers with logits equal to minirl's (max |difference| 6e-6). What it does NOT show is
+issue #15's bar, pass@1 at least the base's pass@8 (0.800): pass@8 even fell a little (0.800 ->
+0.750), the usual pattern of RL sharpening (lesson 05): the model grows surer of the answers it
+finds, and finds fewer different ones. docs/your_own_model.md lists the other settings tried.
+
+    mode: full
+    /tmp/l12/base: already built with these arguments
+
+    Step 1. [     1s] the base model directory: config.json, generation_config.json, minirl_build.json, model.safetensors, tokenizer.json, tokenizer_config.json
+
+    Step 2. config: preset 'custom', model 0.85M parameters (dim 128, 4 layers, vocab 512, from config.json), overrides ['data.max_new_tokens=40', 'engine.cache_len=128', 'engine.prefill_buckets=(64,)', 'data.instruction= Put the final answer in \\\\boxed{}.', 'rl.time_budget=600', 'rl.steps=170', 'trainer.total_steps=170', 'trainer.learning_rate=3e-4', 'rl.prompts_per_step=32', 'engine.slots=64', 'eval.prompts=200', 'rl.checkpoint_every=40']
+
+    Step 3. the first training prompt, as the chat template lays it out (52 tokens; gold answer '10'):
+        <|im_start|>user
+        Ana shares 30 shells equally among 6 friends. Then each friend finds 5 more. How many shells does each friend have? Put the final answer in \\boxed{}.<|im_end|>
+        <|im_start|>assistant
+
+      a completion ends at any of the EOS ids (2, 0) (['<|im_end|>', '<|endoftext|>'])
+      /tmp/l12/base/data/train.jsonl: 20000 good, 0 bad of 20000 rows
+
+    Step 4. [     3s] Run(cfg, run_dir).train(): evaluate -> GRPO -> evaluate
+    held-out before RL: pass@1 0.405  pass@8 0.800  reward 0.405  length 27.858
+    time budget of 600s reached after 170 steps
+    held-out after RL:  pass@1 0.578  pass@8 0.750  reward 0.578  length 27.876
+    exported the final weights as a Hugging Face checkpoint: /tmp/l12/run/hf
+      [   625s] held-out before RL: pass@1 0.405  pass@8 0.800
+      [   625s] held-out after RL:  pass@1 0.578  pass@8 0.750  (170 steps in 608 s)
+
+    Step 5. [   625s] exported /tmp/l12/exported: config.json, generation_config.json, minirl_export.json, model.safetensors, tokenizer.json, tokenizer_config.json
+      transformers loads it: {'checked': True, 'max_abs_logit_diff': 6.198883056640625e-06, 'equal_to_1e-4': True}
+
+    wrote /tmp/l12/pass_at_k.png and /tmp/l12/results.json
 """
 
 from __future__ import annotations
