@@ -212,6 +212,10 @@ def open_run_dir(cfg: RunConfig, run_dir, resume: bool = True, force: bool = Fal
         if old != chash and not force:
             raise ConfigError(f"{run_dir} was started with another configuration (hash {old}, "
                               f"now {chash}); use a new run directory, or --force to continue anyway")
+        started = _read_json(run_dir, "meta.json").get("inputs")
+        if started is not None and started != describe_inputs(cfg) and not force:
+            raise ConfigError(f"{run_dir} was started on other data or model files (their sha256 in "
+                              "meta.json differ from the files now); restore them, or --force")
     write_json(run_dir, "config.json", {"hash": chash, "config": to_dict(cfg)})
     if restored is None:
         write_json(run_dir, "meta.json", {"seed": cfg.rl.seed, "started": time.time(),

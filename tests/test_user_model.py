@@ -161,3 +161,13 @@ def test_careless_input_is_a_one_line_error(model_dirs, data, tmp_path, capsys):
     (moe / "config.json").write_text(json.dumps({**config, "num_experts": 8}))
     assert "num_experts = 8: mixture-of-experts" in error("--model", str(moe), "--data", str(train))
     assert "data.eval does nothing without a dataset" in error("--set", f"data.eval={test}")
+
+
+def test_resume_refuses_changed_data(model_dirs, data, tmp_path, capsys):
+    train, test = data
+    copy = tmp_path / "train.jsonl"
+    copy.write_bytes(train.read_bytes())
+    _train(model_dirs["qwen2"], (copy, test), tmp_path / "run", ["rl.steps=1"])
+    copy.write_bytes(train.read_bytes() + b'{"question": "one more?", "answer": "1"}\n')
+    assert cli.main(["train", "--quiet", "--resume", str(tmp_path / "run"), "--set", "rl.steps=2"]) == 2
+    assert "started on other data or model files" in capsys.readouterr().err

@@ -181,7 +181,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, bytes]]:
 
 def _decode_line(raw: bytes):
     try:
-        line = raw.decode("utf-8")
+        line = raw.decode("utf-8").lstrip("\ufeff")  # a byte-order mark some editors write
     except UnicodeDecodeError as e:
         raise ValueError(f"not valid UTF-8 (byte {e.start})") from None
     if not line.strip():

@@ -130,6 +130,13 @@ def test_empty_or_wholly_bad_files_are_clear_errors(tmp_path):
         scan(write_jsonl(tmp_path / "caps.jsonl", ROWS[:1]), CharTokenizer())
 
 
+def test_a_byte_order_mark_is_not_a_bad_row(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (json.dumps(ROWS[0]) + "\n").encode())
+    files, report = scan(path, TOK)
+    assert report.num_bad == 0 and files["all"][0].meta["answer"] == "7"
+
+
 def test_parquet_equals_jsonl(tmp_path):
     rows = ROWS[:4] + [{"question": None, "answer": "1"}]
     a, ra = scan(write_jsonl(tmp_path / "d.jsonl", rows), TOK)
