@@ -1,6 +1,7 @@
 """Benchmark: a Qwen2.5-0.5B-shaped checkpoint on this machine — load, decode, train, memory.
 
-Run (about 10 minutes on 2 cores; needs the `reference` extra to build the checkpoint):
+Run alone (about 7 minutes on 2 cores, ~24 GB of memory at its peak; needs the `reference`
+extra to build the checkpoint; docs/model.md has the measured numbers):
     python -m pytest benchmarks/test_bench_real_size.py -q -s
 
 The checkpoint: `transformers.Qwen2ForCausalLM` with Qwen2.5-0.5B's config.json values (D=896,
@@ -57,27 +58,34 @@ def _timed(fn):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
+    """Built in a child process, so this one never holds torch's copy of the model (measured on
+    2026-11-25: the RL run below peaks at ~23 GB on its own; with a parent holding a few GB more,
+    the kernel killed it)."""
+    path = tmp_path_factory.mktemp("qwen2.5-0.5b-shaped")
+    code = f"import sys; sys.path[:0] = {[str(ROOT / 'benchmarks'), str(ROOT / 'tests')]!r}; " \
+           f"from test_bench_real_size import build_checkpoint; build_checkpoint({str(path)!r})"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return path
+
+
+def build_checkpoint(path) -> None:
     import torch
     import transformers
     from hf_tiny import make_tokenizer_dir
 
-    path = tmp_path_factory.mktemp("qwen2.5-0.5b-shaped")
-    c = PRESET
+    path, c = Path(path), PRESET
     config = transformers.Qwen2Config(
         vocab_size=c.vocab_size, hidden_size=c.dim, num_hidden_layers=c.num_layers,
         num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
         intermediate_size=c.mlp_dim, max_position_embeddings=4096, rope_theta=c.rope_theta,
         rms_norm_eps=c.norm_eps, tie_word_embeddings=True)  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(path)
-    del model
+    transformers.Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
     make_tokenizer_dir(path, "qwen")
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "pad_token_id": 0}))
     data = path / "data.jsonl"
     data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
                             for i in range(32)))
-    return path
 
 
 def non_embedding_flops_params(cfg: ModelConfig) -> int:
@@ -182,10 +190,14 @@ def _rl_run_peak_rss(checkpoint: Path, remat: str) -> int:
 
 
 def _accounting(cfg: ModelConfig) -> dict:
+    """GB of what a lockstep run holds at once on one host (minirl/runner.py, optimizer.py)."""
     n = cfg.num_params()
     kv = 8 * 96 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4  # the run above
     logits = 8 * 128 * cfg.vocab_size * 4
-    return {"params_fp32": 4 * n / 1e9, "adam_m_and_v": 8 * n / 1e9, "gradients": 4 * n / 1e9,
-            "engine_copy_of_weights": 4 * n / 1e9, "kv_cache": kv / 1e9,
-            "logits_of_one_micro_batch": logits / 1e9}
-
+    return {"params_fp32": 4 * n / 1e9,  # the trainer's; the in-process engine uses the same arrays
+            "adam_m_and_v": 8 * n / 1e9,
+            "gradients_and_accumulator": 8 * n / 1e9,
+            "update_outputs": 12 * n / 1e9,  # new params, m, v beside the old (nothing donated)
+            "weight_store_host_copy": 4 * n / 1e9,  # one version (released on reload)
+            "checkpoint_host_copy": 12 * n / 1e9,  # params + m + v as numpy, at a save
+            "kv_cache": kv / 1e9, "logits_of_one_micro_batch": logits / 1e9}

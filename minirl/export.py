@@ -8,7 +8,8 @@ vLLM load: `config.json` (with the bos/eos/pad ids), `model.safetensors`, `gener
 run started with --model, else the one whose layer shapes match (minirl/hf.py).
 
 The checkpoint is written to `DIR.partial` and renamed into place, so a crash never leaves a
-half-written DIR that looks complete. An existing, non-empty DIR is refused unless `force`.
+half-written DIR that looks complete. An existing, non-empty DIR is refused unless `force`; a DIR
+that is (or holds) the run directory, the model directory or a dataset file is always refused.
 Simplified on purpose: one safetensors file (or shards of `max_shard_bytes`), weights in the
 run's float32 unless `dtype="bfloat16"` is asked for.
 """
@@ -53,6 +54,11 @@ def export_params(params, cfg: RunConfig, tokenizer, out, dtype: str | None = No
     from minirl.hf import TokenIds, architecture_of, read_config, save_hf
 
     out = Path(out)
+    inputs = [cfg.model.path, cfg.data.train, cfg.data.eval, (source or {}).get("run_dir")]
+    for kept in (Path(p).resolve() for p in inputs if p):
+        if out.resolve() == kept or out.resolve() in kept.parents:  # --force would delete it
+            raise ConfigError(f"--out {out} is or holds {kept}, which the export reads; "
+                              "choose another directory")
     if out.exists() and any(out.iterdir()) and not force:
         raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --force")
     model_cfg = cfg.model

@@ -174,14 +174,37 @@ def read_model_config(path, dtype=None) -> ModelConfig:
     return _untie_if_needed(cfg, _tensor_files(path))
 
 
-def load_hf(path, dtype=None) -> tuple[ModelConfig, Transformer]:
-    """Read a Qwen2/Qwen3/Llama checkpoint directory -> (config, model). `dtype` as in
-    `config_from_hf`. No random initialisation happens: the model is built from the tensors, one
-    file at a time (peak memory ~ one copy of the parameters)."""
+@dataclasses.dataclass(frozen=True)
+class TensorSource:
+    """One parameter in a checkpoint: the file and tensor name holding it, its shape in minirl's
+    layout, and whether it is stored transposed ([out, in] on disk, [in, out] in minirl)."""
+
+    file: Path
+    name: str
+    shape: tuple[int, ...]
+    transposed: bool
+
+    def read(self, index: tuple = ()) -> np.ndarray:
+        """The tensor (or, with `index` — slices in minirl's layout, as
+        `jax.make_array_from_callback` passes them — only that block) in minirl's layout. A
+        block is read from the memory-mapped file alone: the rest of the tensor is never read."""
+        index = tuple(index) + (slice(None),) * (len(self.shape) - len(index))
+        with _open(self.file) as f:
+            try:
+                block = f.get_slice(self.name)[index[::-1] if self.transposed else index]
+            except (SafetensorError, OSError) as e:
+                raise CheckpointError(f"{self.file}: tensor {self.name} cannot be read: {e}") from None
+        return block.T if self.transposed else block
+
+
+def open_checkpoint(path, dtype=None) -> tuple[ModelConfig, dict[tuple, TensorSource]]:
+    """(config, {path in the parameter tree: where its tensor is}) of a checkpoint directory,
+    every check done on the files' headers — a missing, unexpected or misshapen tensor is
+    refused before any weight is read."""
     path = Path(path)
-    hf = read_config(path)
+    cfg = config_from_hf(read_config(path), dtype, str(path / "config.json"))
     files = _tensor_files(path)
-    cfg = _untie_if_needed(config_from_hf(hf, dtype, str(path / "config.json")), files)
+    cfg = _untie_if_needed(cfg, files)
     names = tensor_names(cfg)
     missing = names.keys() - files.keys()
     if missing:
@@ -197,29 +220,41 @@ def load_hf(path, dtype=None) -> tuple[ModelConfig, Transformer]:
             f"checkpoint {path} has {len(unexpected)} tensor(s) minirl does "
             f"not use: {_names(unexpected)}"
         )
+    shapes = _shapes(cfg)
+    sources = {}
+    for name, (where, transposed) in names.items():
+        with _open(files[name]) as f:
+            stored = tuple(f.get_slice(name).get_shape())
+        want = _get(shapes, where).shape
+        if stored != (want[::-1] if transposed else want):
+            flip = (lambda s: s[::-1]) if transposed else (lambda s: s)
+            raise CheckpointError(f"{files[name]}: tensor {name} has shape {stored}, "
+                                  f"config.json implies {flip(want)}")
+        sources[where] = TensorSource(files[name], name, want, transposed)
+    return cfg, sources
 
+
+def _shapes(cfg: ModelConfig) -> dict:
+    return nnx.to_pure_dict(nnx.eval_shape(lambda: nnx.state(Transformer(cfg, nnx.Rngs(0)))))
+
+
+def build_params(cfg: ModelConfig, sources: dict[tuple, TensorSource], read) -> dict:
+    """The model's pure parameter dict with every leaf `read(where, source)` (a host array, or
+    a sharded jax.Array built from the source's blocks)."""
+    params = _shapes(cfg)
+    for where, source in sources.items():
+        _set(params, where, read(where, source))
+    return params
+
+
+def load_hf(path, dtype=None) -> tuple[ModelConfig, Transformer]:
+    """Read a Qwen2/Qwen3/Llama checkpoint directory -> (config, model). `dtype` as in
+    `config_from_hf`. No random initialisation happens: the model is built from the tensors, one
+    at a time (peak memory ~ one copy of the parameters). scale/mesh.py's `load_checkpoint`
+    reads the same sources straight into a mesh's layout, each process only its own blocks."""
+    cfg, sources = open_checkpoint(path, dtype)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0))))
-    params = nnx.to_pure_dict(state)  # shapes only, filled below
-    by_file: dict[Path, list[str]] = {}
-    for name in names:
-        by_file.setdefault(files[name], []).append(name)
-    for file, file_names in by_file.items():
-        with _open(file) as f:
-            for name in file_names:
-                where, transposed = names[name]
-                try:
-                    array = f.get_tensor(name)
-                except (SafetensorError, OSError) as e:
-                    raise CheckpointError(f"{file}: tensor {name} cannot be read: {e}") from None
-                array = array.T if transposed else array
-                want = _get(params, where).shape
-                if array.shape != want:
-                    flip = (lambda s: s[::-1]) if transposed else (lambda s: s)
-                    raise CheckpointError(
-                        f"{file}: tensor {name} has shape {flip(array.shape)}, "
-                        f"config.json implies {flip(want)}"
-                    )
-                _set(params, where, jnp.asarray(array.astype(cfg.storage_dtype)))
+    params = build_params(cfg, sources, lambda _, s: jnp.asarray(s.read().astype(cfg.storage_dtype)))
     nnx.replace_by_pure_dict(state, params)
     return cfg, nnx.merge(graphdef, state)
 
@@ -305,6 +340,9 @@ __all__ = [  # the config side is re-exported from minirl.hf_config
     "read_token_ids",
     "config_to_hf",
     "load_hf",
+    "open_checkpoint",
+    "build_params",
+    "TensorSource",
     "save_hf",
     "tensor_names",
     "architecture_of",

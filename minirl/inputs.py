@@ -89,11 +89,17 @@ def initial_params(cfg: RunConfig, seed: int) -> dict:
     from minirl.hf import load_hf
 
     loaded, model = load_hf(cfg.model.path, dtype=cfg.model.dtype)
+    return checked_params(cfg, loaded, nnx.to_pure_dict(nnx.split(model)[1]))
+
+
+def checked_params(cfg: RunConfig, loaded, params: dict) -> dict:
+    """A checkpoint's params as this run uses them: its config (`loaded`) must still be the run's
+    model (a directory edited since the run started is refused), cast to the run's storage dtype.
+    The params may be host arrays or sharded ones (scale.mesh.load_checkpoint)."""
     mine = dataclasses.replace(cfg.model, path="", param_dtype=loaded.param_dtype)
     if dataclasses.replace(loaded, path="") != mine:
         raise ConfigError(f"{cfg.model.path} no longer matches this run's model config (was the "
                           "directory changed since the run started?)")
-    params = nnx.to_pure_dict(nnx.split(model)[1])
     if cfg.model.param_dtype != loaded.param_dtype:
         import jax
 

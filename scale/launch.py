@@ -21,6 +21,10 @@ call with a `StoredWeights(version)` reference; the controller keeps references 
 the engine job reads each version straight into its tensor-parallel layout. The controller never
 holds the weights.
 
+Every role takes `minirl train`'s flags, `--model DIR --data FILE` included. The trainer job
+starts from a model directory by reading it straight into its FSDP layout (`first_params`:
+each process reads only the blocks its devices hold, scale/mesh.py's `load_checkpoint`).
+
 A trainer or engine spanning several hosts (a TPU slice, several GPU nodes) is one JAX job:
 every host runs the same command with --coordinator/--num-processes/--process-id; process 0
 serves the controller and broadcasts each call to the others (scale/remote_worker.py).
@@ -223,22 +227,37 @@ def _serve(role: Any, listen: str, token: str) -> None:
         follow(role)
 
 
+def first_params(cfg, tokenizer, task, mesh):
+    """The trainer job's starting weights on its FSDP mesh. A --model directory (no SFT steps) is
+    read block by block: every process reads only the slices its own devices hold
+    (scale.mesh.load_checkpoint); otherwise the warm start (random init, SFT) is placed."""
+    from minirl.inputs import checked_params
+    from minirl.warmstart import warm_start
+    from scale import mesh as M
+
+    if cfg.model.path and not cfg.sft.steps:
+        loaded, params, read = M.load_checkpoint(cfg.model.path, mesh, M.fsdp(), cfg.model.dtype)
+        print(f"read {read:,} bytes of {cfg.model.path} (the blocks this process holds)", flush=True)
+        return checked_params(cfg, loaded, params)
+    base, _ = warm_start(cfg, tokenizer, task, progress=False)
+    return M.place_params(base, mesh, M.fsdp())
+
+
 def run_trainer(args) -> None:
     _start_jax(args)
     from minirl.losses import get_preset
     from minirl.trainer import Trainer
-    from minirl.warmstart import warm_start
     from scale import mesh as M
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     token = _token()
     cfg, tokenizer, task = _config(args)
-    base, _ = warm_start(cfg, tokenizer, task, progress=False)  # --model: the directory's weights
     mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
+    start = first_params(cfg, tokenizer, task, mesh)  # jax arrays: a Trainer never mutates them
 
     def make_trainer() -> Trainer:
-        return Trainer(cfg.model, M.place_params(base, mesh, M.fsdp()), get_preset(cfg.rl.loss),
-                       cfg.trainer_config(), placement=M.RowPlacement(mesh, M.fsdp()))  # fmt: skip
+        return Trainer(cfg.model, start, get_preset(cfg.rl.loss), cfg.trainer_config(),
+                       placement=M.RowPlacement(mesh, M.fsdp()))  # fmt: skip
 
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
     _serve(TrainerRole(make_trainer, store), args.listen, token)
@@ -397,8 +416,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     v.add_argument("--verifier", default="code", help="code | math | task:<name>")
     v.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
-    {"trainer": run_trainer, "engine": run_engine, "controller": run_controller,
-     "verifier": run_verifier}[args.role](args)  # fmt: skip
+    from minirl.configlib import ConfigError
+    from minirl.hf_config import CheckpointError
+
+    try:
+        {"trainer": run_trainer, "engine": run_engine, "controller": run_controller,
+         "verifier": run_verifier}[args.role](args)  # fmt: skip
+    except (ConfigError, CheckpointError, OSError) as e:  # a user's mistake: one line, no traceback
+        p.exit(2, f"python -m scale.launch {args.role}: error: {e}\n")
 
 
 if __name__ == "__main__":

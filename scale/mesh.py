@@ -8,6 +8,7 @@ same functions, the same numbers up to reduction order. This file decides the pl
     initialize(DistributedConfig(...))            # jax.distributed, before any JAX work
     mesh = make_mesh(MeshConfig(fsdp=-1))         # axes ("data", "fsdp", "tensor")
     params = place_params(params, mesh, fsdp())   # ZeRO-3 style: weights split over "fsdp"
+    cfg, params, _ = load_checkpoint(DIR, mesh, fsdp())   # a HF directory, each process its blocks
     trainer = Trainer(model_cfg, params, ..., placement=RowPlacement(mesh, fsdp()))
     engine.load_weights(v, place_params(trainer.params(), infer_mesh, tensor_parallel()))
 
@@ -294,6 +295,34 @@ def place_params(params: Any, mesh: Mesh, rules: ShardingRules) -> Any:
     placed = [place(x, param_sharding(p, np.shape(x), mesh, rules)) if hasattr(x, "shape") else x
               for p, x in zip(paths, leaves, strict=True)]  # fmt: skip
     return jax.tree_util.tree_unflatten(treedef, placed)
+
+
+def load_checkpoint(path: Any, mesh: Mesh, rules: ShardingRules, dtype: Any = None):
+    """A Hugging Face checkpoint directory read straight into `rules`' layout on `mesh` ->
+    (ModelConfig, params, bytes this process read). Every process reads only the blocks its own
+    devices hold, each distinct block once (safetensors slices of the memory-mapped files,
+    minirl/hf.py's `TensorSource.read`), so no host reads the whole model unless its devices
+    hold all of it; the values equal `load_hf`'s."""
+    from minirl.hf import build_params, open_checkpoint
+
+    cfg, sources = open_checkpoint(path, dtype)
+    dtype, bytes_read = np.dtype(cfg.storage_dtype), 0
+
+    def sharded(where, source) -> jax.Array:
+        blocks: dict[str, np.ndarray] = {}  # devices holding the same block share one read
+
+        def block(index) -> np.ndarray:  # called once per device of this process
+            nonlocal bytes_read
+            if str(index) not in blocks:
+                blocks[str(index)] = source.read(index).astype(dtype)
+                bytes_read += blocks[str(index)].nbytes
+            return blocks[str(index)]
+
+        sharding = param_sharding("/".join(map(str, where)), source.shape, mesh, rules)
+        return jax.make_array_from_callback(source.shape, sharding, block)
+
+    params = build_params(cfg, sources, sharded)
+    return cfg, params, bytes_read
 
 
 def batch_sharding(shape: tuple[int, ...], mesh: Mesh, rules: ShardingRules) -> NamedSharding:

@@ -21,7 +21,14 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from minirl.hf import CheckpointError, config_from_hf, load_hf, save_hf, tensor_names
+from minirl.hf import (
+    CheckpointError,
+    config_from_hf,
+    load_hf,
+    open_checkpoint,
+    save_hf,
+    tensor_names,
+)
 from minirl.model import ModelConfig, rope_frequencies
 
 pytestmark = pytest.mark.reference
@@ -472,3 +479,19 @@ def test_save_refuses_an_architecture_that_cannot_hold_the_model(tmp_path):
         save_hf({}, cfg, tmp_path, architecture="LlamaForCausalLM")
     with pytest.raises(CheckpointError, match="parameters lack embed"):
         save_hf({}, cfg, tmp_path)
+
+
+def test_a_block_of_a_tensor_is_read_alone(checkpoints):
+    """`TensorSource.read(index)` — what each process of a mesh reads (scale.mesh.load_checkpoint)
+    — is that block of the whole tensor in minirl's layout, for transposed tensors too, and
+    equals the tensor transformers holds."""
+    path, model, _ = checkpoints["qwen2"]
+    theirs = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    _, sources = open_checkpoint(path)
+    assert any(s.transposed for s in sources.values()) and any(not s.transposed for s in sources.values())
+    for source in sources.values():
+        whole = source.read()
+        want = theirs[source.name].T if source.transposed else theirs[source.name]
+        np.testing.assert_array_equal(whole, want)
+        index = tuple(slice(n // 2, n) for n in source.shape)  # the last half of every axis
+        np.testing.assert_array_equal(source.read(index), whole[index])

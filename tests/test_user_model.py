@@ -163,7 +163,8 @@ def test_careless_input_is_a_one_line_error(model_dirs, data, tmp_path, capsys):
     assert "data.eval does nothing without a dataset" in error("--set", f"data.eval={test}")
 
 
-def test_resume_refuses_changed_data(model_dirs, data, tmp_path, capsys):
+def test_resume_refuses_changed_data_and_export_never_replaces_its_inputs(model_dirs, data, tmp_path,
+                                                                         capsys):
     train, test = data
     copy = tmp_path / "train.jsonl"
     copy.write_bytes(train.read_bytes())
@@ -171,3 +172,10 @@ def test_resume_refuses_changed_data(model_dirs, data, tmp_path, capsys):
     copy.write_bytes(train.read_bytes() + b'{"question": "one more?", "answer": "1"}\n')
     assert cli.main(["train", "--quiet", "--resume", str(tmp_path / "run"), "--set", "rl.steps=2"]) == 2
     assert "started on other data or model files" in capsys.readouterr().err
+    # `minirl export --force` replaces --out: never the run, the model directory or the data
+    before = sorted(p.name for p in model_dirs["qwen2"].iterdir())
+    for out in (tmp_path / "run", tmp_path, model_dirs["qwen2"]):
+        assert cli.main(["export", str(tmp_path / "run"), "--out", str(out), "--force"]) == 2
+        assert "which the export reads" in capsys.readouterr().err
+    assert (tmp_path / "run" / "checkpoints").is_dir() and copy.exists()
+    assert sorted(p.name for p in model_dirs["qwen2"].iterdir()) == before

@@ -13,7 +13,9 @@ On 4 devices (one process, or two processes x two devices), with minirl's own En
              functions are recorded
   3. weights: the new FSDP weights published to a TensorStore store by every process (each
              writes its shards), loaded into the TP layout (each reads only its slices),
-             compared with an in-process reshard
+             compared with an in-process reshard; and the starting weights saved as a Hugging
+             Face checkpoint, read into the FSDP layout by `load_checkpoint` (each process
+             reads only the blocks its devices hold)
   4. references (process 0): the same decode and step unsharded; the mismatch between engine
              log-probs and trainer recompute with the SAME layout (both unsharded) and with
              DIVERGENT layouts (TP engine, FSDP trainer). MINIRL_TEST_EXACT=1 runs both in
@@ -55,6 +57,7 @@ M.initialize(M.DistributedConfig(args.coordinator, args.num_processes, args.proc
 from minirl.batching import make_batch  # noqa: E402
 from minirl.diagnostics import mismatch_metrics  # noqa: E402
 from minirl.engine import Engine, EngineConfig, Request  # noqa: E402
+from minirl.hf import save_hf  # noqa: E402
 from minirl.losses import get_preset  # noqa: E402
 from minirl.model import ModelConfig, init_model  # noqa: E402
 from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
@@ -171,6 +174,21 @@ out["weights"] = {
     "param_bytes": int(sum(x.nbytes for x in flatten_tree(params).values())),
     "versions": store.versions(),
 }
+# 3b. a Hugging Face checkpoint straight into the FSDP layout: each process reads its blocks
+hf_dir = args.store.rstrip("/") + "_hf"
+if jax.process_index() == 0:
+    save_hf(params, CFG, hf_dir)
+M.barrier("minirl-test-hf-saved")
+hf_cfg, from_hf, hf_read = M.load_checkpoint(hf_dir, train_mesh, M.fsdp())
+placed = M.place_params(params, train_mesh, M.fsdp())
+held, hf_same = {}, hf_cfg == CFG  # distinct blocks held by this process's devices
+for path, x in flatten_tree(from_hf).items():
+    assert x.sharding == flatten_tree(placed)[path].sharding, path
+    for shard in x.addressable_shards:
+        held[path, str(shard.index)] = shard.data.nbytes
+        hf_same &= bool(np.array_equal(np.asarray(shard.data), flatten_tree(params)[path][shard.index]))
+out["checkpoint"] = {"equal": hf_same, "bytes_read": hf_read, "bytes_held": sum(held.values()),
+                     "embed_spec": M.describe(from_hf)["embed"]}
 out["batch_layouts"] = placement.seen
 out["specs"] = {
     "engine q_proj": M.describe(tp_engine._params)["layers/0/attn/q_proj"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,6 +84,73 @@ def test_localhost_processes_run_and_a_killed_controller_resumes_exactly(tmp_pat
         assert summary["steps"] == 4 and summary["version"] == 4
         assert summary["weights"][-1] == 4  # the trainer job published v4; old ones released
         assert summary["verifier"]["requests"] >= 2 and summary["verifier"]["unscored"] == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            proc.stdout.close()
+
+
+def test_a_role_given_a_bad_model_directory_or_data_file_says_so_in_one_line(tmp_path):
+    env = {**os.environ, "MINIRL_TOKEN": "smoke-test-secret", "PYTHONPATH": str(ROOT),
+           "JAX_PLATFORMS": "cpu"}  # fmt: skip
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1 + 1?", "answer": "2"}\n')
+    for bad, says in ((["--model", str(tmp_path), "--data", str(data)], "has no config.json"),
+                      (["--data", str(tmp_path / "nope.jsonl")], "no dataset file")):  # fmt: skip
+        r = subprocess.run([sys.executable, "-m", "scale.launch", "trainer", "--weights",
+                            "memory://w", *bad], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.startswith("python -m scale.launch trainer: error:") and says in r.stderr
+
+
+@pytest.mark.slow  # ~1-2 min: four processes, two RL steps of a tiny Qwen2
+@pytest.mark.reference  # the model directory is written by transformers
+def test_localhost_processes_run_a_users_model_directory_and_dataset(tmp_path):
+    """The multi-host recipe with `--model DIR --data FILE` on every role (issue #15 item 9): the
+    trainer job reads the checkpoint into its FSDP layout block by block, the verifier service
+    scores with the math verifier, and the run ends with both steps logged."""
+    from hf_tiny import make_model_dir
+
+    model = make_model_dir(tmp_path / "model", arch="qwen2")
+    data = tmp_path / "train.jsonl"
+    rows = [{"question": f"Tom has {i % 7 + 1} apples and buys 2 more. How many now?",
+             "answer": f"#### {i % 7 + 3}"} for i in range(16)]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    inputs = ["--model", str(model), "--data", str(data), "--verifier", "math",
+              "--set", "engine.cache_len=96", "--set", "engine.prefill_buckets=(64,)",
+              "--set", "data.max_new_tokens=16", *SETS]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(MINIRL_TOKEN="smoke-test-secret", PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    weights, run = f"file://{tmp_path}/weights", tmp_path / "run"
+    procs = []
+    try:
+        verifier = _launch(["verifier", "--host", "127.0.0.1", "--port", "0", "--workers", "1",
+                            "--verifier", "math", "--repository", str(tmp_path / "vdata")], env)  # fmt: skip
+        procs.append(verifier)
+        url, _ = wait_for_output(verifier, r"on (http://127\.0\.0\.1:\d+)")
+        jobs, printed = {}, {}
+        for role, mesh in (("engine", "tensor=2"), ("trainer", "fsdp=2")):
+            proc = _launch([role, "--listen", "127.0.0.1:0", "--weights", weights, *inputs,
+                            "--cpu-devices", "2", "--mesh", mesh], env)  # fmt: skip
+            procs.append(proc)
+            jobs[role], printed[role] = wait_for_output(proc, r"listening on (127\.0\.0\.1:\d+)")
+        assert re.search(r"read [\d,]+ bytes of .*model \(the blocks this process holds\)",
+                         printed["trainer"]), printed["trainer"]  # fmt: skip
+        controller = subprocess.run(
+            [sys.executable, "-m", "scale.launch", "controller", "--engine", jobs["engine"],
+             "--trainer", jobs["trainer"], "--verifier-url", url, "--weights", weights,
+             "--run-dir", str(run), *inputs, "--steps", "2", "--shutdown-workers"],
+            cwd=ROOT, env=env, capture_output=True, timeout=900)  # fmt: skip
+        log = controller.stdout.decode() + controller.stderr.decode()
+        assert controller.returncode == 0, log[-3000:]
+        records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+        assert [r["step"] for r in records] == [1, 2]
+        assert all(0.0 <= r["reward/mean"] <= 1.0 and r["train/tokens"] > 0 for r in records)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["steps"] == 2 and summary["verifier"]["unscored"] == 0
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -146,6 +146,13 @@ def _check_rows_split(layouts: dict) -> None:
         assert shape[0] >= 2 and shard == [shape[0] // 2, *shape[1:]], (ndim, shape, shard)
 
 
+def _check_checkpoint_read(c: dict, param_bytes: int) -> None:
+    """A Hugging Face checkpoint read into the FSDP layout: the same values, and exactly the
+    distinct blocks this process's devices hold were read, each once."""
+    assert c["equal"] and c["embed_spec"] == "P(None, 'fsdp')"
+    assert c["bytes_read"] == c["bytes_held"] <= param_bytes
+
+
 def _report(r: dict, label: str) -> None:
     lines = [f"\n{label}: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["seconds"].items())]
     if "train" in r:
@@ -173,6 +180,7 @@ def test_sharded_engine_and_trainer_on_four_fake_devices(tmp_path):
     w = r["weights"]
     assert w["loaded_equals_resharded"] and w["versions"] == [1]
     assert w["bytes_written"] == w["param_bytes"] == w["bytes_read"]  # one process: all of it
+    _check_checkpoint_read(r["checkpoint"], w["param_bytes"])
 
 
 def _free_port() -> int:
@@ -204,6 +212,9 @@ def test_two_processes_with_two_devices_each(tmp_path):
     for w in (r0["weights"], r1["weights"]):
         assert w["loaded_equals_resharded"] and w["versions"] == [1]
         assert w["bytes_read"] < w["param_bytes"]  # each process read only its own slices
+    for r in (r0, r1):  # and of the Hugging Face checkpoint, less than the whole model
+        _check_checkpoint_read(r["checkpoint"], r0["weights"]["param_bytes"])
+        assert r["checkpoint"]["bytes_read"] < r0["weights"]["param_bytes"]
     # every FSDP shard was written by exactly one process
     assert (
         r0["weights"]["bytes_written"] + r1["weights"]["bytes_written"]
