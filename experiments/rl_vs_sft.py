@@ -112,15 +112,15 @@ class Arm:
 
 def rl_arm(run: Run, base, sft_lr: float | None = None) -> Arm:
     """The `minirl train` loop, built by the same Run.build_loop."""
-    controller, trainer = run.build_loop(base, run.engine(0, base), log=lambda *a: None)
-    controller.store.put(0, trainer.params(host=True))
+    controller = run.build_loop(base, run.engine(0, base), log=lambda *a: None)
+    controller.store.put(0, controller.params())
     log = []
 
     def step():
         m = controller.step()
         log.append({k: m[k] for k in RL_KEYS})
 
-    return Arm(step, trainer.params, log, limit=run.cfg.rl.steps)
+    return Arm(step, lambda: controller.params(host=False), log, limit=run.cfg.rl.steps)
 
 
 def sft_arm(run: Run, base, sft_lr: float | None = None) -> Arm:

@@ -19,8 +19,11 @@ The bounds of the lockstep scheduler hold here too, enforced rather than schedul
 They hold on every batch (asserted), but which rollouts land in which batch depends on timing,
 so runs are not bitwise reproducible — use `lockstep` for that.
 
-JAX releases the GIL inside compiled computations, so a decode chunk and a train step really do
-overlap on two cores.
+The engine is reached through its worker (`controller.engine`), so it may live in this process
+(JAX releases the GIL inside compiled computations: a decode chunk and a train step really do
+overlap on two cores), in a local process or in a Ray actor (scale/ray_workers.py) with cores of
+its own. If its process dies, the thread restarts it, reloads the weights it held and re-submits
+every request in flight (their rollouts are keyed by counter-based RNG, so nothing is lost).
 """
 
 from __future__ import annotations
@@ -29,14 +32,20 @@ import threading
 import time
 
 from minirl.scheduler import Request
+from minirl.workers import InProcessWorker, WorkerDied
 
 
 class RolloutThread(threading.Thread):
-    """Feeds the controller's buffer from the engine until `stop()`."""
+    """Feeds the controller's buffer from the engine until `stop()`. `engine` is a worker
+    (default: the controller's) or, in tests, an engine-like object."""
 
-    def __init__(self, controller, engine):
+    def __init__(self, controller, engine=None):
         super().__init__(name="minirl-rollouts", daemon=True)
-        self.ctl, self.engine = controller, engine  # the engine object itself: only this thread uses it
+        engine = controller.engine if engine is None else engine
+        self.ctl = controller
+        self.engine = engine if hasattr(engine, "call") else InProcessWorker(engine)
+        self.restarts = 0  # engine processes that died and were replaced
+        self._stats = {"decode_tokens": 0, "slot_steps": 0}
         self.in_flight: dict[int, dict] = {}  # prompt uid -> {"prompt", "rollouts"}
         self.error: BaseException | None = None
         # where this thread's time goes (seconds since start): engine steps (prefill + decode),
@@ -53,6 +62,15 @@ class RolloutThread(threading.Thread):
         with self.ctl.cond:
             return [entry["prompt"] for entry in self.in_flight.values()]
 
+    def work_stats(self) -> dict[str, int]:
+        """The engine's work counters (for the trainer thread's metrics). If its process just
+        died, the last counters seen: the rollout thread is replacing it."""
+        try:
+            self._stats = self.engine.call("work_stats").result()
+        except WorkerDied:
+            pass
+        return self._stats
+
     def resubmit(self, prompts) -> None:
         """Re-issue prompts that were in flight when a snapshot was taken (resume)."""
         prompts = list(prompts)
@@ -65,15 +83,39 @@ class RolloutThread(threading.Thread):
             while not self._halt.is_set():
                 self._timed("reload", self._maybe_reload)
                 self._admit()
-                if self.engine.num_active == 0 and self.engine.num_queued == 0:
+                if self._call("pending") == 0:
                     with self.ctl.cond:  # nothing to do until the trainer consumes or publishes
                         self._timed("idle", self.ctl.cond.wait, 0.05)
                     continue
-                self._collect(self._timed("busy", self.engine.step))
+                self._collect(self._timed("busy", self._call, "step"))
         except BaseException as e:  # noqa: BLE001 - re-raised in the trainer thread
             self.error = e
             with self.ctl.cond:
                 self.ctl.cond.notify_all()
+
+    def _call(self, method: str, *args):
+        """Call the engine; if its process died, bring up a fresh one with the weights the old
+        one held, re-submit everything in flight (partial rollouts are dropped: they come back
+        identical) and call again."""
+        for attempt in range(3):
+            try:
+                return self.engine.call(method, *args).result()
+            except WorkerDied as e:
+                if attempt == 2:
+                    raise
+                self.ctl.log(f"engine worker died ({e}); restarting it and re-submitting its requests")
+                self.restarts += 1
+                self.engine.restart()
+                with self.ctl.cond:
+                    self.ctl.counters.worker_restarts += 1
+                    version = self.ctl.counters.engine_version
+                    prompts = [entry["prompt"] for entry in self.in_flight.values()]
+                    for entry in self.in_flight.values():
+                        entry["rollouts"] = []
+                self.engine.call("load_weights", *self.ctl.store.get(version)).result()
+                self._submit(prompts)
+                if method == "submit":
+                    return None  # what it submitted is in flight, so it was just re-submitted
 
     def _timed(self, part: str, fn, *args):
         t0 = time.perf_counter()
@@ -89,8 +131,8 @@ class RolloutThread(threading.Thread):
                 return
             version = ctl.counters.version
         _, params = ctl.store.get(version)
-        self.engine.interrupt(ctl.rl.reload_policy)
-        self.engine.load_weights(version, params)
+        self._call("interrupt", ctl.rl.reload_policy)
+        self._call("load_weights", version, params)
         with ctl.cond:
             ctl.counters.engine_version = version
             ctl.store.release(min(version, ctl.counters.version))
@@ -115,7 +157,7 @@ class RolloutThread(threading.Thread):
     def _submit(self, prompts) -> None:
         if prompts:
             g = self.ctl.rl.group_size
-            self.engine.submit([Request(p, i, self.ctl.max_new_tokens) for p in prompts for i in range(g)])
+            self._call("submit", [Request(p, i, self.ctl.max_new_tokens) for p in prompts for i in range(g)])
 
     def _collect(self, finished) -> None:
         complete = []

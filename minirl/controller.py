@@ -104,6 +104,10 @@ class Controller:
         self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
         self._engine_seen = {"decode_tokens": 0, "slot_steps": 0}  # engine counters at last step
 
+    def params(self, host: bool = True):
+        """The trainer's current weights, through its worker (numpy arrays with `host=True`)."""
+        return self.trainer.call("params", host).result()
+
     # ---- one step ----------------------------------------------------------------------------
 
     def step(self) -> dict[str, float]:
@@ -138,8 +142,10 @@ class Controller:
     def _engine_work(self, stats: dict) -> dict[str, float]:
         """The engine's decode work during this step: kept tokens and slot-steps computed (their
         ratio is the slot occupancy, minirl.engine.Engine.occupancy). Per step, not cumulative,
-        so a resumed run logs the same numbers as an uninterrupted one (the engine restarts at 0)."""
-        out = {f"engine/{k}": float(stats[k] - seen) for k, seen in self._engine_seen.items()}
+        so a resumed run logs the same numbers as an uninterrupted one (the engine restarts at 0;
+        so does an engine process that died and was replaced: then its counters are this step's)."""
+        out = {f"engine/{k}": float(stats[k] - seen if stats[k] >= seen else stats[k])
+               for k, seen in self._engine_seen.items()}
         self._engine_seen = {k: stats[k] for k in self._engine_seen}
         return out
 
@@ -213,7 +219,7 @@ class Controller:
             "time/step": t_end - t_start, "published": float(published),
             "engine/in_flight": float(len(rollouts.in_flight)),
             **{f"engine/{part}_seconds": s for part, s in rollouts.seconds.items()},
-            **self._engine_work(rollouts.engine.work_stats()),
+            **self._engine_work(rollouts.work_stats()),
         })
         with self.cond:
             return self._with_counters(metrics)

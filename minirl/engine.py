@@ -260,6 +260,10 @@ class Engine:
     def num_active(self) -> int:
         return len(self._sched.active())
 
+    def pending(self) -> int:
+        """Requests admitted or waiting (a method, so callers behind a worker can ask)."""
+        return self.num_active + self.num_queued
+
     def work_stats(self) -> dict[str, int]:
         """A copy of the counters in `stats` (for callers behind a worker transport)."""
         return dict(self.stats)

@@ -43,7 +43,7 @@ from minirl.metrics_log import MetricsWriter, read_metrics
 from minirl.trainer import Trainer
 from minirl.warmstart import warm_start
 from minirl.weights import InMemoryWeightStore
-from minirl.workers import InProcessWorker, from_plain, to_plain
+from minirl.workers import LocalPlacement, from_plain, to_plain
 
 # Keys a resumed run may change: how long to run and how often to evaluate, not what a step does.
 RESUMABLE_CHANGES = ("rl.steps", "rl.time_budget", "eval.every", "rl.export_hf")
@@ -64,10 +64,15 @@ def load_config(run_dir) -> RunConfig:
 
 
 class Run:
-    """The parts of one run, built from its config (no work until `train` / `evaluate`)."""
+    """The parts of one run, built from its config: the tokenizer and the task (a dataset file is
+    read and checked here, so a bad file fails before any model work); no weights are loaded
+    and nothing is compiled until `train` / `evaluate`. `placement` decides where engine, trainer
+    and verifier live (default: `rl.workers`, minirl.workers.LocalPlacement; Ray actors:
+    scale/ray_workers.py's RayPlacement); evaluation and the warm start run in this process."""
 
-    def __init__(self, cfg: RunConfig, run_dir, log=print, progress: bool = True):
+    def __init__(self, cfg: RunConfig, run_dir, log=print, progress: bool = True, placement=None):
         self.cfg, self.run_dir, self.log, self.progress = cfg, Path(run_dir), log, progress
+        self.placement = placement if placement is not None else LocalPlacement(cfg.rl.workers)
         self.tokenizer = load_tokenizer(cfg)
         if cfg.model.vocab_size < self.tokenizer.vocab_size:
             raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
@@ -98,24 +103,26 @@ class Run:
             self.log(f"held-out before RL: {_fmt(summary['before'])}")
             write_json(self.run_dir, "summary.json", summary)
 
-        controller, trainer = self.build_loop(base, engine)
+        controller = self.build_loop(base, engine)
+        del base  # held by the trainer now; no third reference (2 GB of a 0.5B model)
         if restored is not None:
             restore_run(restored, controller, self.run_dir)
             self.log(f"resumed {self.run_dir} at step {controller.counters.steps} "
                      f"(version {controller.counters.version})")
         # The engine starts from the trainer's weights (a resumed run: the snapshot's version,
         # a reload boundary, so nothing older is needed).
-        params = trainer.params(host=True)
+        params = controller.params()
         controller.store.put(controller.counters.version, params)
         controller.counters.engine_version = controller.counters.version
         controller.engine.call("load_weights", controller.counters.version, params).result()
+        del params  # the store and the engine hold it; released with the version
 
         writer = MetricsWriter(self.run_dir)
         rollouts = None
         if rl.scheduler == "async":
             from minirl.async_loop import RolloutThread
 
-            rollouts = RolloutThread(controller, engine)
+            rollouts = RolloutThread(controller)
             if restored is not None:
                 rollouts.resubmit(controller.pending_on_restore)
             rollouts.start()
@@ -125,9 +132,11 @@ class Run:
             m = controller.step() if rollouts is None else controller.step_async(rollouts)
             c = controller.counters
             if cfg.eval.every and c.steps % cfg.eval.every == 0:
-                # async: the rollout thread owns `engine`; evaluate the trainer's weights on a
-                # fresh engine (compiled functions are shared, so nothing recompiles)
-                judge = engine if rollouts is None else self.engine(c.version, trainer.params())
+                # `engine` holds the newest weights only if it is the controller's engine and no
+                # rollout thread owns it; otherwise evaluate the trainer's weights on a fresh
+                # engine here (compiled functions are shared, so nothing recompiles)
+                shared = rollouts is None and getattr(controller.engine, "obj", None) is engine
+                judge = engine if shared else self.engine(c.version, controller.params())
                 m.update({f"eval/{k}": v for k, v in self.evaluate(judge).items()})
             writer.write(m, step=c.steps)
             bar.update(1)
@@ -146,7 +155,8 @@ class Run:
         ckpts.close()
 
         # A fresh engine for the final evaluation (the async one may still hold requests).
-        summary["after"] = self.evaluate(self.engine(controller.counters.version, trainer.params()))
+        final = controller.params()
+        summary["after"] = self.evaluate(self.engine(controller.counters.version, final))
         summary["rl_seconds"] = summary.get("rl_seconds", 0.0) + time.perf_counter() - t0
         summary["counters"] = to_plain(controller.counters.__dict__)
         write_json(self.run_dir, "summary.json", summary)
@@ -155,40 +165,28 @@ class Run:
             from minirl.export import export_params
 
             source = {"run_dir": str(self.run_dir.resolve()), "step": controller.counters.steps}
-            out = export_params(trainer.params(host=True), cfg, self.tokenizer, self.run_dir / "hf",
+            out = export_params(final, cfg, self.tokenizer, self.run_dir / "hf",
                                 force=True, source=source)
             self.log(f"exported the final weights as a Hugging Face checkpoint: {out}")
         return summary
 
-    def build_loop(self, base, engine: Engine, log=None) -> tuple[Controller, Trainer]:
+    def build_loop(self, base, engine: Engine, log=None) -> Controller:
         """The RL loop as `train` runs it: a trainer starting from `base`, a weight store, the
-        prompt mixture and a controller driving `engine`; returns the controller and the trainer
-        its worker wraps. Weights are not yet in the store (the caller publishes the start)."""
+        prompt mixture and a controller driving the engine (`engine` itself when the placement
+        keeps it in this process), all placed by `self.placement`. Weights are not yet in the
+        store (the caller publishes the start: `controller.params()`)."""
         cfg, rl = self.cfg, self.cfg.rl
-        trainer = Trainer(cfg.model, base, get_preset(rl.loss), cfg.trainer_config())
-        controller = Controller(cfg, engine=self._engine_worker(engine), trainer=InProcessWorker(trainer),
-                                verifier=self._verifier_worker(),
+        model_cfg, engine_cfg, trainer_cfg = cfg.model, self.engine_cfg, cfg.trainer_config()
+        loss = get_preset(rl.loss)
+        place = self.placement
+        controller = Controller(cfg, engine=place.engine(lambda: Engine(model_cfg, engine_cfg), engine),
+                                trainer=place.trainer(lambda: Trainer(model_cfg, base, loss, trainer_cfg)),
+                                verifier=place.verifier(lambda: make_verifier(cfg), self.task.verifier),
                                 store=InMemoryWeightStore(keep=max(4, rl.reload_every + 2)),
                                 mixture=Mixture({self.task.name: train_prompts(self.task)}, seed=rl.seed),
                                 tokenizer=self.tokenizer, max_new_tokens=self.task.max_new_tokens,
                                 log=self.log if log is None else log)
-        return controller, trainer
-
-    def _engine_worker(self, engine):
-        if self.cfg.rl.workers == "process" and self.cfg.rl.scheduler == "lockstep":
-            from minirl.workers import ProcessWorker
-
-            model_cfg, engine_cfg = self.cfg.model, self.engine_cfg
-            return ProcessWorker(lambda: Engine(model_cfg, engine_cfg), name="engine").start()
-        return InProcessWorker(engine)
-
-    def _verifier_worker(self):
-        if self.cfg.rl.workers == "process":
-            from minirl.workers import ProcessWorker
-
-            cfg = self.cfg
-            return ProcessWorker(lambda: make_verifier(cfg), name="verifier").start()
-        return InProcessWorker(self.task.verifier)
+        return controller
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,12 @@ its code is the same whatever carries the call:
                                    sent as raw buffers. A worker process that dies fails its
                                    pending futures with `WorkerDied`; `restart()` brings up a fresh
                                    one and the controller re-issues what was in flight.
-  (scale/)                         a remote transport, built on the same two methods.
+  RayWorker(factory)               (scale/ray_workers.py) the object lives in a Ray actor,
+                                   anywhere on a Ray cluster; same messages, same WorkerDied.
+
+Where a run's parts live is a placement: `LocalPlacement("inprocess" | "process")` here (the
+`rl.workers` knob of `minirl train`), `RayPlacement` in scale/ray_workers.py. `minirl.runner.Run`
+asks it for an engine, a trainer and a verifier worker, each from a factory that builds the part.
 
 Calls to one worker run one at a time, in the order they were made (like a real process).
 
@@ -243,3 +248,128 @@ class ProcessWorker:
         self._conn.close()
         self._reader.join(timeout=5)
         self._proc = None
+
+
+class LocalPlacement:
+    """Where `minirl train` puts its parts (`rl.workers`): everything in this process
+    (`inprocess`), or the engine and the verifier each in a local process (`process`; the
+    trainer stays here). Each method takes a factory that builds the part, and `engine` and
+    `verifier` may be given the part already built in this process, used in place of a new one
+    when the part stays here."""
+
+    def __init__(self, kind: str = "inprocess"):
+        if kind not in ("inprocess", "process"):
+            raise ValueError(f"placement must be inprocess or process, got {kind!r}")
+        self.kind = kind
+
+    def _worker(self, name: str, factory: Callable[[], Any], local: Any = None):
+        if self.kind == "process":
+            return ProcessWorker(factory, name=name).start()
+        return InProcessWorker(factory() if local is None else local)
+
+    def engine(self, factory: Callable[[], Any], local: Any = None):
+        return self._worker("engine", factory, local)
+
+    def verifier(self, factory: Callable[[], Any], local: Any = None):
+        return self._worker("verifier", factory, local)
+
+    def trainer(self, factory: Callable[[], Any]):
+        return InProcessWorker(factory())
+
+
+
+def _gather(futures: list[Future], combine: Callable[[list], Any]) -> Future:
+    """One future for several: `combine(results)` once all succeed; the first failure otherwise
+    (a WorkerDied before any other error, so the caller's restart path sees it)."""
+    out: Future = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def done(_: Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            out.set_exception(next((e for e in errors if isinstance(e, WorkerDied)), errors[0]))
+            return
+        try:
+            out.set_result(combine([f.result() for f in futures]))
+        except BaseException as e:  # noqa: BLE001 - the caller sees it through the future
+            out.set_exception(e)
+
+    for f in futures:
+        f.add_done_callback(done)
+    return out
+
+
+def _sum_counts(results: list[dict]) -> dict:
+    return {k: sum(r[k] for r in results) for k in results[0]}
+
+
+class Replicas:
+    """N engine workers behind one: data-parallel rollout. The controller and the rollout thread
+    call it like one engine:
+
+      generate(requests)   split into N contiguous shares, run at once, results in request order
+      submit(requests)     requests dealt round-robin, so every replica gets a fair share
+      step()               every replica steps at once; the finished rollouts of all
+      pending, interrupt   summed over replicas;  work_stats: summed per counter
+      anything else        (load_weights) sent to every replica; replica 0's answer
+
+    Every replica loads the same version when the controller reloads (the j rule is the
+    controller's), and each tags its tokens with the version it holds, as one engine does.
+    Sampling is keyed by (seed, prompt, sample, position), so with `engine.exact` the rollouts do
+    not depend on which replica made them. If one replica dies the call fails with `WorkerDied`
+    and `restart()` restarts all of them: the caller re-issues everything in flight."""
+
+    def __init__(self, workers: list):
+        if not workers:
+            raise ValueError("Replicas needs at least one worker")
+        self.workers = list(workers)
+        self._next = 0  # where round-robin submission resumes
+
+    def call(self, method: str, *args, **kwargs) -> Future:
+        ws, n = self.workers, len(self.workers)
+        if method == "generate":
+            (requests,) = args
+            requests = list(requests)
+            bounds = [len(requests) * i // n for i in range(n + 1)]
+            shares = [requests[bounds[i]:bounds[i + 1]] for i in range(n)]
+            futures = [w.call("generate", s) for w, s in zip(ws, shares, strict=True) if s]
+            return _gather(futures, lambda parts: [r for part in parts for r in part])
+        if method == "submit":
+            (requests,) = args
+            shares = [[] for _ in ws]
+            for i, request in enumerate(requests):
+                shares[(self._next + i) % n].append(request)
+            self._next = (self._next + len(requests)) % n
+            return _gather([w.call("submit", s) for w, s in zip(ws, shares, strict=True) if s] or
+                           [_done(None)], lambda _: None)
+        futures = [w.call(method, *args, **kwargs) for w in ws]
+        if method == "step":
+            return _gather(futures, lambda parts: [r for part in parts for r in part])
+        if method in ("pending", "interrupt"):
+            return _gather(futures, sum)
+        if method == "work_stats":
+            return _gather(futures, _sum_counts)
+        return _gather(futures, lambda results: results[0])
+
+    def alive(self) -> bool:
+        return all(w.alive() for w in self.workers)
+
+    def restart(self) -> None:
+        for w in self.workers:
+            w.restart()
+        self._next = 0
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+
+def _done(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future

@@ -11,6 +11,9 @@
     python -m scale.launch controller --engine e-host:8471 --trainer t-host:8472 \
         --verifier-url http://v-host:8470 --weights gs://b/run/weights --run-dir runs/x --preset fixture
 
+    python -m scale.launch ray --preset fixture --engines 2     # all of it on a Ray cluster
+                                                                # (scale/ray_run.py)
+
 Every process reads the shared secret from $MINIRL_TOKEN. scale/README.md has the full recipes
 (TPU slices, GPU nodes, localhost) and tests/scale/test_launch.py runs the localhost one.
 
@@ -409,6 +412,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     c.add_argument(
         "--shutdown-workers", action="store_true", help="stop engine and trainer at the end"
     )
+    from scale import ray_run
+
+    r = roles.add_parser("ray", help="minirl train with engine(s), trainer and verifier as Ray actors",
+                         description=ray_run.__doc__.split("\n\n")[0])
+    ray_run.add_arguments(r)
     v = roles.add_parser("verifier", help="serve a verifier pool over HTTP")
     v.add_argument("--host", default="0.0.0.0")
     v.add_argument("--port", type=int, default=8470)
@@ -421,8 +429,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     try:
         {"trainer": run_trainer, "engine": run_engine, "controller": run_controller,
-         "verifier": run_verifier}[args.role](args)  # fmt: skip
-    except (ConfigError, CheckpointError, OSError) as e:  # a user's mistake: one line, no traceback
+         "verifier": run_verifier, "ray": ray_run.run}[args.role](args)  # fmt: skip
+    except (ConfigError, CheckpointError, OSError, ValueError) as e:  # a user's mistake: one line, no traceback
         p.exit(2, f"python -m scale.launch {args.role}: error: {e}\n")
 
 

@@ -154,6 +154,35 @@ def test_same_request_alone_or_in_a_full_batch(params, config):
             np.testing.assert_allclose(alone.logprobs, batch[i].logprobs, atol=1e-4)
 
 
+def test_two_engine_replicas_make_the_rollouts_one_engine_makes(params):
+    """minirl.workers.Replicas: the same requests split over two engines (generate), or dealt
+    round-robin and stepped (submit/step, as the async rollout thread drives them), give the
+    rollouts one engine gives, bit for bit in exact mode; version tags and counters add up."""
+    from minirl.workers import InProcessWorker, Replicas
+
+    reqs = requests(make_prompts(6, seed=4), max_new=(6, 14), seed=4)
+    single = engine(EXACT, params, version=3)
+    one = single.generate(reqs)
+    pair = Replicas([InProcessWorker(engine(EXACT, params)) for _ in range(2)])
+    pair.call("load_weights", 3, params).result()
+    split = pair.call("generate", reqs).result()
+    pair.call("submit", reqs).result()
+    assert pair.call("pending").result() == len(reqs)
+    stepped = []
+    while pair.call("pending").result():
+        stepped += pair.call("step").result()
+    stepped.sort(key=lambda r: reqs.index(next(q for q in reqs if (q.prompt.uid, q.sample_index)
+                                                == (r.prompt.uid, r.sample_index))))  # fmt: skip
+    for rollouts in (split, stepped):
+        assert len(rollouts) == len(one)
+        for a, b in zip(one, rollouts, strict=True):
+            np.testing.assert_array_equal(a.tokens, b.tokens)
+            np.testing.assert_array_equal(a.logprobs, b.logprobs)
+            np.testing.assert_array_equal(b.versions, np.full(len(b.tokens), 3))
+    # kept decode tokens do not depend on batching: the pair did the work twice
+    assert pair.call("work_stats").result()["decode_tokens"] == 2 * single.stats["decode_tokens"]
+
+
 @pytest.mark.parametrize(
     "config,dtype",
     [(SAMPLED, None), (EXACT, None), (EXACT, "bfloat16")],

@@ -238,7 +238,8 @@ class PromptFile(Sequence):
         position = int(self.positions[i])
         messages, gold, solution = row_messages(self._rows[position], self._fmt)
         text, tokens = render(messages, self._tokenizer, self._fmt)
-        uid = stable_hash("file", self.name, messages, gold)
+        # the row number makes two identical rows two prompts (uids are unique, minirl.types)
+        uid = stable_hash("file", self.name, messages, gold, int(self.numbers[i]))
         meta = {"answer": gold, "solution": solution, "row": int(self.numbers[i])}
         return Prompt(uid, self.name, text, tokens, meta)
 

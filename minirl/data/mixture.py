@@ -21,6 +21,7 @@ the same datasets and weights, and `load_state` refuses a state that does not ma
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -82,12 +83,13 @@ class Mixture:
         if self._is_task[name]:
             return data.prompt(c, self.split)
         epoch, j = divmod(c, len(data))
-        if not self.shuffle:
-            return data[j]
-        if name not in self._perms or self._perms[name][0] != epoch:  # a derived cache
-            perm = stream("mixture-epoch", self.seed, name, epoch).permutation(len(data))
-            self._perms[name] = (epoch, perm)
-        return data[int(self._perms[name][1][j])]
+        if self.shuffle:
+            if name not in self._perms or self._perms[name][0] != epoch:  # a derived cache
+                perm = stream("mixture-epoch", self.seed, name, epoch).permutation(len(data))
+                self._perms[name] = (epoch, perm)
+            j = int(self._perms[name][1][j])
+        prompt = data[j]
+        return prompt if epoch == 0 else replace(prompt, uid=stable_hash("epoch", prompt.uid, epoch))
 
     def next_prompts(self, n: int) -> list[Prompt]:
         """The next n prompts of the stream; advances the position and counters."""

@@ -156,7 +156,8 @@ def test_content_hash_split_is_disjoint_stable_and_order_free(tmp_path):
     assert 20 <= len(test) <= 60
     again = FileTask.load(write_jsonl(tmp_path / "r.jsonl", rows[::-1]), TOK, verifier,
                           test_fraction=0.1, name="d")
-    assert {p.uid for p in again.test} == test  # the same rows held out, whatever their order
+    # the same rows held out, whatever their order
+    assert {p.text for p in again.test} == {p.text for p in task.test}
     assert task.prompt(len(task.test) + 1, "test").uid == task.test[1].uid
     # With an eval file, every good row of each file is used.
     ev = FileTask.load(tmp_path / "d.jsonl", TOK, verifier, eval_path=write_jsonl(
@@ -180,6 +181,19 @@ def test_mixture_over_a_file_resumes_exactly(tmp_path):
     stream = first + rest
     assert sorted(stream[:n]) == sorted(p.uid for p in task.train)
     assert task.demonstration(task.train[0]) == task.train[0].meta["solution"].strip()
+
+
+def test_repeated_rows_and_a_file_shorter_than_a_batch_give_unique_prompts(tmp_path):
+    """A careless file: the same problem twice, and fewer rows than a batch. Every prompt the
+    mixture issues has its own uid (a uid keys the sampling draws; two equal uids in one batch
+    were refused by make_batch, which ended a run on a launch test's data)."""
+    rows = [ROWS[0], ROWS[2], ROWS[0]]
+    task = FileTask.load(write_jsonl(tmp_path / "d.jsonl", rows), TOK, None,
+                         eval_path=write_jsonl(tmp_path / "e.jsonl", ROWS[3:4]))
+    assert len({p.uid for p in task.train}) == 3 and task.train[0].text == task.train[2].text
+    issued = Mixture({task.name: task.train}, seed=0).next_prompts(8)  # 2 epochs and a bit
+    assert len({p.uid for p in issued}) == 8
+    assert sorted(p.meta["row"] for p in issued[:3]) == [1, 2, 3]
 
 
 def test_loading_does_not_hold_the_file_in_python(tmp_path):

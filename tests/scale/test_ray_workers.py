@@ -1,0 +1,242 @@
+"""Ray actors as minirl workers (scale/ray_workers.py), on a local Ray cluster this module starts.
+
+The run tests compare against `minirl train`'s in-process run: the same config, the same weights
+bit for bit, whatever process (or how many engine replicas) did the work.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from minirl.checkpoints import CheckpointManager  # noqa: E402
+from minirl.config import make_config  # noqa: E402
+from minirl.runner import Run  # noqa: E402
+from minirl.types import Prompt  # noqa: E402
+from minirl.workers import WorkerDied, WorkerError  # noqa: E402
+from scale.ray_workers import RayPlacement, RayWorker  # noqa: E402
+
+CPUS = 4  # logical CPUs of the test cluster: engine x 2, trainer, verifier
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors cannot import tests/
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=CPUS, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)  # fmt: skip
+    yield
+    ray.shutdown()
+
+
+class Counter:
+    def __init__(self):
+        self.calls = []
+
+    def add(self, x, y=0):
+        self.calls.append(x)
+        return x + y
+
+    def seen(self):
+        return self.calls
+
+    def echo(self, value):
+        return value
+
+    def fail(self):
+        raise ValueError("bad input 42")
+
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return seconds
+
+
+class Unbuildable:
+    def __init__(self):
+        raise ValueError("no such model directory: /nope")
+
+
+def test_calls_run_in_order_carry_minirl_types_and_name_errors(cluster):
+    worker = RayWorker(Counter, name="counter").start()
+    futures = [worker.call("add", i, y=10) for i in range(30)]
+    assert [f.result(60) for f in futures] == [i + 10 for i in range(30)]
+    assert worker.call("seen").result(60) == list(range(30))  # one at a time, in call order
+    prompt = Prompt(7, "t", "hi", np.array([1, 2, 3], np.int32), {"answer": "4"})
+    back = worker.call("echo", {"p": prompt, "x": np.arange(5.0)}).result(60)
+    assert isinstance(back["p"], Prompt) and back["p"].uid == 7 and back["p"].meta == {"answer": "4"}
+    np.testing.assert_array_equal(back["x"], np.arange(5.0))
+    with pytest.raises(WorkerError, match="counter: ValueError: bad input 42"):
+        worker.call("fail").result(60)
+    with pytest.raises(WorkerError, match="private method"):
+        worker.call("__init__").result(60)
+    assert worker.alive()
+    worker.close()
+    # a part that cannot be built is an error that says why, not a death to restart from
+    with pytest.raises(WorkerError, match="could not be built: ValueError: no such model directory"):
+        RayWorker(Unbuildable, name="broken").call("echo", 1).result(60)
+
+
+def test_a_killed_actor_fails_its_pending_calls_with_worker_died_and_restarts(cluster):
+    worker = RayWorker(Counter, name="victim").start()
+    pid = worker.pid
+    pending = worker.call("sleep", 30)
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WorkerDied, match="victim"):
+        pending.result(60)
+    assert not worker.alive()
+    worker.restart()
+    assert worker.alive() and worker.pid != pid
+    assert worker.call("add", 1, y=2).result(60) == 3
+    worker.close()
+
+
+def test_a_placement_the_cluster_cannot_hold_is_refused_naming_the_resource(cluster):
+    placement = RayPlacement(engines=CPUS, engine={"num_cpus": 1})
+    assert placement.needs() == {"CPU": CPUS + 2}
+    with pytest.raises(ValueError, match=f"CPU: {CPUS + 2:g} needed, {CPUS:g} in the cluster"):
+        placement.check()
+    with pytest.raises(ValueError, match="TPU: 4 needed, 0 in the cluster"):
+        RayPlacement(trainer={"num_cpus": 1, "resources": {"TPU": 4}}).check()
+
+
+def _params(run_dir):
+    return CheckpointManager(run_dir).restore().params
+
+
+def _assert_same_params(a, b):
+    import jax
+
+    same = jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)
+    assert all(jax.tree.leaves(same))
+
+
+def _rewards(run_dir):
+    import json
+
+    return [json.loads(line)["reward/mean"] for line in open(run_dir / "metrics.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """`minirl train` in this process: the run every Ray run must equal."""
+    run_dir = tmp_path_factory.mktemp("inprocess")
+    Run(make_config("fixture", ["rl.steps=3", "rl.checkpoint_every=1"]), run_dir,
+        log=lambda *a: None, progress=False).train()  # fmt: skip
+    return run_dir
+
+
+def test_a_lockstep_run_on_ray_actors_with_two_engine_replicas_equals_the_in_process_run(
+        cluster, reference, tmp_path):
+    """Engine x 2, trainer and verifier each in its own actor (process), the driver evaluating:
+    the same rewards every step and the same final weights, bit for bit (the actors inherit the
+    driver's XLA settings; sampling is keyed per prompt and sample, so which replica made a
+    rollout does not matter)."""
+    cfg = make_config("fixture", ["rl.steps=3", "rl.checkpoint_every=1"])
+    placement = RayPlacement(engines=2)
+    summary = Run(cfg, tmp_path, log=lambda *a: None, progress=False, placement=placement).train()
+    pids = {w.name: w.pid for w in placement.workers}
+    placement.close()
+    assert sorted(pids) == ["engine0", "engine1", "trainer", "verifier"]
+    assert len(set(pids.values()) | {os.getpid()}) == 5  # four actor processes and this one
+    assert summary["counters"]["rollouts_generated"] == 3 * 8 * 4
+    assert _rewards(tmp_path) == _rewards(reference)
+    _assert_same_params(_params(tmp_path), _params(reference))
+
+
+@pytest.mark.slow
+def test_a_killed_engine_actor_is_replaced_and_the_run_ends_where_an_undisturbed_one_does(
+        cluster, reference, tmp_path):
+    """kill -9 an engine replica while the run goes on: its calls fail with WorkerDied, the
+    controller restarts the replicas, reloads their weights and re-issues the requests; the
+    final weights equal the undisturbed run's."""
+    cfg = make_config("fixture", ["rl.steps=3", "rl.checkpoint_every=1"])
+    placement = RayPlacement(engines=2)
+    killed = []
+
+    def kill_once():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if (tmp_path / "metrics.jsonl").exists():
+                engine = next(w for w in placement.workers if w.name == "engine1")
+                os.kill(engine.pid, signal.SIGKILL)
+                killed.append(engine.pid)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_once)
+    killer.start()
+    summary = Run(cfg, tmp_path, log=lambda *a: None, progress=False, placement=placement).train()
+    killer.join()
+    placement.close()
+    assert killed and summary["counters"]["worker_restarts"] >= 1
+    _assert_same_params(_params(tmp_path), _params(reference))
+
+
+@pytest.mark.slow
+def test_an_async_run_on_ray_actors_keeps_its_bounds_and_loses_nothing(cluster, tmp_path):
+    """The async scheduler over Ray: the rollout thread drives two engine actors while the
+    trainer actor trains; eta and k hold on every step, every issued prompt is accounted for
+    and none is trained twice."""
+    cfg = make_config("fixture", ["rl.steps=4", "rl.checkpoint_every=2", "rl.scheduler=async",
+                                  "rl.eta=1", "rl.max_lag=2"])  # fmt: skip
+    placement = RayPlacement(engines=2)
+    Run(cfg, tmp_path, log=lambda *a: None, progress=False, placement=placement).train()
+    placement.close()
+    import json
+
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["lag/mean"] <= 1 for r in records)  # lag - 1 <= k - 1 (the loop asserts k per batch)
+    ckpt = CheckpointManager(tmp_path).restore()
+    from minirl.workers import from_plain
+
+    ctl = from_plain(ckpt.controller_state)["controller"]
+    c = ctl["counters"]
+    assert c["groups_trained"] == 4 * cfg.rl.prompts_per_step
+    trained = ctl["trained_uids"]
+    assert len(set(trained)) == len(trained), "a prompt was trained on twice"
+    issued = ctl["mixture"]["position"]
+    assert issued == (c["groups_trained"] + c["groups_stale"] + c["groups_filtered"]
+                      + len(ctl["buffer"]) + len(ctl["in_flight"]))  # fmt: skip
+
+
+def test_launch_ray_refuses_malformed_resources_in_one_line(capsys):
+    from scale.launch import main
+
+    for bad in (["--resource", "engine:TPU"], ["--resource", "driver:TPU=4"], ["--engines", "0"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["ray", "--preset", "fixture", *bad])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("python -m scale.launch ray: error:") and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_launch_ray_trains_on_a_local_cluster_and_resumes(tmp_path):
+    """The command scale/README.md gives: a local Ray cluster of its own, two engine replicas,
+    the run directory of `minirl train`; run again with more steps, it resumes."""
+    import json
+    import subprocess
+
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "scale.launch", "ray", "--preset", "fixture", "--engines", "2",
+           "--run-dir", str(run), "--quiet"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    for steps in (2, 3):
+        r = subprocess.run([*cmd, "--set", f"rl.steps={steps}"], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert json.loads(r.stdout[r.stdout.index("{"):])["run_dir"] == str(run)
+    records = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [r["step"] for r in records] == [1, 2, 3]
