@@ -80,7 +80,7 @@ class Counters:
     groups_filtered: int = 0  # dropped by the dynamic filter (all rewards equal)
     rollouts_generated: int = 0
     skipped_steps: int = 0  # non-finite guard: update skipped, nothing published
-    worker_restarts: int = 0  # engine/verifier processes that died and were restarted
+    worker_restarts: int = 0  # engine/verifier/trainer processes that died and were restarted
     prompts_skipped: int = 0  # too long for the engine's cache (counted, not fatal)
 
 
@@ -249,6 +249,20 @@ class Controller:
                 version, params = self.store.get(self.counters.engine_version)
                 self.engine.call("load_weights", version, params).result()
 
+    def _call_restarting(self, worker, name: str, method: str, *args):
+        """Call a stateless worker (the verifier); if its process died, start a fresh one and
+        call again (a verdict depends only on the rollout, so the retry gives the same)."""
+        for attempt in range(3):
+            try:
+                return worker.call(method, *args).result()
+            except WorkerDied as e:
+                if attempt == 2:
+                    raise
+                with self.cond:
+                    self.counters.worker_restarts += 1
+                self.log(f"{name} worker died ({e}); restarting it and calling again")
+                worker.restart()
+
     def _add_groups(self, groups: list[list[Rollout]]) -> list[Group]:
         self._score(groups)
         return self._buffer_groups(groups)
@@ -258,7 +272,7 @@ class Controller:
         flat = [r for g in groups for r in g]
         decode_rollouts(flat, self.tokenizer)
         t0 = self.clock()
-        scores = self.verifier.call("score", flat).result()
+        scores = self._call_restarting(self.verifier, "verifier", "score", flat)
         self.times["verify"] += self.clock() - t0
         for r, s in zip(flat, scores, strict=True):
             r.score = s if np.isfinite(s.reward) else Score(0.0, f"non-finite reward ({s.reason})")

@@ -43,7 +43,7 @@ from minirl.metrics_log import MetricsWriter, read_metrics
 from minirl.trainer import Trainer
 from minirl.warmstart import warm_start
 from minirl.weights import InMemoryWeightStore
-from minirl.workers import LocalPlacement, from_plain, to_plain
+from minirl.workers import LocalPlacement, WorkerDied, from_plain, to_plain
 
 # Keys a resumed run may change: how long to run and how often to evaluate, not what a step does.
 RESUMABLE_CHANGES = ("rl.steps", "rl.time_budget", "eval.every", "rl.export_hf")
@@ -105,17 +105,12 @@ class Run:
 
         controller = self.build_loop(base, engine)
         del base  # held by the trainer now; no third reference (2 GB of a 0.5B model)
+        fresh = controller.snapshot()  # where a trainer that dies before any checkpoint rewinds to
         if restored is not None:
             restore_run(restored, controller, self.run_dir)
             self.log(f"resumed {self.run_dir} at step {controller.counters.steps} "
                      f"(version {controller.counters.version})")
-        # The engine starts from the trainer's weights (a resumed run: the snapshot's version,
-        # a reload boundary, so nothing older is needed).
-        params = controller.params()
-        controller.store.put(controller.counters.version, params)
-        controller.counters.engine_version = controller.counters.version
-        controller.engine.call("load_weights", controller.counters.version, params).result()
-        del params  # the store and the engine hold it; released with the version
+        self._start_engine(controller)
 
         writer = MetricsWriter(self.run_dir)
         rollouts = None
@@ -129,7 +124,15 @@ class Run:
         start, t0 = controller.counters.steps, time.perf_counter()
         bar = tqdm(total=rl.steps, initial=start, desc="RL", disable=not self.progress)
         while controller.counters.steps < rl.steps:
-            m = controller.step() if rollouts is None else controller.step_async(rollouts)
+            try:
+                m = controller.step() if rollouts is None else controller.step_async(rollouts)
+            except WorkerDied as e:  # engine and verifier deaths are handled in the controller
+                if rollouts is not None or controller.trainer.alive():
+                    raise
+                self._rewind(controller, ckpts, fresh, e)
+                writer.close()  # metrics.jsonl was rewritten: the next write opens the new file
+                bar.n = controller.counters.steps
+                continue
             c = controller.counters
             if cfg.eval.every and c.steps % cfg.eval.every == 0:
                 # `engine` holds the newest weights only if it is the controller's engine and no
@@ -169,6 +172,33 @@ class Run:
                                 force=True, source=source)
             self.log(f"exported the final weights as a Hugging Face checkpoint: {out}")
         return summary
+
+    def _start_engine(self, controller: Controller) -> None:
+        """The engine starts from the trainer's weights (a resumed run: the snapshot's version,
+        a reload boundary, so nothing older is needed)."""
+        params = controller.params()
+        controller.store.put(controller.counters.version, params)
+        controller.counters.engine_version = controller.counters.version
+        controller.engine.call("load_weights", controller.counters.version, params).result()
+
+    def _rewind(self, controller: Controller, ckpts, fresh: dict, error: Exception) -> None:
+        """The trainer's process died (lockstep): its weights and optimizer state are gone.
+        Start a fresh trainer, go back to the last checkpoint (or the run's start) and go on;
+        the steps after it are redone exactly as they were, so nothing is lost or trained
+        twice and the run ends bit for bit where an undisturbed one does."""
+        restarts = controller.counters.worker_restarts + 1
+        self.log(f"trainer worker died ({error}); restarting it from the last checkpoint")
+        controller.trainer.restart()
+        controller.store = InMemoryWeightStore(keep=controller.store.keep)
+        ckpts.wait()
+        restored = ckpts.restore() if ckpts.all_steps() else None
+        if restored is not None:
+            restore_run(restored, controller, self.run_dir)
+        else:
+            controller.restore(fresh)
+            truncate_metrics(self.run_dir, controller.counters.steps)
+        controller.counters.worker_restarts = restarts
+        self._start_engine(controller)
 
     def build_loop(self, base, engine: Engine, log=None) -> Controller:
         """The RL loop as `train` runs it: a trainer starting from `base`, a weight store, the

@@ -66,26 +66,25 @@ def _remote_host():
     return ray.remote(max_concurrency=1, max_restarts=0)(_Host)
 
 
-def _translate(name: str, ray_future: Future, future: Future) -> None:
-    """Ray's outcome of a call -> minirl's: a result, WorkerError (the method raised) or
-    WorkerDied (the actor is gone)."""
+def _outcome(name: str, ray_future: Future) -> tuple[Any, BaseException | None]:
+    """Ray's outcome of a call -> minirl's: (result, None), or (None, WorkerError) when the method
+    raised or the part could not be built, or (None, WorkerDied) when the actor is gone."""
     import ray.exceptions as rx
 
     try:
-        future.set_result(decode(ray_future.result()))
+        return decode(ray_future.result()), None
     except rx.RayTaskError as e:  # the method raised: name the original exception
         cause = e.cause if e.cause is not None else e
-        future.set_exception(WorkerError(f"{name}: {type(cause).__name__}: {cause}"))
+        return None, WorkerError(f"{name}: {type(cause).__name__}: {cause}")
     except rx.RayActorError as e:
         if getattr(e, "actor_init_failed", False):  # the factory raised: restarting cannot help
             last = str(e).strip().splitlines()[-1]
-            future.set_exception(WorkerError(f"{name}: could not be built: {last}"))
-        else:
-            future.set_exception(WorkerDied(f"{name}: actor died ({type(e).__name__})"))
+            return None, WorkerError(f"{name}: could not be built: {last}")
+        return None, WorkerDied(f"{name}: actor died ({type(e).__name__})")
     except (rx.ActorUnavailableError, rx.WorkerCrashedError, rx.ObjectLostError) as e:
-        future.set_exception(WorkerDied(f"{name}: actor died ({type(e).__name__})"))
+        return None, WorkerDied(f"{name}: actor died ({type(e).__name__})")
     except BaseException as e:  # noqa: BLE001 - e.g. a cancelled call: the caller sees it
-        future.set_exception(e)
+        return None, e
 
 
 class RayWorker:
@@ -114,9 +113,13 @@ class RayWorker:
         ray_future = self._actor.run.remote(encode((method, args, kwargs))).future()
 
         def done(f: Future) -> None:
-            _translate(self.name, f, future)
-            if isinstance(future.exception(), WorkerDied):
-                self._dead = True
+            value, error = _outcome(self.name, f)
+            if error is None:
+                future.set_result(value)
+                return
+            if isinstance(error, WorkerDied):
+                self._dead = True  # before the caller wakes up and asks alive()
+            future.set_exception(error)
 
         ray_future.add_done_callback(done)
         return future

@@ -152,11 +152,14 @@ def test_a_lockstep_run_on_ray_actors_with_two_engine_replicas_equals_the_in_pro
 
 
 @pytest.mark.slow
-def test_a_killed_engine_actor_is_replaced_and_the_run_ends_where_an_undisturbed_one_does(
-        cluster, reference, tmp_path):
-    """kill -9 an engine replica while the run goes on: its calls fail with WorkerDied, the
-    controller restarts the replicas, reloads their weights and re-issues the requests; the
-    final weights equal the undisturbed run's."""
+@pytest.mark.parametrize("victim", ["engine1", "trainer", "verifier"])
+def test_a_killed_actor_is_replaced_and_the_run_ends_where_an_undisturbed_one_does(
+        cluster, reference, tmp_path, victim):
+    """kill -9 one actor once the first step is logged. An engine replica: the controller
+    restarts the replicas, reloads their weights and re-issues the requests. The verifier: it
+    is restarted and asked again. The trainer: its state is gone, so the run goes back to the
+    last checkpoint with a fresh trainer and redoes the steps after it. Every way, the run's
+    metrics and final weights equal the undisturbed run's: nothing lost, nothing trained twice."""
     cfg = make_config("fixture", ["rl.steps=3", "rl.checkpoint_every=1"])
     placement = RayPlacement(engines=2)
     killed = []
@@ -165,9 +168,9 @@ def test_a_killed_engine_actor_is_replaced_and_the_run_ends_where_an_undisturbed
         deadline = time.time() + 300
         while time.time() < deadline:
             if (tmp_path / "metrics.jsonl").exists():
-                engine = next(w for w in placement.workers if w.name == "engine1")
-                os.kill(engine.pid, signal.SIGKILL)
-                killed.append(engine.pid)
+                worker = next(w for w in placement.workers if w.name == victim)
+                os.kill(worker.pid, signal.SIGKILL)
+                killed.append(worker.pid)
                 return
             time.sleep(0.02)
 
@@ -177,6 +180,7 @@ def test_a_killed_engine_actor_is_replaced_and_the_run_ends_where_an_undisturbed
     killer.join()
     placement.close()
     assert killed and summary["counters"]["worker_restarts"] >= 1
+    assert _rewards(tmp_path) == _rewards(reference)
     _assert_same_params(_params(tmp_path), _params(reference))
 
 
@@ -225,7 +229,6 @@ def test_launch_ray_trains_on_a_local_cluster_and_resumes(tmp_path):
     the run directory of `minirl train`; run again with more steps, it resumes."""
     import json
     import subprocess
-
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
