@@ -85,7 +85,7 @@ class RLConfig:
     scheduler: str = "lockstep"  # lockstep (bitwise reproducible) | async (free-running threads)
     reload_policy: str = "discard"  # in-flight requests at a reload: discard (re-queue) | continue
     batch_order: str = "freshest"  # which acceptable groups a step takes: freshest (RLAX) | oldest (AReaL)
-    workers: str = "inprocess"  # inprocess | process: engine (lockstep) and verifier in their own processes
+    workers: str = "inprocess"  # inprocess | process: engine and verifier in their own local processes (Ray: python -m scale.launch ray)
     dynamic_filter: bool = False  # DAPO: drop groups whose rewards are all equal, sample more (on anyway for rl.loss=dapo)
     seed: int = 0  # keys the prompt mixture and every sampling draw
     checkpoint_every: int = 10  # write a checkpoint every N steps (at reload boundaries)

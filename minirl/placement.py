@@ -38,8 +38,39 @@ class HostPlacement:
 
 def place_like(value: Any, like: Any) -> jax.Array:
     """A host value laid out like the device array `like` it replaces (same sharding, also
-    across processes: each process fills its own shards from `value`)."""
+    across processes: each process fills its own shards from `value`). A device array already
+    laid out that way (a sharded checkpoint restored in place) is used as it is."""
+    if (isinstance(value, jax.Array) and isinstance(like, jax.Array)
+            and value.sharding.is_equivalent_to(like.sharding, like.ndim)):
+        return value
     host = np.asarray(value)
     if not isinstance(like, jax.Array):
         return jnp.asarray(host)
     return jax.make_array_from_callback(host.shape, like.sharding, lambda index: host[index])
+
+
+def shardings_like_params(state: Any, params: Any) -> Any:
+    """Shardings for an optimizer state (arrays or jax.ShapeDtypeStructs) laid out as the
+    parameters it mirrors, or None when the parameters are on no mesh. A leaf whose path ends
+    with a parameter's path (Adam's mu["layers"][0]["attn"]["q_proj"] ends with the parameter
+    ["layers"][0]["attn"]["q_proj"]) and has its shape gets that parameter's sharding; the
+    others (step counts) are replicated over the mesh. Needed because a jitted init makes zeros
+    that depend on no input, and XLA puts those on one device: a sharded trainer would otherwise
+    hold its whole optimizer state on one device until the first update."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    by_path = {tuple(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+               if isinstance(x, jax.Array)}  # fmt: skip
+    mesh = next((x.sharding.mesh for x in by_path.values() if isinstance(x.sharding, NamedSharding)),
+                None)  # fmt: skip
+    if mesh is None:
+        return None
+
+    def sharding(path, leaf):
+        for n in range(len(path)):
+            param = by_path.get(tuple(path[n:]))
+            if param is not None and param.shape == leaf.shape:
+                return param.sharding
+        return NamedSharding(mesh, PartitionSpec())
+
+    return jax.tree_util.tree_map_with_path(sharding, state)

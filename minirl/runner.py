@@ -256,8 +256,11 @@ def restore_run(restored: Checkpoint, controller: Controller, run_dir) -> None:
     """Put the trainer (through the controller's worker) and the controller back to
     `restored`, and drop metrics.jsonl lines of the steps about to be redone."""
     state = from_plain(restored.controller_state)
-    trainer_state = {"params": restored.params, "opt_state": restored.opt_state, **state["trainer"]}
-    controller.trainer.call("load_state_dict", trainer_state).result()
+    if "trainer_checkpoint" in state:  # the trainer wrote its own (save_checkpoint, trainer_side)
+        controller.trainer.call("restore_checkpoint", state["trainer_checkpoint"]["step"]).result()
+    else:
+        trainer_state = {"params": restored.params, "opt_state": restored.opt_state, **state["trainer"]}
+        controller.trainer.call("load_state_dict", trainer_state).result()
     controller.restore(state["controller"])
     truncate_metrics(run_dir, controller.counters.steps)
 
@@ -271,14 +274,24 @@ def checkpoint_due(cfg: RunConfig, counters, async_scheduler: bool = False) -> b
                             or counters.steps == cfg.rl.steps)
 
 
-def save_checkpoint(ckpts: CheckpointManager, controller: Controller, in_flight=None) -> None:
+def save_checkpoint(ckpts: CheckpointManager, controller: Controller, in_flight=None,
+                    trainer_side: bool = False) -> None:
     """One checkpoint: the trainer's state (fetched through the controller's worker) and the
     controller's snapshot; `in_flight()`: the prompts in flight (async), read under the same
-    lock as the snapshot."""
+    lock as the snapshot. `trainer_side`: the trainer writes its own state (a `save_checkpoint`
+    call that returns once it is committed, scale/launch.py) and this checkpoint holds the
+    controller's snapshot and a reference to it, written after; the trainer then drops the
+    steps no checkpoint here refers to."""
     with controller.cond:
         snap = controller.snapshot(in_flight() if in_flight is not None else [])
+    step = controller.counters.steps
+    if trainer_side:
+        ref = controller.trainer.call("save_checkpoint", step).result()
+        ckpts.save(step, {}, {}, to_plain({"controller": snap, "trainer_checkpoint": ref}))
+        controller.trainer.call("keep_checkpoints", ckpts.all_steps()).result()
+        return
     state = controller.trainer.call("state_dict").result()
-    ckpts.save(controller.counters.steps, state["params"], state["opt_state"], to_plain({
+    ckpts.save(step, state["params"], state["opt_state"], to_plain({
         "controller": snap,
         "trainer": {"step": state["step"], "skipped_nonfinite": state["skipped_nonfinite"]},
     }))

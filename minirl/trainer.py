@@ -81,7 +81,7 @@ from minirl.forward import REMAT_POLICIES, ForwardSpec, abstract_model, accumula
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
 from minirl.model import ModelConfig
 from minirl.optimizer import learning_rate
-from minirl.placement import HostPlacement, place_like
+from minirl.placement import HostPlacement, place_like, shardings_like_params
 from minirl.trees import match_template
 from minirl.types import Batch
 
@@ -289,11 +289,14 @@ class Trainer:
         }
         return self._finish(metrics, [stat], plan, t0, 0.0)
 
-    def state_dict(self) -> dict:
-        """Everything to resume training: params, optimizer state, counters (numpy copies)."""
+    def state_dict(self, host: bool = True) -> dict:
+        """Everything to resume training: params, optimizer state, counters (numpy copies; with
+        `host=False` the device arrays themselves, laid out as they are: what a sharded
+        checkpoint writer such as scale/orbax_checkpoints.py saves shard by shard)."""
+        copy = self._placement.host if host else (lambda tree: tree)
         return {
-            "params": self._placement.host(self._params),
-            "opt_state": self._placement.host(self._optimizer_state()),
+            "params": copy(self._params),
+            "opt_state": copy(self._optimizer_state()),
             "step": self.step,
             "skipped_nonfinite": self.skipped_nonfinite,
         }
@@ -403,7 +406,11 @@ class Trainer:
 
     def _optimizer_state(self):
         if self._opt_state is None:
-            self._opt_state = optimizer.compiled(self._opt)[0](self._params)
+            init = optimizer.compiled(self._opt)[0]
+            shardings = shardings_like_params(jax.eval_shape(init, self._params), self._params)
+            if shardings is not None:  # on a mesh: made in place, laid out as the params
+                init = jax.jit(optimizer.transform(self._opt).init, out_shardings=shardings)
+            self._opt_state = init(self._params)
         return self._opt_state
 
     def _check_params(self, params) -> dict:

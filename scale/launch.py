@@ -44,9 +44,14 @@ restart, or be restarted themselves: they hold no progress the checkpoint does n
 Scripts that start roles as local processes (the localhost recipe's tests, tutorial 11) wait
 for each to print its address with `wait_for_output(proc, r"listening on (\\S+)")`.
 
-Simplified on purpose: checkpoints pass through the controller (params + optimizer state over
-TCP every rl.checkpoint_every steps; a trainer-side writer to object storage is the scalable
-version); no evaluation passes; lockstep scheduling only; one engine job.
+With `trainer --checkpoints URL` the trainer job writes its own checkpoints instead
+(scale/orbax_checkpoints.py: Orbax, every process its own shards, to a directory or gs://): the
+controller's checkpoint then holds its snapshot and the trainer's step, written after the
+trainer's save returned; a resume restores that step and drops any newer one.
+
+Simplified on purpose: without --checkpoints, checkpoints pass through the controller (params +
+optimizer state over TCP every rl.checkpoint_every steps); no evaluation passes; lockstep
+scheduling only; one engine job (`python -m scale.launch ray` has replicas and async).
 """
 
 from __future__ import annotations
@@ -75,8 +80,9 @@ class TrainerRole:
     """The trainer job's object: minirl's Trainer, publishing its own weights. `make_trainer()`
     builds a fresh Trainer at the run's starting weights (a fresh run starts from it)."""
 
-    def __init__(self, make_trainer, store):
+    def __init__(self, make_trainer, store, checkpoints=None):
         self.make_trainer, self.store = make_trainer, store
+        self.checkpoints = checkpoints  # scale.orbax_checkpoints.TrainerCheckpoints, or None
         self.trainer = make_trainer()
         self.version = -1  # the newest version published
         self._dirty = True  # weights changed since the last publish
@@ -103,6 +109,28 @@ class TrainerRole:
     def load_state_dict(self, state: dict) -> None:
         self.trainer.load_state_dict(state)
         self._dirty = True
+
+    # Trainer-side checkpoints (--checkpoints): every process writes and reads its own shards;
+    # the controller's checkpoint holds only a reference (minirl.runner.save_checkpoint).
+
+    def checkpoint_directory(self) -> str | None:
+        return None if self.checkpoints is None else self.checkpoints.directory
+
+    def save_checkpoint(self, step: int) -> dict:
+        """Write params and optimizer state as `step`; returns once it is committed."""
+        self.checkpoints.save(step, self.trainer)
+        return {"directory": self.checkpoints.directory, "step": step}
+
+    def restore_checkpoint(self, step: int) -> None:
+        """Back to `step` (a resume): steps after it, written by an attempt the controller never
+        checkpointed, are dropped; they are about to be redone."""
+        self.checkpoints.discard_after(step)
+        self.checkpoints.restore(step, self.trainer)
+        self._dirty = True
+
+    def keep_checkpoints(self, steps: list[int]) -> list[int]:
+        """Drop the steps the controller no longer references."""
+        return self.checkpoints.keep_only(steps)
 
     def recompute_logprobs(self, batch):
         return self.trainer.recompute_logprobs(batch)
@@ -263,7 +291,12 @@ def run_trainer(args) -> None:
                        placement=M.RowPlacement(mesh, M.fsdp()))  # fmt: skip
 
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
-    _serve(TrainerRole(make_trainer, store), args.listen, token)
+    checkpoints = None
+    if args.checkpoints:
+        from scale.orbax_checkpoints import TrainerCheckpoints
+
+        checkpoints = TrainerCheckpoints(args.checkpoints)
+    _serve(TrainerRole(make_trainer, store, checkpoints), args.listen, token)
 
 
 def run_engine(args) -> None:
@@ -315,6 +348,7 @@ def run_controller(args) -> None:
     controller = Controller(cfg, engine=engine, trainer=trainer, verifier=InProcessWorker(verifier),
                             store=store, mixture=Mixture({task.name: train_prompts(task)}, seed=cfg.rl.seed),
                             tokenizer=tokenizer, max_new_tokens=task.max_new_tokens)  # fmt: skip
+    trainer_side = trainer.call("checkpoint_directory").result() is not None
     if restored is not None:
         restore_run(restored, controller, args.run_dir)  # the trainer job loads the checkpoint
         print(f"resumed {args.run_dir} at step {controller.counters.steps} "
@@ -333,7 +367,7 @@ def run_controller(args) -> None:
         print(f"step {c.steps} version {c.version} reward {m['reward/mean']:.3f} "
               f"step_s {m['time/step']:.2f}", flush=True)  # fmt: skip
         if checkpoint_due(cfg, c):
-            save_checkpoint(ckpts, controller)
+            save_checkpoint(ckpts, controller, trainer_side=trainer_side)
     writer.close()
     ckpts.close()
     summary = {"steps": c.steps, "version": c.version, "seconds": time.perf_counter() - t0,
@@ -376,6 +410,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             "--weights", required=True, help="TensorStore kvstore URL of the weight store"
         )
         sub.add_argument("--keep", type=int, default=8, help="weight versions kept in the store")
+        if sub.prog.endswith(" trainer"):
+            sub.add_argument("--checkpoints", default=None, metavar="URL",
+                             help="trainer-side Orbax checkpoints (a directory, gs://...): each "
+                                  "process writes its own shards; default: params and optimizer "
+                                  "state go into the controller's checkpoints")  # fmt: skip
         if jax_job:
             sub.add_argument(
                 "--listen", default="0.0.0.0:0", help="host:port to serve the controller on"

@@ -1,6 +1,7 @@
 """`python -m scale.launch ray`: `minirl train` with its parts in Ray actors.
 
     python -m scale.launch ray --preset countdown --engines 2            # a local Ray cluster
+    python -m scale.launch ray --engine-cores 0 --trainer-cores 1        # one core each
     ray start --head --num-cpus 4                                        # or a real one:
     python -m scale.launch ray --address auto --model DIR --data train.jsonl --engines 8 \\
         --engine-gpus 1 --trainer-gpus 8
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 
@@ -42,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{role}-cpus", type=float, default=cpus, help=f"Ray CPUs per {role} actor")
     for role in ("engine", "trainer"):
         p.add_argument(f"--{role}-gpus", type=float, default=0.0, help=f"Ray GPUs per {role} actor")
+    for role in ("engine", "trainer", "verifier"):
+        p.add_argument(f"--{role}-cores", default="", metavar="0,1",
+                       help=f"pin the {role} actor(s) to these CPU cores (one machine, Linux)")
     p.add_argument("--resource", action="append", default=[], metavar="ROLE:NAME=N",
                    help="a custom Ray resource for a role's actors, e.g. engine:TPU=4 (repeatable)")
 
@@ -54,6 +59,16 @@ def placement_from_args(args):
                for role in ("engine", "trainer", "verifier")}  # fmt: skip
     for role in ("engine", "trainer"):
         options[role]["num_gpus"] = getattr(args, f"{role}_gpus")
+    for role in options:
+        text = getattr(args, f"{role}_cores")
+        try:
+            cores = tuple(int(c) for c in text.split(",")) if text else ()
+        except ValueError:
+            cores = (-1,)
+        if any(c < 0 or c >= (os.cpu_count() or 1) for c in cores):
+            raise ValueError(f"--{role}-cores {text!r}: expected comma-separated core numbers "
+                             f"0..{(os.cpu_count() or 1) - 1}")
+        options[role]["cores"] = cores
     for item in args.resource:
         role, _, rest = item.partition(":")
         name, _, amount = rest.partition("=")

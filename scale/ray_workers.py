@@ -20,7 +20,9 @@ with the resources it asks for:
   placement                `num_cpus`, `num_gpus`, `resources` ({"TPU": 4}) and
                            `scheduling_strategy` (a placement group bundle) are passed to Ray;
                            `env` sets environment variables before the part is built (XLA flags,
-                           thread counts: JAX reads them when it starts, in the actor)
+                           thread counts: JAX reads them when it starts, in the actor);
+                           `cores` pins the actor's process to those CPU cores (Linux), so
+                           XLA's thread pool in it sizes itself to them
 
 The core never imports Ray: this module is the only place that does (ray is in the `scale`
 extra).
@@ -41,8 +43,11 @@ __all__ = ["RayPlacement", "RayWorker"]
 class _Host:
     """The actor: builds the part from its factory, then runs encoded calls on it."""
 
-    def __init__(self, factory: Callable[[], Any], env: dict[str, str]):
+    def __init__(self, factory: Callable[[], Any], env: dict[str, str], cores: tuple[int, ...]):
         os.environ.update(env)  # before the factory imports JAX: XLA reads its flags once
+        if cores:  # every thread there is now; threads started later (XLA's pool) inherit it
+            for tid in os.listdir("/proc/self/task"):
+                os.sched_setaffinity(int(tid), cores)
         self.obj = factory()
 
     def run(self, message: bytes) -> bytes:
@@ -54,10 +59,10 @@ class _Host:
     def pid(self) -> int:
         return os.getpid()
 
-    def node_ip(self) -> str:
-        import ray
-
-        return ray.util.get_node_ip_address()
+    def cpu_seconds(self) -> float:
+        """CPU time this process has used (user + system, every thread)."""
+        t = os.times()
+        return t.user + t.system
 
 
 def _remote_host():
@@ -93,8 +98,9 @@ class RayWorker:
 
     def __init__(self, factory: Callable[[], Any], name: str = "worker", *, num_cpus: float = 1,
                  num_gpus: float = 0, resources: dict[str, float] | None = None,
-                 env: dict[str, str] | None = None, scheduling_strategy: Any = None):
-        self.factory, self.name, self.env = factory, name, dict(env or {})
+                 env: dict[str, str] | None = None, cores: tuple[int, ...] = (),
+                 scheduling_strategy: Any = None):
+        self.factory, self.name, self.env, self.cores = factory, name, dict(env or {}), tuple(cores)
         self._options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": resources or {}}
         if scheduling_strategy is not None:
             self._options["scheduling_strategy"] = scheduling_strategy
@@ -102,7 +108,7 @@ class RayWorker:
         self._dead = False
 
     def start(self) -> RayWorker:
-        self._actor = _remote_host().options(**self._options).remote(self.factory, self.env)
+        self._actor = _remote_host().options(**self._options).remote(self.factory, self.env, self.cores)
         self._dead, self._pid = False, None
         return self
 
@@ -135,6 +141,12 @@ class RayWorker:
         if self._pid is None:
             self._pid = ray.get(self._actor.pid.remote())
         return self._pid
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the actor's process has used so far (all its threads)."""
+        import ray
+
+        return ray.get(self._actor.cpu_seconds.remote())
 
     def alive(self) -> bool:
         return self._actor is not None and not self._dead

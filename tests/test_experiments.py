@@ -134,3 +134,24 @@ def test_rl_vs_sft_fast_mode(tmp_path):
         assert curve[-1]["t"] >= 4.0 and r[arm]["steps"] == curve[-1]["steps"] > 0
         assert 0.0 <= r[arm]["final"]["decoy_pass@1"] <= 1.0
     assert (tmp_path / "rl_vs_sft.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_apart_experiment_fast_mode(tmp_path):
+    """experiments/apart.py: the four arms run (three on Ray actors pinned to one core each) and
+    the pinning held: each actor's threads were seen running only on its own core."""
+    pytest.importorskip("ray")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "apart.py"), "--fast", "--steps", "4",
+                    "--checkpoint-every", "2", "--heldout-prompts", "8", "--heldout-samples", "1",
+                    "--out", str(tmp_path / "runs"), "--results", str(tmp_path)],
+                   check=True, env=env, capture_output=True, timeout=1200)  # fmt: skip
+    result = json.loads((tmp_path / "apart.json").read_text())
+    assert result["ideal_speedup"] >= 1.0
+    for arm in ("colocated_sync", "apart_sync", "apart_eta1", "apart_eta2"):
+        assert [e["step"] for e in result[arm]["heldout"]] == [0, 2, 4]
+        if arm != "colocated_sync":
+            assert set(result[arm]["cores_seen"]["engine0"]) == {"0"}
+            assert set(result[arm]["cores_seen"]["trainer"]) == {"1"}
+            assert result[arm]["cpu_per_wall"]["trainer"] <= 1.05  # one core at most
+    assert (tmp_path / "apart.png").exists()

@@ -15,7 +15,8 @@ On 4 devices (one process, or two processes x two devices), with minirl's own En
              writes its shards), loaded into the TP layout (each reads only its slices),
              compared with an in-process reshard; and the starting weights saved as a Hugging
              Face checkpoint, read into the FSDP layout by `load_checkpoint` (each process
-             reads only the blocks its devices hold)
+             reads only the blocks its devices hold); and the trainer's state saved with Orbax
+             (each process its shards) and restored into a fresh trainer, compared shard by shard
   4. references (process 0): the same decode and step unsharded; the mismatch between engine
              log-probs and trainer recompute with the SAME layout (both unsharded) and with
              DIVERGENT layouts (TP engine, FSDP trainer). MINIRL_TEST_EXACT=1 runs both in
@@ -189,6 +190,26 @@ for path, x in flatten_tree(from_hf).items():
         hf_same &= bool(np.array_equal(np.asarray(shard.data), flatten_tree(params)[path][shard.index]))
 out["checkpoint"] = {"equal": hf_same, "bytes_read": hf_read, "bytes_held": sum(held.values()),
                      "embed_spec": M.describe(from_hf)["embed"]}
+# 3c. the trainer's state as an Orbax checkpoint (each process writes and reads its shards),
+# restored into a fresh trainer on the same mesh: every shard equal, bit for bit
+from scale.orbax_checkpoints import TrainerCheckpoints  # noqa: E402
+
+orbax = TrainerCheckpoints(args.store.rstrip("/") + "_orbax")
+orbax.save(1, fsdp)
+fresh = Trainer(CFG, M.place_params(params, train_mesh, M.fsdp()), get_preset("grpo"), TRAINER,
+                placement=M.RowPlacement(train_mesh, M.fsdp()))  # fmt: skip
+orbax.restore(1, fresh)
+want, got = fsdp.state_dict(host=False), fresh.state_dict(host=False)
+orbax_same, orbax_shards = (want["step"], want["skipped_nonfinite"]) == (got["step"], 0), 0
+for a, b in zip(jax.tree.leaves((want["params"], want["opt_state"])),
+                jax.tree.leaves((got["params"], got["opt_state"])), strict=True):
+    orbax_same &= a.sharding.is_equivalent_to(b.sharding, a.ndim)
+    for x, y in zip(a.addressable_shards, b.addressable_shards, strict=True):
+        orbax_same &= bool(np.array_equal(np.asarray(x.data), np.asarray(y.data)))
+        orbax_shards += 1
+orbax.close()
+out["orbax"] = {"equal": orbax_same, "shards_compared": orbax_shards, "steps": orbax.steps(),
+                "step": got["step"]}
 out["batch_layouts"] = placement.seen
 out["specs"] = {
     "engine q_proj": M.describe(tp_engine._params)["layers/0/attn/q_proj"],

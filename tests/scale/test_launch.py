@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,13 +32,22 @@ REPLAYED = ("reward/mean", "train/loss", "train/grad_norm", "length/mean", "vers
             "mismatch/mean_abs_dlogp", "train/dlogp_no_recompute/mean_abs_dlogp")  # fmt: skip
 
 
+def _bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
 def _launch(args: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "scale.launch", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
 @pytest.mark.slow  # ~2-4 min on the shared 2-core machine: four processes, six RL steps
-def test_localhost_processes_run_and_a_killed_controller_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("trainer_side", [False, True], ids=["through_controller", "orbax"])
+def test_localhost_processes_run_and_a_killed_controller_resumes_exactly(tmp_path, trainer_side):
+    """Kill the controller during step 3 and start it again: it resumes from step 2 and redoes
+    step 3 exactly. With trainer-side Orbax checkpoints (`trainer --checkpoints`), also the
+    crash between the trainer's save and the controller's: a trainer step the controller never
+    recorded is dropped, and the resume from the controller's last checkpoint is exact."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(MINIRL_TOKEN="smoke-test-secret", PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     weights, run = f"file://{tmp_path}/weights", tmp_path / "run"
@@ -48,9 +58,11 @@ def test_localhost_processes_run_and_a_killed_controller_resumes_exactly(tmp_pat
         procs.append(verifier)
         url, _ = wait_for_output(verifier, r"on (http://127\.0\.0\.1:\d+)")
         jobs = {}
+        orbax = tmp_path / "trainer_checkpoints"
         for role, mesh in (("engine", "tensor=2"), ("trainer", "fsdp=2")):
+            extra = ["--checkpoints", str(orbax)] if role == "trainer" and trainer_side else []
             proc = _launch([role, "--listen", "127.0.0.1:0", "--weights", weights, "--preset",
-                            "fixture", *SETS, "--cpu-devices", "2", "--mesh", mesh], env)  # fmt: skip
+                            "fixture", *SETS, "--cpu-devices", "2", "--mesh", mesh, *extra], env)  # fmt: skip
             procs.append(proc)
             jobs[role], _ = wait_for_output(proc, r"listening on (127\.0\.0\.1:\d+)")
         controller = ["controller", "--engine", jobs["engine"], "--trainer", jobs["trainer"],
@@ -65,18 +77,31 @@ def test_localhost_processes_run_and_a_killed_controller_resumes_exactly(tmp_pat
         attempt1 = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").open())}
         assert sorted(os.listdir(run / "checkpoints")) == ["step_00000002"]
 
+        if trainer_side:  # the trainer wrote step 2 itself; the controller's holds no weights
+            assert sorted(os.listdir(orbax)) == ["2"]
+            assert _bytes(run / "checkpoints") < 100_000
+            # run to the end, then undo the controller's last checkpoint: as if it had crashed
+            # after the trainer committed step 4 and before its own checkpoint 4 was written
+            done = subprocess.run([sys.executable, "-m", "scale.launch", *controller], cwd=ROOT,
+                                  env=env, capture_output=True, timeout=900)  # fmt: skip
+            assert done.returncode == 0, (done.stdout + done.stderr).decode()[-3000:]
+            assert sorted(os.listdir(orbax)) == ["2", "4"]
+            attempt1.update({r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").open())})
+            shutil.rmtree(run / "checkpoints" / "step_00000004")
         second = subprocess.run([sys.executable, "-m", "scale.launch", *controller,
                                  "--shutdown-workers"],
                                 cwd=ROOT, env=env, capture_output=True, timeout=900)  # fmt: skip
         log = second.stdout.decode() + second.stderr.decode()
         assert second.returncode == 0, log[-3000:]
         assert "resumed" in log and "at step 2 (version 2)" in log
+        if trainer_side:
+            assert sorted(os.listdir(orbax)) == ["2", "4"]  # step 4 dropped, then written again
         for proc in procs[1:3]:  # engine and trainer stop when the controller says so
             assert proc.wait(60) == 0
 
         records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
         assert [r["step"] for r in records] == [1, 2, 3, 4]  # the killed attempt's 3 redone
-        for step in (1, 2, 3):
+        for step in (1, 2, 3, 4) if trainer_side else (1, 2, 3):
             for key in REPLAYED:
                 assert records[step - 1][key] == attempt1[step][key], (step, key)
         assert all(0.0 <= r["reward/mean"] <= 1.0 for r in records)

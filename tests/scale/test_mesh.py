@@ -153,6 +153,12 @@ def _check_checkpoint_read(c: dict, param_bytes: int) -> None:
     assert c["bytes_read"] == c["bytes_held"] <= param_bytes
 
 
+def _check_orbax(o: dict) -> None:
+    """The trainer's Orbax checkpoint, restored into a fresh trainer: every shard of params and
+    optimizer state equal bit for bit, the counters back."""
+    assert o["equal"] and o["shards_compared"] > 0 and o["steps"] == [1] and o["step"] == 1
+
+
 def _report(r: dict, label: str) -> None:
     lines = [f"\n{label}: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["seconds"].items())]
     if "train" in r:
@@ -181,6 +187,7 @@ def test_sharded_engine_and_trainer_on_four_fake_devices(tmp_path):
     assert w["loaded_equals_resharded"] and w["versions"] == [1]
     assert w["bytes_written"] == w["param_bytes"] == w["bytes_read"]  # one process: all of it
     _check_checkpoint_read(r["checkpoint"], w["param_bytes"])
+    _check_orbax(r["orbax"])
 
 
 def _free_port() -> int:
@@ -214,6 +221,7 @@ def test_two_processes_with_two_devices_each(tmp_path):
         assert w["bytes_read"] < w["param_bytes"]  # each process read only its own slices
     for r in (r0, r1):  # and of the Hugging Face checkpoint, less than the whole model
         _check_checkpoint_read(r["checkpoint"], r0["weights"]["param_bytes"])
+        _check_orbax(r["orbax"])  # each process restored its own shards of the Orbax checkpoint
         assert r["checkpoint"]["bytes_read"] < r0["weights"]["param_bytes"]
     # every FSDP shard was written by exactly one process
     assert (
