@@ -55,6 +55,20 @@ over both, so overlap gains less here than on separate accelerators. The lesson 
 load. (2) Async runs are not guaranteed to be bitwise reproducible: which batch gets which
 rollouts may depend on timing, so the reward curves may differ a little from run to run.
 
+ON A CORE EACH (figures/06_apart.png)
+------------------------------------
+What happens when generation and training do NOT share cores, as on the papers' separate
+accelerators? `python experiments/apart.py` (~8 min, not run by this lesson) puts the engine in
+a Ray actor pinned to core 0 and the trainer in one pinned to core 1 (scale/ray_workers.py) and
+trains DAPO-style countdown (binary reward, dynamic filter: the two phases then take about as
+long, 0.64-0.66 s of generation against 0.78-0.79 s of training per step). Measured twice on
+2026-11-25 (docs/staleness.md has the table): the async scheduler with eta = 1 or 2 was
+1.62-1.71x faster per step than lockstep on a core each, 0.89-0.94 of the ideal
+(t_gen + t_train) / max(t_gen, t_train) = 1.82-1.84x, and reached the same held-out pass@1
+1.20-1.53x sooner. But lockstep in ONE process on BOTH cores was just as fast (0.92-0.94 s per
+step): on two cores, overlapping the phases wins back what giving each phase only one core cost.
+The overlap pays where each part has devices it cannot share.
+
 WHAT THE SCRIPT DOES
 --------------------
 1. Builds one config per (j, k): `make_config("arithmetic", overrides)` with
