@@ -1,4 +1,5 @@
-"""scale/: the scale-out layer — device meshes, TensorStore weights, remote verifiers and workers.
+"""scale/: the scale-out layer — device meshes, TensorStore weights, remote verifiers and workers,
+Ray actors, Orbax checkpoints.
 
 It imports minirl; minirl never imports it. Map (scale/README.md is the guide):
 
@@ -9,7 +10,10 @@ It imports minirl; minirl never imports it. Map (scale/README.md is the guide):
   verifier_service.py      VerifierService: a verifier pool over HTTP; test data by sha256
   remote_verifier.py       RemoteVerifier: its client, a minirl Verifier (retries, by reference)
   remote_worker.py         RemoteWorker / serve: minirl's worker futures over TCP (SPMD-aware)
-  launch.py                `python -m scale.launch verifier|engine|trainer|controller`
+  ray_workers.py           RayWorker, RayJob, RayPlacement: minirl's worker futures to Ray actors
+  ray_run.py               `python -m scale.launch ray`: minirl train with its parts in actors
+  orbax_checkpoints.py     TrainerCheckpoints: the trainer job's sharded checkpoints (Orbax)
+  launch.py                `python -m scale.launch verifier|engine|trainer|controller|ray`
   diagnose.py              `python -m scale.diagnose`: minirl's mismatch table + "sharding"
 
 The names below are imported lazily (`scale.TensorStoreWeightStore` loads only that module), so
@@ -32,6 +36,8 @@ _EXPORTS = {
     "verifier_service": ("VerifierService", "ServiceConfig"),
     "remote_verifier": ("RemoteVerifier", "ClientConfig", "RemoteVerifierError"),
     "remote_worker": ("RemoteWorker", "serve", "follow"),
+    "ray_workers": ("RayWorker", "RayJob", "RayPlacement"),
+    "orbax_checkpoints": ("TrainerCheckpoints",),
 }  # fmt: skip
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted([*_WHERE, "use_cpu_devices"])

@@ -274,14 +274,16 @@ def first_params(cfg, tokenizer, task, mesh):
     return M.place_params(base, mesh, M.fsdp())
 
 
-def run_trainer(args) -> None:
-    _start_jax(args)
+def trainer_role(args) -> TrainerRole:
+    """This process's part of the trainer job (JAX already joined its job): minirl's Trainer on
+    the FSDP mesh `args.mesh`, the TensorStore store `args.weights`, and with `args.checkpoints`
+    its own Orbax checkpoints. Used by `run_trainer` (served over TCP) and by
+    `python -m scale.launch ray --weights ...` (one Ray actor per process, scale/ray_run.py)."""
     from minirl.losses import get_preset
     from minirl.trainer import Trainer
     from scale import mesh as M
     from scale.tensorstore_weights import TensorStoreWeightStore
 
-    token = _token()
     cfg, tokenizer, task = _config(args)
     mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
     start = first_params(cfg, tokenizer, task, mesh)  # jax arrays: a Trainer never mutates them
@@ -296,22 +298,33 @@ def run_trainer(args) -> None:
         from scale.orbax_checkpoints import TrainerCheckpoints
 
         checkpoints = TrainerCheckpoints(args.checkpoints)
-    _serve(TrainerRole(make_trainer, store, checkpoints), args.listen, token)
+    return TrainerRole(make_trainer, store, checkpoints)
 
 
-def run_engine(args) -> None:
-    _start_jax(args)
+def engine_role(args) -> EngineRole:
+    """This process's part of the engine job: minirl's Engine on the tensor-parallel mesh
+    `args.mesh`, loading weights from the TensorStore store `args.weights`."""
     from minirl.engine import Engine
     from scale import mesh as M
     from scale.tensorstore_weights import TensorStoreWeightStore
 
-    token = _token()
     cfg, tokenizer, _ = _config(args)
     engine_cfg = dataclasses.replace(cfg.engine, eos_ids=tuple(tokenizer.eos_ids), seed=cfg.rl.seed)
     mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
-    role = EngineRole(Engine(cfg.model, engine_cfg), store, mesh, M.tensor_parallel())
-    _serve(role, args.listen, token)
+    return EngineRole(Engine(cfg.model, engine_cfg), store, mesh, M.tensor_parallel())
+
+
+def run_trainer(args) -> None:
+    _start_jax(args)
+    token = _token()
+    _serve(trainer_role(args), args.listen, token)
+
+
+def run_engine(args) -> None:
+    _start_jax(args)
+    token = _token()
+    _serve(engine_role(args), args.listen, token)
 
 
 def run_verifier(args) -> None:
@@ -324,19 +337,12 @@ def run_verifier(args) -> None:
 
 
 def run_controller(args) -> None:
-    from minirl.controller import Controller
-    from minirl.data.mixture import Mixture
-    from minirl.inputs import train_prompts
-    from minirl.metrics_log import MetricsWriter
-    from minirl.runner import checkpoint_due, open_run_dir, restore_run, save_checkpoint
     from minirl.workers import InProcessWorker
     from scale.remote_verifier import RemoteVerifier
     from scale.remote_worker import RemoteWorker
-    from scale.tensorstore_weights import TensorStoreWeightStore
 
     token = _token()
     cfg, tokenizer, task = _config(args)
-    ckpts, restored = open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
     engine = RemoteWorker(args.engine, token, name="engine")
     trainer = RemoteWorker(args.trainer, token, name="trainer")
     # a task that stores test data by reference (program_synthesis) uploads it from its own
@@ -344,8 +350,25 @@ def run_controller(args) -> None:
     repository = getattr(task, "repository", None)
     verifier = (RemoteVerifier(args.verifier_url, token, repository=repository)
                 if args.verifier_url else task.verifier)  # fmt: skip
+    drive(args, cfg, tokenizer, task, engine, trainer, InProcessWorker(verifier))
+    if args.shutdown_workers:
+        engine.shutdown()
+        trainer.shutdown()
+
+
+def drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
+    """The controller's loop over engine, trainer and verifier workers (TCP or Ray): open or
+    resume the run directory, publish the start by reference, train, checkpoint, summarize."""
+    from minirl.controller import Controller
+    from minirl.data.mixture import Mixture
+    from minirl.inputs import train_prompts
+    from minirl.metrics_log import MetricsWriter
+    from minirl.runner import checkpoint_due, open_run_dir, restore_run, save_checkpoint
+    from scale.tensorstore_weights import TensorStoreWeightStore
+
+    ckpts, restored = open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
     store = ReferenceStore(TensorStoreWeightStore(args.weights, keep=args.keep))
-    controller = Controller(cfg, engine=engine, trainer=trainer, verifier=InProcessWorker(verifier),
+    controller = Controller(cfg, engine=engine, trainer=trainer, verifier=verifier,
                             store=store, mixture=Mixture({task.name: train_prompts(task)}, seed=cfg.rl.seed),
                             tokenizer=tokenizer, max_new_tokens=task.max_new_tokens)  # fmt: skip
     trainer_side = trainer.call("checkpoint_directory").result() is not None
@@ -370,14 +393,13 @@ def run_controller(args) -> None:
             save_checkpoint(ckpts, controller, trainer_side=trainer_side)
     writer.close()
     ckpts.close()
+    scored = getattr(getattr(verifier, "obj", None), "stats", {})  # a RemoteVerifier's counts
     summary = {"steps": c.steps, "version": c.version, "seconds": time.perf_counter() - t0,
-               "weights": store.versions(), "verifier": getattr(verifier, "stats", {})}  # fmt: skip
+               "weights": store.versions(), "verifier": scored}  # fmt: skip
     with open(os.path.join(args.run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"done: {json.dumps(summary)}", flush=True)
-    if args.shutdown_workers:
-        engine.shutdown()
-        trainer.shutdown()
+    return summary
 
 
 def wait_for_output(proc: subprocess.Popen, pattern: str, timeout: float = 300.0) -> tuple[str, str]:

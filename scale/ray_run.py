@@ -47,6 +47,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for role in ("engine", "trainer", "verifier"):
         p.add_argument(f"--{role}-cores", default="", metavar="0,1",
                        help=f"pin the {role} actor(s) to these CPU cores (one machine, Linux)")
+    j = p.add_argument_group(
+        "multi-host jobs (weights by reference)",
+        "With --weights, the trainer and each engine replica are JAX jobs of --ROLE-hosts Ray "
+        "actors (one per host, joined by jax.distributed; scale.launch's trainer and engine "
+        "roles), the trainer on an FSDP mesh publishing to the TensorStore store, the engines "
+        "reading from it on tensor-parallel meshes; --checkpoints adds the trainer job's own "
+        "Orbax checkpoints.")  # fmt: skip
+    j.add_argument("--weights", default=None, metavar="URL", help="TensorStore store of the weights")
+    j.add_argument("--keep", type=int, default=8, help="weight versions kept in the store")
+    j.add_argument("--checkpoints", default=None, metavar="URL",
+                   help="the trainer job's Orbax checkpoints (a directory, gs://...)")
+    j.add_argument("--trainer-hosts", type=int, default=1, help="processes (hosts) of the trainer job")
+    j.add_argument("--engine-hosts", type=int, default=1, help="processes (hosts) of each engine job")
+    j.add_argument("--trainer-mesh", default="fsdp=-1", help="the trainer job's mesh axes")
+    j.add_argument("--engine-mesh", default="tensor=-1", help="each engine job's mesh axes")
+    j.add_argument("--cpu-devices", type=int, default=0, help="fake N CPU devices per process (testing)")
     p.add_argument("--resource", action="append", default=[], metavar="ROLE:NAME=N",
                    help="a custom Ray resource for a role's actors, e.g. engine:TPU=4 (repeatable)")
 
@@ -80,7 +96,13 @@ def placement_from_args(args):
             raise ValueError(f"--resource {item!r}: expected ROLE:NAME=N with ROLE one of "
                              f"engine, trainer, verifier and N > 0 (e.g. engine:TPU=4)")
         options[role]["resources"][name] = value
-    return RayPlacement(args.engines, **options)
+    if args.checkpoints and not args.weights:
+        raise ValueError("--checkpoints is the trainer job's own checkpoints: it needs --weights "
+                         "(without it the run directory holds the checkpoints)")  # fmt: skip
+    if min(args.trainer_hosts, args.engine_hosts) < 1:
+        raise ValueError("--trainer-hosts and --engine-hosts must be >= 1")
+    hosts = {"trainer": args.trainer_hosts, "engine": args.engine_hosts} if args.weights else {}
+    return RayPlacement(args.engines, hosts=hosts, **options)
 
 
 def run(args) -> None:
@@ -97,10 +119,14 @@ def run(args) -> None:
         # logical CPUs for the actors; GPUs as Ray detects them; no made-up TPUs (the placement
         # check then names what this machine lacks)
         cpus = placement.needs().get("CPU", 0)
-        ray.init(num_cpus=max(1, int(-(-cpus // 1))), include_dashboard=False,
+        # address="local": a new cluster even if $RAY_ADDRESS names another one
+        ray.init(address="local", num_cpus=max(1, int(-(-cpus // 1))), include_dashboard=False,
                  log_to_driver=not args.quiet)  # fmt: skip
     try:
         placement.check()  # before the warm start: a cluster that can never hold it fails now
+        if args.weights:
+            run_jobs(args, cfg, run_dir, placement)
+            return
         from minirl.runner import Run
 
         summary = Run(cfg, run_dir, progress=not args.quiet, placement=placement).train(
@@ -110,3 +136,37 @@ def run(args) -> None:
         ray.shutdown()
     print(json.dumps({"run_dir": str(run_dir), "before": summary["before"], "after": summary["after"],
                       "rl_seconds": round(summary["rl_seconds"], 1)}, indent=2))  # fmt: skip
+
+
+def run_jobs(args, cfg, run_dir: Path, placement) -> dict:
+    """--weights: scale.launch's trainer and engine roles as Ray jobs, its controller loop here."""
+    from minirl.inputs import make_verifier
+    from minirl.workers import Replicas
+    from scale.launch import _config, drive, engine_role, trainer_role
+    from scale.ray_workers import RayJob, RayWorker
+
+    env = {}
+    if args.cpu_devices:
+        env = {"JAX_PLATFORMS": "cpu",
+               "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.cpu_devices}"}  # fmt: skip
+    role_args = dict(vars(args), steps=0, run_dir=str(run_dir))
+    t_args = argparse.Namespace(**{**role_args, "mesh": args.trainer_mesh})
+    e_args = argparse.Namespace(**{**role_args, "mesh": args.engine_mesh})
+    opts = placement.options
+    trainer = RayJob(lambda i: trainer_role(t_args), args.trainer_hosts, name="trainer",
+                     options=[opts["trainer"]] * args.trainer_hosts, env=env)  # fmt: skip
+    engines = [RayJob(lambda i: engine_role(e_args), args.engine_hosts, name=f"engine{k}",
+                      options=[opts["engine"]] * args.engine_hosts, env=env)
+               for k in range(args.engines)]  # fmt: skip
+    verifier = RayWorker(lambda: make_verifier(cfg), "verifier", **opts["verifier"])
+    jobs = [trainer, *engines, verifier]
+    try:
+        for job in jobs:
+            job.start()
+        _, tokenizer, task = _config(args)
+        engine = engines[0] if len(engines) == 1 else Replicas(engines)
+        return drive(argparse.Namespace(**role_args), cfg, tokenizer, task, engine, trainer, verifier)
+    finally:
+        for job in jobs:
+            job.close()
+

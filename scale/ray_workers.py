@@ -24,33 +24,49 @@ with the resources it asks for:
                            `cores` pins the actor's process to those CPU cores (Linux), so
                            XLA's thread pool in it sizes itself to them
 
-The core never imports Ray: this module is the only place that does (ray is in the `scale`
-extra).
+`RayJob` is one worker made of one actor per host of a multi-host JAX job (a TPU slice): the
+actors join `jax.distributed` (process 0 picks the coordinator on its node) and every call runs
+on all of them, SPMD; the caller gets process 0's answer.
+
+The core never imports Ray: scale/ is where it is used (ray is in the `scale` extra).
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable
+import socket
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from minirl.workers import WorkerDied, WorkerError, decode, encode
 
-__all__ = ["RayPlacement", "RayWorker"]
+__all__ = ["RayJob", "RayPlacement", "RayWorker"]
 
 
 class _Host:
-    """The actor: builds the part from its factory, then runs encoded calls on it."""
+    """The actor: sets its environment and cores, builds the part (`build`, the first call it
+    gets), then runs encoded calls on it."""
 
-    def __init__(self, factory: Callable[[], Any], env: dict[str, str], cores: tuple[int, ...]):
+    def __init__(self, env: dict[str, str], cores: tuple[int, ...]):
         os.environ.update(env)  # before the factory imports JAX: XLA reads its flags once
         if cores:  # every thread there is now; threads started later (XLA's pool) inherit it
             for tid in os.listdir("/proc/self/task"):
                 os.sched_setaffinity(int(tid), cores)
-        self.obj = factory()
+        self.obj, self.error = None, None
+
+    def build(self, factory: Callable[[], Any]) -> None:
+        try:
+            self.obj = factory()
+        except BaseException as e:
+            self.error = f"{type(e).__name__}: {e}"
+            raise
 
     def run(self, message: bytes) -> bytes:
+        if self.error is not None:  # every call says why, not only the first
+            raise RuntimeError(f"could not be built: {self.error}")
         method, args, kwargs = decode(message)
         if method.startswith("_"):
             raise AttributeError(f"private method {method!r} cannot be called on a worker")
@@ -63,6 +79,20 @@ class _Host:
         """CPU time this process has used (user + system, every thread)."""
         t = os.times()
         return t.user + t.system
+
+    def node(self) -> str:
+        """The Ray node this actor runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def address(self) -> str:
+        """host:port on this actor's node with a port free now (for a JAX coordinator)."""
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return f"{ray.util.get_node_ip_address()}:{sock.getsockname()[1]}"
 
 
 def _remote_host():
@@ -80,13 +110,11 @@ def _outcome(name: str, ray_future: Future) -> tuple[Any, BaseException | None]:
         return decode(ray_future.result()), None
     except rx.RayTaskError as e:  # the method raised: name the original exception
         cause = e.cause if e.cause is not None else e
+        if isinstance(cause, RuntimeError) and str(cause).startswith("could not be built"):
+            return None, WorkerError(f"{name}: {cause}")  # the factory raised: no retry helps
         return None, WorkerError(f"{name}: {type(cause).__name__}: {cause}")
-    except rx.RayActorError as e:
-        if getattr(e, "actor_init_failed", False):  # the factory raised: restarting cannot help
-            last = str(e).strip().splitlines()[-1]
-            return None, WorkerError(f"{name}: could not be built: {last}")
-        return None, WorkerDied(f"{name}: actor died ({type(e).__name__})")
-    except (rx.ActorUnavailableError, rx.WorkerCrashedError, rx.ObjectLostError) as e:
+    except (rx.RayActorError, rx.ActorUnavailableError, rx.WorkerCrashedError,
+            rx.ObjectLostError) as e:  # fmt: skip
         return None, WorkerDied(f"{name}: actor died ({type(e).__name__})")
     except BaseException as e:  # noqa: BLE001 - e.g. a cancelled call: the caller sees it
         return None, e
@@ -108,9 +136,17 @@ class RayWorker:
         self._dead = False
 
     def start(self) -> RayWorker:
-        self._actor = _remote_host().options(**self._options).remote(self.factory, self.env, self.cores)
-        self._dead, self._pid = False, None
+        self._create()
+        self._build(self.factory)
         return self
+
+    def _create(self) -> None:
+        """The actor, without its part yet (a RayJob first needs process 0's address)."""
+        self._actor = _remote_host().options(**self._options).remote(self.env, self.cores)
+        self._dead, self._pid = False, None
+
+    def _build(self, factory: Callable[[], Any]) -> None:
+        self._actor.build.remote(factory)  # runs before any call made after it (one caller)
 
     def call(self, method: str, *args, **kwargs) -> Future:
         if self._actor is None:
@@ -164,6 +200,93 @@ class RayWorker:
             self._actor = None
 
 
+def _join_job(factory: Callable[[int], Any], coordinator: str, n: int, i: int) -> Any:
+    """In process i of a RayJob: join the JAX job, then build this process's part."""
+    from scale.mesh import DistributedConfig, initialize
+
+    initialize(DistributedConfig(coordinator, n, i))
+    return factory(i)
+
+
+class RayJob:
+    """One worker made of `n` actors that form one multi-process JAX job (a TPU slice, several
+    GPU nodes): every call runs on every actor — SPMD, each process runs the same jitted code on
+    its devices — and the future holds process 0's answer. Process 0's actor picks the
+    coordinator address on its node; every actor joins `jax.distributed` with it and then builds
+    its part with `factory(process_id)`. If any actor dies the job has died (`WorkerDied`);
+    `restart()` starts all of them again with a fresh coordinator.
+
+    `options` are each actor's Ray options (one dict per process, e.g. `{"resources": {"TPU": 4}}`
+    or a placement group bundle as `scheduling_strategy`)."""
+
+    def __init__(self, factory: Callable[[int], Any], n: int, name: str = "job", *,
+                 options: Sequence[dict] | None = None, env: dict[str, str] | None = None):
+        if n < 1:
+            raise ValueError(f"a job needs >= 1 process, got {n}")
+        self.factory, self.n, self.name = factory, n, name
+        self.options = list(options) if options is not None else [{} for _ in range(n)]
+        if len(self.options) != n:
+            raise ValueError(f"{len(self.options)} option dicts for {n} processes")
+        self.env = dict(env or {})
+        self.workers: list[RayWorker] = []
+
+    def start(self) -> RayJob:
+        import ray
+
+        self.workers = [RayWorker(None, f"{self.name}[{i}]", env=self.env, **self.options[i])
+                        for i in range(self.n)]  # fmt: skip
+        for w in self.workers:
+            w._create()
+        coordinator = ray.get(self.workers[0]._actor.address.remote())
+        for i, w in enumerate(self.workers):
+            w.factory = functools.partial(_join_job, self.factory, coordinator, self.n, i)
+            w._build(w.factory)
+        return self
+
+    def call(self, method: str, *args, **kwargs) -> Future:
+        """Process 0's answer once every process has answered. One death fails the call at
+        once: the others may be stuck in a collective waiting for the dead one."""
+        if not self.workers:
+            self.start()
+        futures = [w.call(method, *args, **kwargs) for w in self.workers]
+        out: Future = Future()
+        lock = threading.Lock()
+
+        def done(f: Future) -> None:
+            with lock:
+                if out.done():
+                    return
+                error = f.exception()
+                if isinstance(error, WorkerDied):
+                    out.set_exception(error)
+                elif all(g.done() for g in futures):
+                    errors = [g.exception() for g in futures if g.exception() is not None]
+                    if errors:
+                        out.set_exception(errors[0])
+                    else:
+                        out.set_result(futures[0].result())
+
+        for f in futures:
+            f.add_done_callback(done)
+        return out
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers]
+
+    def alive(self) -> bool:
+        return bool(self.workers) and all(w.alive() for w in self.workers)
+
+    def restart(self) -> None:
+        self.close()
+        self.start()
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.workers = []
+
+
 class RayPlacement:
     """Where a run's parts live on a Ray cluster (minirl.runner.Run's `placement`): the engine
     as `engines` actors (data-parallel rollout, minirl.workers.Replicas), the trainer and the
@@ -172,17 +295,21 @@ class RayPlacement:
     warm start stay in the driver. `env` is set in every actor before its part is built."""
 
     def __init__(self, engines: int = 1, *, engine: dict | None = None, trainer: dict | None = None,
-                 verifier: dict | None = None, env: dict[str, str] | None = None):
+                 verifier: dict | None = None, env: dict[str, str] | None = None,
+                 hosts: dict[str, int] | None = None):
         if engines < 1:
             raise ValueError(f"engines must be >= 1, got {engines}")
         self.engines, self.env = engines, dict(env or {})
+        self.hosts = {"engine": 1, "trainer": 1, **(hosts or {})}  # actors per job (RayJob)
         self.options = {"engine": engine or {}, "trainer": trainer or {}, "verifier": verifier or {}}
         self.workers: list[RayWorker] = []  # every actor started, for close()
 
     def needs(self) -> dict[str, float]:
         """The Ray resources all the run's actors ask for together."""
         total: dict[str, float] = {}
-        for role, count in (("engine", self.engines), ("trainer", 1), ("verifier", 1)):
+        counts = (("engine", self.engines * self.hosts["engine"]), ("trainer", self.hosts["trainer"]),
+                  ("verifier", 1))  # fmt: skip
+        for role, count in counts:
             o = self.options[role]
             asks = {"CPU": o.get("num_cpus", 1), "GPU": o.get("num_gpus", 0), **o.get("resources", {})}
             for name, amount in asks.items():

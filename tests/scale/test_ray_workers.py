@@ -243,3 +243,30 @@ def test_launch_ray_trains_on_a_local_cluster_and_resumes(tmp_path):
         assert json.loads(r.stdout[r.stdout.index("{"):])["run_dir"] == str(run)
     records = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [r["step"] for r in records] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_killed_driver_resumes_and_ends_where_an_undisturbed_run_does(reference, tmp_path):
+    """kill -9 the whole `python -m scale.launch ray` process group (driver, its local Ray
+    cluster, every actor) once a step is logged, then run the same command again: it resumes
+    from the last checkpoint and ends with the in-process run's weights, bit for bit."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "scale.launch", "ray", "--preset", "fixture", "--engines", "2",
+           "--set", "rl.steps=3", "--set", "rl.checkpoint_every=1", "--run-dir", str(run), "--quiet"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    first = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline = time.time() + 300
+    while not (run / "metrics.jsonl").exists() and time.time() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    assert first.poll() is None, "the run ended before it could be killed"
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(30)
+    second = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert _rewards(run) == _rewards(reference)
+    _assert_same_params(_params(run), _params(reference))
