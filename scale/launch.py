@@ -12,6 +12,7 @@
         --verifier-url http://v-host:8470 --weights gs://b/run/weights --run-dir runs/x --preset fixture
 
     python -m scale.launch ray --preset fixture --engines 2     # all of it on a Ray cluster
+    python -m scale.launch ray --weights URL --trainer-hosts 4  # ... the roles below as Ray jobs
                                                                 # (scale/ray_run.py)
 
 Every process reads the shared secret from $MINIRL_TOKEN. scale/README.md has the full recipes

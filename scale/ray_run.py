@@ -12,13 +12,17 @@ RayPlacement). Engine replicas, the trainer and the verifier each get an actor w
 resources asked for; the warm start and evaluation run in this (the driver's) process.
 
 Without --address a local cluster is started with just the CPUs the actors ask for (logical
-CPUs: Ray does not pin cores). Ray starts before JAX here, so its processes are not forked from
+CPUs: Ray itself pins nothing; --ROLE-cores does). Ray starts before JAX here, so its processes are not forked from
 a multithreaded JAX process.
 
-Simplified on purpose: weights travel by value (the trainer actor's numpy arrays through the
-driver's weight store to each engine actor: fine for models that fit one host; the TensorStore
-store of `python -m scale.launch trainer/engine` passes them by reference); the trainer is one
-actor, so one host (a multi-host trainer job is `python -m scale.launch trainer` on each host).
+With --weights URL the trainer and each engine replica are multi-host JAX jobs instead
+(`RayJob`: --trainer-hosts / --engine-hosts actors joined by jax.distributed, the roles of
+scale/launch.py), weights pass by reference through that TensorStore store, --checkpoints URL
+gives the trainer job its own Orbax checkpoints, and the controller loop is scale.launch's
+(`drive`: lockstep, no evaluation passes).
+
+Simplified on purpose: without --weights, weights travel by value (the trainer actor's numpy
+arrays through the driver's weight store to each engine actor: fine for models one host holds).
 """
 
 from __future__ import annotations

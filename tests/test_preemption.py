@@ -148,3 +148,43 @@ def test_dead_engine_process_is_restarted_and_its_work_reissued(tmp_path, monkey
     got = CheckpointManager(tmp_path / "killed").restore()
     assert_trees_equal(got.params, ref.params)
     assert dataclasses.is_dataclass(cfg)
+
+
+@pytest.mark.slow
+def test_async_run_with_its_engine_in_a_process_survives_the_engine_dying(tmp_path, monkeypatch):
+    """rl.workers=process with the async scheduler: the rollout thread drives the engine in its
+    own process (it used to stay in this one). Kill that process mid-run: the thread restarts
+    it, reloads the weights it held and re-submits what was in flight; every prompt trained once."""
+    import threading
+
+    from minirl.config import make_config
+    from minirl.runner import Run
+    from minirl.workers import ProcessWorker, from_plain
+
+    cfg = make_config("fixture", ["rl.steps=6", "rl.checkpoint_every=6", "rl.workers=process",
+                                  "rl.scheduler=async", "rl.eta=1", "rl.max_lag=2"])  # fmt: skip
+    started = []
+    original = ProcessWorker.start
+
+    def start(self):
+        started.append(original(self))
+        return started[-1]
+
+    monkeypatch.setattr(ProcessWorker, "start", start)
+
+    def kill_engine_once():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if (tmp_path / "metrics.jsonl").exists():
+                os.kill(next(w for w in started if w.name == "engine").pid, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_engine_once)
+    killer.start()
+    summary = Run(cfg, tmp_path, log=lambda *a: None, progress=False).train()
+    killer.join()
+    assert summary["counters"]["worker_restarts"] >= 1
+    ctl = from_plain(CheckpointManager(tmp_path).restore().controller_state)["controller"]
+    trained = [int(u) for u in ctl["trained_uids"]]
+    assert len(trained) == 6 * cfg.rl.prompts_per_step and len(set(trained)) == len(trained)
