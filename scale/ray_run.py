@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 from pathlib import Path
 
 
@@ -118,6 +119,7 @@ def run(args) -> None:
     cfg = config_from_args(args)
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
     if args.address:
+        _reachable(args.address)
         ray.init(address=args.address, log_to_driver=not args.quiet)
     else:
         # logical CPUs for the actors; GPUs as Ray detects them; no made-up TPUs (the placement
@@ -140,6 +142,23 @@ def run(args) -> None:
         ray.shutdown()
     print(json.dumps({"run_dir": str(run_dir), "before": summary["before"], "after": summary["after"],
                       "rl_seconds": round(summary["rl_seconds"], 1)}, indent=2))  # fmt: skip
+
+
+def _reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Refuse at once a host:port where no Ray head answers (ray.init would retry for minutes,
+    printing only connection warnings). "auto" and ray:// addresses are left to Ray, which
+    answers those quickly."""
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--address {address!r}: expected host:port (the head's GCS port, 6379 "
+                         "by default), 'auto' or ray://host:port")  # fmt: skip
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(f"no Ray cluster answers at {address} ({e}); start one there with "
+                              "`ray start --head`, or leave out --address for a local one") from None
 
 
 def run_jobs(args, cfg, run_dir: Path, placement) -> dict:

@@ -212,10 +212,12 @@ def test_an_async_run_on_ray_actors_keeps_its_bounds_and_loses_nothing(cluster, 
                       + len(ctl["buffer"]) + len(ctl["in_flight"]))  # fmt: skip
 
 
-def test_launch_ray_refuses_malformed_resources_in_one_line(capsys):
+def test_launch_ray_refuses_malformed_flags_and_an_unreachable_cluster_in_one_line(capsys):
     from scale.launch import main
 
-    for bad in (["--resource", "engine:TPU"], ["--resource", "driver:TPU=4"], ["--engines", "0"]):
+    for bad in (["--resource", "engine:TPU"], ["--resource", "driver:TPU=4"], ["--engines", "0"],
+                ["--address", "127.0.0.1:1"], ["--address", "nohost"],  # no cluster, not host:port
+                ["--checkpoints", "/tmp/x"], ["--engine-cores", "99"]):  # fmt: skip
         with pytest.raises(SystemExit) as exit_:
             main(["ray", "--preset", "fixture", *bad])
         assert exit_.value.code == 2
