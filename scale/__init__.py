@@ -9,11 +9,10 @@ It imports minirl; minirl never imports it. Map (scale/README.md is the guide):
                            atomic commits, per-process shard reads; StoredWeights references
   verifier_service.py      VerifierService: a verifier pool over HTTP; test data by sha256
   remote_verifier.py       RemoteVerifier: its client, a minirl Verifier (retries, by reference)
-  remote_worker.py         RemoteWorker / serve: minirl's worker futures over TCP (SPMD-aware)
   ray_workers.py           RayWorker, RayJob, RayPlacement: minirl's worker futures to Ray actors
   ray_run.py               `python -m scale.launch ray`: minirl train with its parts in actors
   orbax_checkpoints.py     TrainerCheckpoints: the trainer job's sharded checkpoints (Orbax)
-  launch.py                `python -m scale.launch verifier|engine|trainer|controller|ray`
+  launch.py                `python -m scale.launch ray|verifier`; the trainer and engine roles
   diagnose.py              `python -m scale.diagnose`: minirl's mismatch table + "sharding"
 
 The names below are imported lazily (`scale.TensorStoreWeightStore` loads only that module), so
@@ -35,7 +34,6 @@ _EXPORTS = {
     "tensorstore_weights": ("TensorStoreWeightStore", "StoredWeights"),
     "verifier_service": ("VerifierService", "ServiceConfig"),
     "remote_verifier": ("RemoteVerifier", "ClientConfig", "RemoteVerifierError"),
-    "remote_worker": ("RemoteWorker", "serve", "follow"),
     "ray_workers": ("RayWorker", "RayJob", "RayPlacement"),
     "orbax_checkpoints": ("TrainerCheckpoints",),
 }  # fmt: skip

@@ -1,22 +1,18 @@
-"""Launch minirl's parts as separate processes on separate hosts: the RLAX layout.
+"""Launch minirl's parts on many hosts: the RLAX layout, on Ray.
 
-    verifier     the HTTP verifier service (scale/verifier_service.py) around a worker pool
-    trainer      minirl's Trainer on an FSDP mesh; publishes weights to TensorStore itself
-    engine       minirl's Engine on a tensor-parallel mesh; loads weights from TensorStore
-    controller   the only active part: minirl's Controller, driving the three above
+    python -m scale.launch ray --preset countdown --engines 2          # scale/ray_run.py
+    python -m scale.launch ray --address auto --weights gs://b/run/weights \
+        --checkpoints gs://b/run/trainer --trainer-hosts 4 --resource trainer:TPU=4 ...
+    python -m scale.launch verifier --port 8470 --verifier code       # the HTTP verifier service
 
-    python -m scale.launch verifier   --port 8470 --verifier task:fixture
-    python -m scale.launch trainer    --listen 0.0.0.0:8472 --weights gs://b/run/weights --preset fixture
-    python -m scale.launch engine     --listen 0.0.0.0:8471 --weights gs://b/run/weights --preset fixture
-    python -m scale.launch controller --engine e-host:8471 --trainer t-host:8472 \
-        --verifier-url http://v-host:8470 --weights gs://b/run/weights --run-dir runs/x --preset fixture
+This module holds what those commands run. The roles — one process's part of a job, built
+inside a Ray actor after it joined its JAX job (scale/ray_workers.py's RayJob):
 
-    python -m scale.launch ray --preset fixture --engines 2     # all of it on a Ray cluster
-    python -m scale.launch ray --weights URL --trainer-hosts 4  # ... the roles below as Ray jobs
-                                                                # (scale/ray_run.py)
+    trainer_role   minirl's Trainer on an FSDP mesh; publishes its own weights to TensorStore,
+                   writes its own Orbax checkpoints (`--checkpoints`)
+    engine_role    minirl's Engine on a tensor-parallel mesh; loads weights from TensorStore
 
-Every process reads the shared secret from $MINIRL_TOKEN. scale/README.md has the full recipes
-(TPU slices, GPU nodes, localhost) and tests/scale/test_launch.py runs the localhost one.
+and the controller's loop over them, `drive`: minirl's Controller, the only active part.
 
 Weights travel BY REFERENCE, as in RLAX's parameter server: the trainer job writes its own FSDP
 shards to the TensorStore store (every process its part) and answers the controller's `params`
@@ -25,34 +21,27 @@ call with a `StoredWeights(version)` reference; the controller keeps references 
 the engine job reads each version straight into its tensor-parallel layout. The controller never
 holds the weights.
 
-Every role takes `minirl train`'s flags, `--model DIR --data FILE` included. The trainer job
+The roles take `minirl train`'s flags, `--model DIR --data FILE` included. The trainer job
 starts from a model directory by reading it straight into its FSDP layout (`first_params`:
 each process reads only the blocks its devices hold, scale/mesh.py's `load_checkpoint`).
-
-A trainer or engine spanning several hosts (a TPU slice, several GPU nodes) is one JAX job:
-every host runs the same command with --coordinator/--num-processes/--process-id; process 0
-serves the controller and broadcasts each call to the others (scale/remote_worker.py).
 
 Preemption and resume follow `minirl train`: the controller owns the run directory (config.json,
 metrics.jsonl, checkpoints/ — minirl/runner.py's `open_run_dir`, `checkpoint_due`,
 `save_checkpoint`, `restore_run`) and starting it again on the same --run-dir resumes from the
-last checkpoint. A checkpoint holds the trainer job's params and optimizer state (fetched with
-a `state_dict` call) and the controller's snapshot; on resume the trainer job loads them, drops
-the store's versions from the checkpoint's on (`publish_from`) and publishes that version again,
-and the engine job loads it. Engine and trainer jobs may keep running across a controller
-restart, or be restarted themselves: they hold no progress the checkpoint does not have.
+last checkpoint. Without --checkpoints a checkpoint holds the trainer job's params and optimizer
+state (fetched with a `state_dict` call) and the controller's snapshot; with it, the trainer job
+writes its own (scale/orbax_checkpoints.py: every process its shards) and the controller's
+checkpoint holds its snapshot and the trainer's step, written after the trainer's save
+returned; a resume restores that step and drops any newer one. Either way the trainer job then
+drops the store's versions from the checkpoint's on (`publish_from`) and publishes that version
+again, and the engine job loads it.
 
-Scripts that start roles as local processes (the localhost recipe's tests, tutorial 11) wait
-for each to print its address with `wait_for_output(proc, r"listening on (\\S+)")`.
+Scripts that start a service as a local process (tests, lesson 11) wait for it to print its
+address with `wait_for_output(proc, r"on (http://\\S+)")`.
 
-With `trainer --checkpoints URL` the trainer job writes its own checkpoints instead
-(scale/orbax_checkpoints.py: Orbax, every process its own shards, to a directory or gs://): the
-controller's checkpoint then holds its snapshot and the trainer's step, written after the
-trainer's save returned; a resume restores that step and drops any newer one.
-
-Simplified on purpose: without --checkpoints, checkpoints pass through the controller (params +
-optimizer state over TCP every rl.checkpoint_every steps); no evaluation passes; lockstep
-scheduling only; one engine job (`python -m scale.launch ray` has replicas and async).
+Simplified on purpose: the controller loop runs lockstep scheduling without evaluation passes
+(the by-value `ray` run without --weights is `minirl train` itself: async, evaluations).
+An earlier version served these roles over a home-made TCP protocol; Ray replaced it.
 """
 
 from __future__ import annotations
@@ -66,9 +55,7 @@ import select
 import subprocess
 import time
 from collections.abc import Sequence
-from typing import Any
 
-from minirl.cli import add_config_arguments
 from scale.tensorstore_weights import StoredWeights
 
 TOKEN_ENV = "MINIRL_TOKEN"
@@ -219,17 +206,6 @@ def _token() -> str:
     return token
 
 
-def _start_jax(args) -> None:
-    """Fake CPU devices (if asked) must be set before JAX starts; then join the job."""
-    if args.cpu_devices:
-        from scale import use_cpu_devices
-
-        use_cpu_devices(args.cpu_devices)
-    from scale.mesh import DistributedConfig, initialize
-
-    initialize(DistributedConfig(args.coordinator, args.num_processes, args.process_id))
-
-
 def _config(args):
     """(config, tokenizer, task) of a role, from the same flags `minirl train` takes (--preset,
     --set, --model DIR, --data FILE): every role builds the same tokenizer from the model
@@ -243,20 +219,6 @@ def _config(args):
         cfg = override(cfg, f"rl.steps={args.steps}")
     tokenizer = load_tokenizer(cfg)
     return cfg, tokenizer, make_task(cfg, tokenizer)
-
-
-def _serve(role: Any, listen: str, token: str) -> None:
-    import jax
-
-    from scale.remote_worker import follow, serve
-
-    if jax.process_index() == 0:
-        host, _, port = listen.rpartition(":")
-        serve(
-            role, host, int(port), token, announce=lambda a: print(f"listening on {a}", flush=True)
-        )
-    else:
-        follow(role)
 
 
 def first_params(cfg, tokenizer, task, mesh):
@@ -316,18 +278,6 @@ def engine_role(args) -> EngineRole:
     return EngineRole(Engine(cfg.model, engine_cfg), store, mesh, M.tensor_parallel())
 
 
-def run_trainer(args) -> None:
-    _start_jax(args)
-    token = _token()
-    _serve(trainer_role(args), args.listen, token)
-
-
-def run_engine(args) -> None:
-    _start_jax(args)
-    token = _token()
-    _serve(engine_role(args), args.listen, token)
-
-
 def run_verifier(args) -> None:
     from scale import verifier_service as RV
 
@@ -335,26 +285,6 @@ def run_verifier(args) -> None:
     argv = ["--host", args.host, "--port", str(args.port), "--repository", args.repository,
             "--verifier", args.verifier, "--workers", str(args.workers)]  # fmt: skip
     RV.main(argv)
-
-
-def run_controller(args) -> None:
-    from minirl.workers import InProcessWorker
-    from scale.remote_verifier import RemoteVerifier
-    from scale.remote_worker import RemoteWorker
-
-    token = _token()
-    cfg, tokenizer, task = _config(args)
-    engine = RemoteWorker(args.engine, token, name="engine")
-    trainer = RemoteWorker(args.trainer, token, name="trainer")
-    # a task that stores test data by reference (program_synthesis) uploads it from its own
-    # repository the first time the service asks for it
-    repository = getattr(task, "repository", None)
-    verifier = (RemoteVerifier(args.verifier_url, token, repository=repository)
-                if args.verifier_url else task.verifier)  # fmt: skip
-    drive(args, cfg, tokenizer, task, engine, trainer, InProcessWorker(verifier))
-    if args.shutdown_workers:
-        engine.shutdown()
-        trainer.shutdown()
 
 
 def drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
@@ -424,59 +354,11 @@ def wait_for_output(proc: subprocess.Popen, pattern: str, timeout: float = 300.0
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m scale.launch", description=__doc__.split("\n\n")[0])
-    roles = p.add_subparsers(dest="role", required=True)
-
-    def common(sub, jax_job: bool) -> None:
-        add_config_arguments(sub, staleness=False)
-        sub.add_argument(
-            "--weights", required=True, help="TensorStore kvstore URL of the weight store"
-        )
-        sub.add_argument("--keep", type=int, default=8, help="weight versions kept in the store")
-        if sub.prog.endswith(" trainer"):
-            sub.add_argument("--checkpoints", default=None, metavar="URL",
-                             help="trainer-side Orbax checkpoints (a directory, gs://...): each "
-                                  "process writes its own shards; default: params and optimizer "
-                                  "state go into the controller's checkpoints")  # fmt: skip
-        if jax_job:
-            sub.add_argument(
-                "--listen", default="0.0.0.0:0", help="host:port to serve the controller on"
-            )
-            sub.add_argument(
-                "--mesh", default="", help="mesh axis sizes, e.g. fsdp=-1 or data=2,tensor=4"
-            )
-            sub.add_argument(
-                "--coordinator", default=None, help="host:port of process 0 of this job"
-            )
-            sub.add_argument("--num-processes", type=int, default=1)
-            sub.add_argument("--process-id", type=int, default=0)
-            sub.add_argument(
-                "--cpu-devices", type=int, default=0, help="fake N CPU devices (testing)"
-            )
-
-    common(roles.add_parser("trainer", help="serve minirl's Trainer (FSDP mesh)"), jax_job=True)
-    common(
-        roles.add_parser("engine", help="serve minirl's Engine (tensor-parallel mesh)"),
-        jax_job=True,
-    )
-    c = roles.add_parser("controller", help="run the RL loop against remote parts")
-    common(c, jax_job=False)
-    c.add_argument("--engine", required=True, help="host:port of the engine job")
-    c.add_argument("--trainer", required=True, help="host:port of the trainer job")
-    c.add_argument(
-        "--verifier-url", default=None, help="http://host:port (default: local verifier)"
-    )
-    c.add_argument("--run-dir", required=True, help="run directory; an existing one resumes")
-    c.add_argument("--steps", type=int, default=0, help="train steps (default: rl.steps)")
-    c.add_argument(
-        "--force", action="store_true", help="resume even if the run's config changed"
-    )
-    c.add_argument(
-        "--shutdown-workers", action="store_true", help="stop engine and trainer at the end"
-    )
     from scale import ray_run
 
-    r = roles.add_parser("ray", help="minirl train with engine(s), trainer and verifier as Ray actors",
+    p = argparse.ArgumentParser(prog="python -m scale.launch", description=__doc__.split("\n\n")[0])
+    roles = p.add_subparsers(dest="role", required=True)
+    r = roles.add_parser("ray", help="a run with engine(s), trainer and verifier as Ray actors",
                          description=ray_run.__doc__.split("\n\n")[0])
     ray_run.add_arguments(r)
     v = roles.add_parser("verifier", help="serve a verifier pool over HTTP")
@@ -490,8 +372,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from minirl.hf_config import CheckpointError
 
     try:
-        {"trainer": run_trainer, "engine": run_engine, "controller": run_controller,
-         "verifier": run_verifier, "ray": ray_run.run}[args.role](args)  # fmt: skip
+        {"verifier": run_verifier, "ray": ray_run.run}[args.role](args)
     except (ConfigError, CheckpointError, OSError, ValueError) as e:  # a user's mistake: one line, no traceback
         p.exit(2, f"python -m scale.launch {args.role}: error: {e}\n")
 

@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     j.add_argument("--trainer-mesh", default="fsdp=-1", help="the trainer job's mesh axes")
     j.add_argument("--engine-mesh", default="tensor=-1", help="each engine job's mesh axes")
     j.add_argument("--cpu-devices", type=int, default=0, help="fake N CPU devices per process (testing)")
+    p.add_argument("--verifier-url", default=None, metavar="URL",
+                   help="score with the HTTP verifier service there (python -m scale.launch "
+                        "verifier; shared secret in $MINIRL_TOKEN) instead of a verifier actor")  # fmt: skip
     p.add_argument("--resource", action="append", default=[], metavar="ROLE:NAME=N",
                    help="a custom Ray resource for a role's actors, e.g. engine:TPU=4 (repeatable)")
 
@@ -107,17 +110,43 @@ def placement_from_args(args):
     if min(args.trainer_hosts, args.engine_hosts) < 1:
         raise ValueError("--trainer-hosts and --engine-hosts must be >= 1")
     hosts = {"trainer": args.trainer_hosts, "engine": args.engine_hosts} if args.weights else {}
-    return RayPlacement(args.engines, hosts=hosts, **options)
+    return RayPlacement(args.engines, hosts=hosts, verifier_worker=remote_verifier(args), **options)
+
+
+def remote_verifier(args):
+    """With --verifier-url: a worker around the HTTP verifier service's client (in the driver:
+    it only sends requests), else None. A task that stores test data by reference
+    (program_synthesis) uploads it from its repository the first time the service asks."""
+    if not args.verifier_url:
+        return None
+    from minirl.cli import config_from_args
+    from minirl.data import get_task
+    from minirl.workers import InProcessWorker
+    from scale.launch import _token
+    from scale.remote_verifier import RemoteVerifier
+
+    cfg = config_from_args(args)
+    repository = getattr(get_task(cfg.task.name, **cfg.task.args), "repository", None) \
+        if cfg.task.name != "file" else None
+    return InProcessWorker(RemoteVerifier(args.verifier_url, _token(), repository=repository))
 
 
 def run(args) -> None:
     import ray
 
     from minirl.cli import _default_run_dir, config_from_args
+    from minirl.runner import Run
+    from scale.launch import _config
 
     placement = placement_from_args(args)  # flags checked before anything starts
     cfg = config_from_args(args)
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+    # the tokenizer and the dataset file read and checked before Ray starts: a user's mistake
+    # there is one line, not a cluster brought up and down
+    if args.weights:
+        _, tokenizer, task = _config(args)
+    else:
+        run = Run(cfg, run_dir, progress=not args.quiet, placement=placement)
     if args.address:
         _reachable(args.address)
         ray.init(address=args.address, log_to_driver=not args.quiet)
@@ -131,12 +160,9 @@ def run(args) -> None:
     try:
         placement.check()  # before the warm start: a cluster that can never hold it fails now
         if args.weights:
-            run_jobs(args, cfg, run_dir, placement)
+            run_jobs(args, cfg, run_dir, placement, tokenizer, task)
             return
-        from minirl.runner import Run
-
-        summary = Run(cfg, run_dir, progress=not args.quiet, placement=placement).train(
-            resume=True, force=args.force)
+        summary = run.train(resume=True, force=args.force)
     finally:
         placement.close()
         ray.shutdown()
@@ -161,11 +187,11 @@ def _reachable(address: str, timeout_s: float = 10.0) -> None:
                               "`ray start --head`, or leave out --address for a local one") from None
 
 
-def run_jobs(args, cfg, run_dir: Path, placement) -> dict:
+def run_jobs(args, cfg, run_dir: Path, placement, tokenizer, task) -> dict:
     """--weights: scale.launch's trainer and engine roles as Ray jobs, its controller loop here."""
     from minirl.inputs import make_verifier
     from minirl.workers import Replicas
-    from scale.launch import _config, drive, engine_role, trainer_role
+    from scale.launch import drive, engine_role, trainer_role
     from scale.ray_workers import RayJob, RayWorker
 
     env = {}
@@ -181,12 +207,12 @@ def run_jobs(args, cfg, run_dir: Path, placement) -> dict:
     engines = [RayJob(lambda i: engine_role(e_args), args.engine_hosts, name=f"engine{k}",
                       options=[opts["engine"]] * args.engine_hosts, env=env)
                for k in range(args.engines)]  # fmt: skip
-    verifier = RayWorker(lambda: make_verifier(cfg), "verifier", **opts["verifier"])
-    jobs = [trainer, *engines, verifier]
+    verifier = placement.verifier_worker or RayWorker(lambda: make_verifier(cfg), "verifier",
+                                                      **opts["verifier"])  # fmt: skip
+    jobs = [trainer, *engines] + ([] if placement.verifier_worker else [verifier])
     try:
         for job in jobs:
             job.start()
-        _, tokenizer, task = _config(args)
         engine = engines[0] if len(engines) == 1 else Replicas(engines)
         return drive(argparse.Namespace(**role_args), cfg, tokenizer, task, engine, trainer, verifier)
     finally:

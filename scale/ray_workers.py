@@ -296,11 +296,12 @@ class RayPlacement:
 
     def __init__(self, engines: int = 1, *, engine: dict | None = None, trainer: dict | None = None,
                  verifier: dict | None = None, env: dict[str, str] | None = None,
-                 hosts: dict[str, int] | None = None):
+                 hosts: dict[str, int] | None = None, verifier_worker: Any = None):
         if engines < 1:
             raise ValueError(f"engines must be >= 1, got {engines}")
         self.engines, self.env = engines, dict(env or {})
         self.hosts = {"engine": 1, "trainer": 1, **(hosts or {})}  # actors per job (RayJob)
+        self.verifier_worker = verifier_worker  # e.g. a RemoteVerifier service: no actor then
         self.options = {"engine": engine or {}, "trainer": trainer or {}, "verifier": verifier or {}}
         self.workers: list[RayWorker] = []  # every actor started, for close()
 
@@ -308,7 +309,7 @@ class RayPlacement:
         """The Ray resources all the run's actors ask for together."""
         total: dict[str, float] = {}
         counts = (("engine", self.engines * self.hosts["engine"]), ("trainer", self.hosts["trainer"]),
-                  ("verifier", 1))  # fmt: skip
+                  ("verifier", 0 if self.verifier_worker is not None else 1))  # fmt: skip
         for role, count in counts:
             o = self.options[role]
             asks = {"CPU": o.get("num_cpus", 1), "GPU": o.get("num_gpus", 0), **o.get("resources", {})}
@@ -347,6 +348,8 @@ class RayPlacement:
         return self._start("trainer", factory, "trainer")
 
     def verifier(self, factory: Callable[[], Any], local: Any = None):
+        if self.verifier_worker is not None:
+            return self.verifier_worker
         return self._start("verifier", factory, "verifier")
 
     def close(self) -> None:
