@@ -240,8 +240,8 @@ def first_params(cfg, tokenizer, task, mesh):
 def trainer_role(args) -> TrainerRole:
     """This process's part of the trainer job (JAX already joined its job): minirl's Trainer on
     the FSDP mesh `args.mesh`, the TensorStore store `args.weights`, and with `args.checkpoints`
-    its own Orbax checkpoints. Used by `run_trainer` (served over TCP) and by
-    `python -m scale.launch ray --weights ...` (one Ray actor per process, scale/ray_run.py)."""
+    its own Orbax checkpoints. Built in each Ray actor of the trainer job by
+    `python -m scale.launch ray --weights ...` (scale/ray_run.py)."""
     from minirl.losses import get_preset
     from minirl.trainer import Trainer
     from scale import mesh as M
@@ -288,7 +288,7 @@ def run_verifier(args) -> None:
 
 
 def drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
-    """The controller's loop over engine, trainer and verifier workers (TCP or Ray): open or
+    """The controller's loop over engine, trainer and verifier workers (Ray jobs): open or
     resume the run directory, publish the start by reference, train, checkpoint, summarize."""
     from minirl.controller import Controller
     from minirl.data.mixture import Mixture

@@ -216,24 +216,53 @@ class RayJob:
     its part with `factory(process_id)`. If any actor dies the job has died (`WorkerDied`);
     `restart()` starts all of them again with a fresh coordinator.
 
-    `options` are each actor's Ray options (one dict per process, e.g. `{"resources": {"TPU": 4}}`
-    or a placement group bundle as `scheduling_strategy`)."""
+    `options` are each actor's Ray options (one dict per process, e.g. `{"num_gpus": 8}` or
+    `{"resources": {"TPU": 4}}`). A job of several processes is gang-scheduled: one placement
+    group reserves every process's resources at once (all or nothing, so half a job never sits
+    waiting for the rest), spread over nodes when it can be (`strategy="SPREAD"`;
+    "STRICT_SPREAD" insists on one host each); a job the cluster cannot hold within
+    `place_timeout_s` is refused, naming what it asked for."""
 
     def __init__(self, factory: Callable[[int], Any], n: int, name: str = "job", *,
-                 options: Sequence[dict] | None = None, env: dict[str, str] | None = None):
+                 options: Sequence[dict] | None = None, env: dict[str, str] | None = None,
+                 strategy: str = "SPREAD", place_timeout_s: float = 300.0):
         if n < 1:
             raise ValueError(f"a job needs >= 1 process, got {n}")
         self.factory, self.n, self.name = factory, n, name
         self.options = list(options) if options is not None else [{} for _ in range(n)]
         if len(self.options) != n:
             raise ValueError(f"{len(self.options)} option dicts for {n} processes")
-        self.env = dict(env or {})
+        self.env, self.strategy, self.place_timeout_s = dict(env or {}), strategy, place_timeout_s
         self.workers: list[RayWorker] = []
+        self._group = None
+
+    def _reserve(self) -> list[dict]:
+        """Each process's options, pointed at its bundle of a placement group made for the job."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if self.n == 1:
+            return self.options
+        bundles = [{"CPU": o.get("num_cpus", 1), "GPU": o.get("num_gpus", 0), **o.get("resources", {})}
+                   for o in self.options]  # fmt: skip
+        bundles = [{k: v for k, v in b.items() if v} or {"CPU": 0.01} for b in bundles]
+        self._group = placement_group(bundles, strategy=self.strategy, name=f"minirl-{self.name}")
+        try:
+            ray.get(self._group.ready(), timeout=self.place_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(self._group)
+            self._group = None
+            raise ValueError(f"{self.name}: the cluster could not place {self.n} processes "
+                             f"({bundles}, {self.strategy}) within {self.place_timeout_s:.0f} s") from None
+        return [{**o, "scheduling_strategy": PlacementGroupSchedulingStrategy(self._group, i)}
+                for i, o in enumerate(self.options)]  # fmt: skip
 
     def start(self) -> RayJob:
         import ray
 
-        self.workers = [RayWorker(None, f"{self.name}[{i}]", env=self.env, **self.options[i])
+        options = self._reserve()
+        self.workers = [RayWorker(None, f"{self.name}[{i}]", env=self.env, **options[i])
                         for i in range(self.n)]  # fmt: skip
         for w in self.workers:
             w._create()
@@ -282,9 +311,14 @@ class RayJob:
         self.start()
 
     def close(self) -> None:
+        import ray
+
         for w in self.workers:
             w.close()
         self.workers = []
+        if self._group is not None:
+            ray.util.remove_placement_group(self._group)
+            self._group = None
 
 
 class RayPlacement:

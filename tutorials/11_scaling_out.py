@@ -6,7 +6,8 @@
 Writes `scaling_out.png` and `results.json` into `--out` (default `runs/tutorials/11_scaling_out`).
 Uses `scale/` (read `scale/README.md` next): `scale/mesh.py` (meshes, sharding rules, publish and
 load), `scale/tensorstore_weights.py` (the weight store), `scale/verifier_service.py` and
-`scale/remote_verifier.py` (the verifier as a service), `scale/launch.py` (the four roles).
+`scale/remote_verifier.py` (the verifier as a service), `scale/launch.py` and
+`scale/ray_run.py` (the layout on Ray).
 Mirrors, in miniature: RLAX §3 and Fig. 1 (one controller; trainer, inference and verifier
 services; a parameter server), §6.1 (test data uploaded once, referenced by hash: 500 GB ->
 1.35 GB per epoch) and Fig. 3a (inference throughput against the number of inference devices;
@@ -65,18 +66,20 @@ WHAT THE SCRIPT DOES
 4. The verifier as a service: `python -m scale.verifier_service` in a subprocess, scored through
    `RemoteVerifier`; scores equal the local verifier's; bytes sent by reference vs by value over
    two epochs; the service killed in mid-request and restarted empty: no rollout lost.
-5. (full mode) RLAX's layout as four processes on 127.0.0.1 with `python -m scale.launch`:
-   verifier, engine job (tensor=2), trainer job (fsdp=2) and the controller, two RL steps.
+5. (full mode) RLAX's layout on a local Ray cluster with `python -m scale.launch ray --weights`:
+   a trainer job of two Ray actors joined by jax.distributed (FSDP over their 4 fake devices), an
+   engine job (tensor=2), the verifier service over HTTP and the controller, two RL steps.
 6. Engine decode throughput on 1, 2 and 4 fake devices (RLAX Fig. 3a's axis), and the figure.
 
 Expected output (full mode, measured)
 -------------------------------------
-Measured on 2026-11-23 with `python tutorials/11_scaling_out.py --out OUT` on a shared virtual
-machine with 2 cores (nproc = 2), under heavy load from other jobs (load average 13.2 at the
-start, 14.3 at the end), without JAX's persistent compilation cache (every compile paid). It
-took 384 s of wall time and 143 s of CPU time (this process and its children, user + sys): ten
-Python processes start, six of them with JAX, and each compiles its own functions. The figure
-is figures/11_scaling_out.png.
+Measured on 2026-11-25 with `python tutorials/11_scaling_out.py --out OUT` on a virtual machine
+with 2 cores (nproc = 2), this lesson alone (load average 0.6 at the start, 1.9 at the end), with
+JAX's persistent compilation cache from earlier runs. It took 91 s of wall time and 107 s of CPU
+time (this process and the children it waited for, user + sys; the Ray processes of step 5 are
+not among them). The figure is figures/11_scaling_out.png. (The first measurement, 2026-11-23,
+ran step 5 as four processes over the TCP transport Ray has since replaced, at load 13-14 and
+without the cache: 384 s wall.)
 
 What reproduces: the layouts change WHERE the work runs and not WHAT it computes. On the tiny model
 (3.2M parameters) the tensor-parallel engine samples the same 1536 tokens as one device (log-probs
@@ -89,18 +92,20 @@ each writes half of the weights to the TensorStore store and reads back only its
 inference layout, equal to an in-process reshard. The verifier service scores exactly as the local
 verifier; by reference, test data crosses the network once (247 KB in epoch 1, then 3.1 KB per
 epoch, 78x less than by value: RLAX's 500 GB -> 1.35 GB in miniature); a service killed in mid-
-request and restarted with an empty repository cost 4 retries and 1 re-upload, and no rollout. The
-four `scale.launch` roles ran two RL steps with the weights travelling by reference.
+request and restarted with an empty repository cost 3 retries and 1 re-upload, and no rollout.
+On a local Ray cluster, a trainer job of two actors (one JAX job over their 4 fake devices), an
+engine job and the verifier service ran two RL steps with the weights travelling by reference
+(the same rewards as the one-process runs of this preset: 0.000 and 0.188).
 
 What does not reproduce: throughput against devices (RLAX Fig. 3a: near-linear). Fake devices
-share the same 2 cores, so a tensor-parallel mesh only adds communication: 4 devices were 6x
-SLOWER than one (0.17x), and 2 devices gave 1.50x here but 0.37x and 0.72x in two earlier runs
-of this step on the same loaded machine (so read it as noise). Also note the AdamW update: it
-agrees to 2e-4 in L2, but single weights differ by up to 1.5e-4 (15% of the learning rate),
-because Adam's first step is lr * g / (|g| + eps): for weights whose gradient is at rounding
-level, the update itself is rounding noise, amplified.
+share the same 2 cores, so a tensor-parallel mesh only adds communication: 4 devices were 5x
+SLOWER than one (0.19x), 2 devices 0.91x (1.50x, 0.37x and 0.72x in three earlier runs on a
+loaded machine: read it as noise). Also note the AdamW update: it agrees to 2e-4 in L2, but
+single weights differ by up to 1.6e-4 (16% of the learning rate), because Adam's first step is
+lr * g / (|g| + eps): for weights whose gradient is at rounding level, the update itself is
+rounding noise, amplified.
 
-    mode: full   cores: 2   load average: 13.2   jax 0.10.2
+    mode: full   cores: 2   load average: 0.6   jax 0.10.2
 
     Step 1. 4 devices: [CpuDevice(id=0), CpuDevice(id=1), CpuDevice(id=2), CpuDevice(id=3)]
       model: 3.16M parameters; training mesh {'data': 1, 'fsdp': 2, 'tensor': 2}, inference mesh {'data': 1, 'fsdp': 1, 'tensor': 4}
@@ -117,7 +122,7 @@ level, the update itself is rounding noise, amplified.
     Step 2. minirl's Engine on tensor=4 and Trainer on fsdp=2 x tensor=2, vs one device
       decode: 1536 tokens, same tokens sampled: True, max |Δ log μ| 3.3e-06
       train:  recompute max |Δ| 5.2e-06; grad norm 3.3816803 vs 3.3816800 (relative Δ 7.1e-08)
-              the AdamW update (lr 1e-3): |Δ update| / |update| = 2.0e-04 (L2); largest |Δ| of one weight 1.5e-04
+              the AdamW update (lr 1e-3): |Δ update| / |update| = 2.0e-04 (L2); largest |Δ| of one weight 1.6e-04
       training-inference mismatch, engine log μ vs trainer recompute:
         one device engine vs one device trainer  mean 8.8e-07  p95 2.1e-06  max 4.8e-06
         tensor=4 engine vs fsdp trainer          mean 8.9e-07  p95 2.1e-06  max 4.3e-06
@@ -131,17 +136,17 @@ level, the update itself is rounding noise, amplified.
     Step 4. the verifier as a service (python -m scale.verifier_service, 127.0.0.1)
       16 rollouts, 4 problems, 240 KB of test data; remote scores == local scores: True
       bytes sent: by reference 247.4 KB (epoch 1, with the one-time upload), 3.1 KB (epoch 2); by value 243.9 KB per epoch, 78x more
-      service SIGKILLed mid-request and restarted empty: all 4 rollouts scored as locally: True; retries 4, uploads 1, lost 0
+      service SIGKILLed mid-request and restarted empty: all 4 rollouts scored as locally: True; retries 3, uploads 1, lost 0
 
-    Step 5. four processes: python -m scale.launch verifier | engine | trainer | controller
-      controller: step 1 version 1 reward 0.000 step_s 36.17
-      controller: step 2 version 2 reward 0.188 step_s 15.72
-      weights published by the trainer job, by reference: versions [2]; verifier requests 2, unscored 0 (72 s)
+    Step 5. the RLAX layout on a local Ray cluster: python -m scale.launch ray --weights ... (trainer job of 2 processes, engine job, verifier service)
+      controller: step 1 version 1 reward 0.000 step_s 9.90
+      controller: step 2 version 2 reward 0.188 step_s 0.34
+      weights published by the trainer job, by reference: versions [2]; verifier requests 2, unscored 0 (21 s)
 
     Step 6. engine decode tokens/s on a tensor-parallel mesh of 1, 2 and 4 fake devices (64 requests x 64 tokens, best of 3)
-      1 device(s):     5675 tokens/s   (1.00x one device; ideal 1x)
-      2 device(s):     8530 tokens/s   (1.50x one device; ideal 2x)
-      4 device(s):      939 tokens/s   (0.17x one device; ideal 4x)
+      1 device(s):     9552 tokens/s   (1.00x one device; ideal 1x)
+      2 device(s):     8683 tokens/s   (0.91x one device; ideal 2x)
+      4 device(s):     1793 tokens/s   (0.19x one device; ideal 4x)
 
     The claims, checked
       sharded_decode_samples_the_same_tokens     True
@@ -156,7 +161,7 @@ level, the update itself is rounding noise, amplified.
       launcher_ran_two_steps                     True
 
     wrote OUT/scaling_out.png and OUT/results.json
-    wall 384 s, CPU 143 s (this process and its children), load average 13.2 -> 14.3
+    wall 91 s, CPU 107 s (this process and its children), load average 0.6 -> 1.9
 """
 
 from __future__ import annotations
@@ -587,47 +592,34 @@ def step_verifier_service(s: dict, work: Path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Step 5: the four roles of scale/launch.py
+# Step 5: the RLAX layout on Ray (python -m scale.launch ray --weights ...)
 # ---------------------------------------------------------------------------------------------
 
 
 def step_launcher(work: Path) -> dict:
-    print(
-        "\nStep 5. four processes: python -m scale.launch verifier | engine | trainer | controller"
-    )
+    print("\nStep 5. the RLAX layout on a local Ray cluster: python -m scale.launch ray --weights ... "
+          "(trainer job of 2 processes, engine job, verifier service)")  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
     env = {**child_env(), "MINIRL_TOKEN": TOKEN}
-    weights = f"file://{work}/weights"
+    env.pop("RAY_ADDRESS", None)
     sets = ["--preset", "fixture", "--set", "rl.prompts_per_step=4", "--set", "rl.group_size=4",
-            "--set", "engine.slots=16"]  # fmt: skip
+            "--set", "engine.slots=16", "--set", "rl.steps=2"]  # fmt: skip
     launch = [sys.executable, "-m", "scale.launch"]
-    procs = []
-
-    def start(args, pattern):
-        proc = subprocess.Popen([*launch, *args], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        procs.append(proc)
-        return wait_for_output(proc, pattern, 600)[0]
-
     t0 = time.perf_counter()
+    service = subprocess.Popen([*launch, "verifier", "--host", "127.0.0.1", "--port", "0",
+                                "--workers", "1", "--verifier", "task:fixture", "--repository",
+                                str(work / "vdata")], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        url = start(["verifier", "--host", "127.0.0.1", "--port", "0", "--workers", "1",
-                     "--verifier", "task:fixture", "--repository", str(work / "vdata")],
-                    r"on (http://127\.0\.0\.1:\d+)")  # fmt: skip
-        jobs = {role: start([role, "--listen", "127.0.0.1:0", "--weights", weights, *sets,
-                             "--cpu-devices", "2", "--mesh", mesh],
-                            r"listening on (127\.0\.0\.1:\d+)")
-                for role, mesh in (("engine", "tensor=2"), ("trainer", "fsdp=2"))}  # fmt: skip
-        controller = subprocess.run(
-            [*launch, "controller", "--engine", jobs["engine"], "--trainer", jobs["trainer"],
-             "--verifier-url", url, "--weights", weights, "--run-dir", str(work / "run"), *sets,
-             "--steps", "2", "--shutdown-workers"],
+        url = wait_for_output(service, r"on (http://127\.0\.0\.1:\d+)", 600)[0]
+        run = subprocess.run(
+            [*launch, "ray", *sets, "--weights", f"file://{work}/weights", "--trainer-hosts", "2",
+             "--cpu-devices", "2", "--engine-mesh", "tensor=2", "--verifier-url", url,
+             "--run-dir", str(work / "run"), "--quiet"],
             env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
-        if controller.returncode != 0:
-            raise SystemExit(
-                f"the controller failed:\n{controller.stdout[-2000:]}{controller.stderr[-2000:]}"
-            )
-        for line in controller.stdout.splitlines():
+        if run.returncode != 0:
+            raise SystemExit(f"the run failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
+        for line in run.stdout.splitlines():
             if line.startswith("step "):
                 print("  controller: " + line)
         summary = json.loads((work / "run" / "summary.json").read_text())
@@ -636,11 +628,10 @@ def step_launcher(work: Path) -> dict:
               f"{summary['verifier']['unscored']} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
         return summary
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-            proc.stdout.close()
+        if service.poll() is None:
+            os.killpg(service.pid, signal.SIGKILL)
+        service.wait(30)
+        service.stdout.close()
 
 
 # ---------------------------------------------------------------------------------------------

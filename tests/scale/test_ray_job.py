@@ -125,3 +125,13 @@ def test_launch_ray_with_jobs_trains_by_reference_and_resumes_exactly(tmp_path):
     for a, b in zip(first, second, strict=True):
         for key in ("reward/mean", "train/loss", "train/grad_norm", "length/mean", "version"):
             assert a[key] == b[key], (a["step"], key)
+
+
+def test_a_job_the_cluster_cannot_place_is_refused_naming_what_it_asked_for(two_nodes):
+    job = RayJob(Spmd, 2, name="big", options=[{"num_cpus": 1, "resources": {"TPU": 4}}] * 2,
+                 env=ENV, place_timeout_s=2)  # fmt: skip
+    with pytest.raises(ValueError, match=r"big: the cluster could not place 2 processes .*TPU"):
+        job.start()
+    assert ray.util.placement_group_table() and not job.workers
+    assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values()
+               if g["name"] == "minirl-big")  # fmt: skip
