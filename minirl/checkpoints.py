@@ -296,6 +296,27 @@ class CheckpointManager:
         for s in newer + older[: -self.keep]:
             self._delete(self.path(s))
 
+    def tidy(self, restored: int | None = None) -> list[str]:
+        """Remove what interrupted saves and prunes left (`.tmp-*`, `.trash-*`) and, counting
+        back from the `restored` step, the checkpoints beyond `keep` (a kill between a save's
+        rename and its prune leaves one too many). Idempotent; run on resume. Steps newer than
+        `restored` (damaged ones restore skipped) are left: the next save discards them.
+        Returns the names removed."""
+        if not self.directory.is_dir():
+            return []
+        with self._write_lock:
+            removed = []
+            for p in sorted(self.directory.iterdir()):
+                if p.name.startswith((".tmp-", ".trash-")):
+                    shutil.rmtree(p, ignore_errors=True)
+                    removed.append(p.name)
+            if restored is not None:
+                older = [s for s in self.all_steps() if s <= restored]
+                for s in older[: -self.keep]:
+                    self._delete(self.path(s))
+                    removed.append(self.path(s).name)
+            return removed
+
     # -- restoring -------------------------------------------------------------------------
 
     def restore(self, template: Any = None, step: int | None = None) -> Checkpoint | None:

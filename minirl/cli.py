@@ -16,7 +16,9 @@
     minirl config [--preset NAME]             every knob, its default and what it means
 
 Every command validates its config first: an unknown key or a bad value is a one-line error
-that names the valid choices, never a traceback.
+that names the valid choices, never a traceback. So is every other mistake a user can make or
+fix (a missing or damaged file, a run directory in use, a full disk: `USER_ERRORS`); `--debug`
+shows the traceback as well. Anything else is a bug in minirl, and prints its traceback.
 """
 
 from __future__ import annotations
@@ -233,13 +235,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from minirl.hashed_files import CorruptCheckpointError
+
+    return (ConfigError, ValueError, OSError, CorruptCheckpointError)
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # anywhere on the line: `minirl train ... --debug` works too
+    parser = build_parser()
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error, not only its message")
+    args = parser.parse_args([a for a in argv if a != "--debug"])
     try:
         return args.fn(args)
-    except (ConfigError, ValueError, OSError) as e:
+    except _user_errors() as e:
+        if debug:
+            raise
         print(f"minirl {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"minirl {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

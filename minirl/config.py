@@ -97,8 +97,8 @@ class RLConfig:
                      "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_lag < 0 or self.eta < 0 or self.time_budget < 0:
-            raise ValueError("rl.max_lag, rl.eta and rl.time_budget must be >= 0")
+        if self.max_lag < 0 or self.eta < 0 or self.time_budget < 0 or self.seed < 0:
+            raise ValueError("rl.max_lag, rl.eta, rl.time_budget and rl.seed must be >= 0")
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"rl.scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
         if self.workers not in ("inprocess", "process"):
@@ -122,12 +122,24 @@ class SFTConfig:
     seed: int = 0  # keys the demonstration stream
     cache: bool = True  # reuse a warm start with the same config from the cache directory
 
+    def __post_init__(self):
+        if self.steps < 0 or self.batch_size < 1 or self.seed < 0:
+            raise ValueError(f"sft: steps >= 0, batch_size >= 1 and seed >= 0, got {self.steps}, "
+                             f"{self.batch_size}, {self.seed}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"sft.learning_rate must be > 0, got {self.learning_rate}")
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     prompts: int = 256  # held-out prompts (test split)
     samples: int = 8  # samples per prompt: pass@1 is their mean, pass@k uses all of them
     every: int = 0  # evaluate every N RL steps as well (0 = only before and after)
+
+    def __post_init__(self):
+        if self.prompts < 1 or self.samples < 1 or self.every < 0:
+            raise ValueError(f"eval: prompts >= 1, samples >= 1 and every >= 0, got "
+                             f"{self.prompts}, {self.samples}, {self.every}")
 
 
 @dataclasses.dataclass(frozen=True)

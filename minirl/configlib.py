@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import math
 import re
 import types
 import typing
@@ -62,7 +63,7 @@ def _parse(text: str, tp: Any, key: str) -> Any:
             value = float(text) if tp is float else int(text)
         except ValueError:
             raise ConfigError(f"{key}: expected {tp.__name__}, got {text!r}") from None
-        return value
+        return _finite(value, key) if tp is float else value
     if tp is str:
         return text
     if origin is tuple or tp is tuple or origin is dict or tp is dict or tp is Any:
@@ -73,7 +74,7 @@ def _parse(text: str, tp: Any, key: str) -> Any:
                 return text
             raise ConfigError(f"{key}: expected a Python literal like (1, 2), got {text!r}") from None
         if origin is tuple or tp is tuple:
-            value = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+            value = _typed(value if isinstance(value, (list, tuple)) else (value,), tp, key)
         return value
     raise ConfigError(f"{key}: cannot parse a value of type {tp}")
 
@@ -146,23 +147,71 @@ def _jsonable(v):
     return v
 
 
-def from_dict(cls, data: dict[str, Any]):
-    """Rebuild a nested dataclass from `to_dict` output; unknown keys are a ConfigError."""
+def from_dict(cls, data: dict[str, Any], prefix: str = ""):
+    """Rebuild a nested dataclass from `to_dict` output. Every value is checked against its
+    field's declared type (a hand-edited file may hold "ten" for an int): a wrong type or an
+    unknown key is a ConfigError naming the dotted key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: expected a JSON object, "
+                          f"got {data!r}")
     hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names
     if unknown:
-        raise ConfigError(f"unknown keys for {cls.__name__}: {sorted(unknown)}")
+        raise ConfigError(f"unknown keys for {prefix or cls.__name__}: {sorted(unknown)}")
     kwargs = {}
     for name, value in data.items():
-        tp = hints[name]
+        tp, key = hints[name], prefix + name
         if dataclasses.is_dataclass(tp):
-            kwargs[name] = from_dict(tp, value)
-        elif isinstance(value, list):
-            kwargs[name] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+            kwargs[name] = from_dict(tp, value, key + ".")
         else:
-            kwargs[name] = value
-    return cls(**kwargs)
+            kwargs[name] = _typed(value, tp, key)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as e:  # __post_init__ validation
+        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {e}") from None
+
+
+def _typed(value: Any, tp: Any, key: str) -> Any:
+    """`value` (parsed JSON) as declared type `tp`, or ConfigError. Lists become tuples."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is not type(None):
+                try:
+                    return _typed(value, arg, key)
+                except ConfigError:
+                    pass
+    elif tp is Any or tp is dict or origin is dict:
+        if tp is Any or isinstance(value, dict):
+            return value
+    elif tp is tuple or origin is tuple:
+        if isinstance(value, (list, tuple)):
+            inner = args[0] if args and (len(args) == 1 or args[-1] is Ellipsis) else Any
+            return tuple(_typed(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return _finite(float(value), key)
+    elif isinstance(tp, type) and isinstance(value, tp):
+        return value
+    name = getattr(tp, "__name__", str(tp))
+    raise ConfigError(f"{key}: expected {name}, got {value!r}")
+
+
+def _finite(value: float, key: str) -> float:
+    """No knob takes nan or inf: a non-finite value is always a mistake (and nan passes every
+    `x < 0` range check silently)."""
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value}")
+    return value
 
 
 def config_hash(cfg, ignore: tuple[str, ...] = ()) -> str:

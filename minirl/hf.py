@@ -63,7 +63,7 @@ from minirl.hf_config import (
     read_config,
     read_token_ids,
 )
-from minirl.model import ModelConfig, Transformer
+from minirl.model import ModelConfig, Transformer, param_shapes
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -220,7 +220,7 @@ def open_checkpoint(path, dtype=None) -> tuple[ModelConfig, dict[tuple, TensorSo
             f"checkpoint {path} has {len(unexpected)} tensor(s) minirl does "
             f"not use: {_names(unexpected)}"
         )
-    shapes = _shapes(cfg)
+    shapes = param_shapes(cfg)
     sources = {}
     for name, (where, transposed) in names.items():
         with _open(files[name]) as f:
@@ -234,14 +234,10 @@ def open_checkpoint(path, dtype=None) -> tuple[ModelConfig, dict[tuple, TensorSo
     return cfg, sources
 
 
-def _shapes(cfg: ModelConfig) -> dict:
-    return nnx.to_pure_dict(nnx.eval_shape(lambda: nnx.state(Transformer(cfg, nnx.Rngs(0)))))
-
-
 def build_params(cfg: ModelConfig, sources: dict[tuple, TensorSource], read) -> dict:
     """The model's pure parameter dict with every leaf `read(where, source)` (a host array, or
     a sharded jax.Array built from the source's blocks)."""
-    params = _shapes(cfg)
+    params = param_shapes(cfg)
     for where, source in sources.items():
         _set(params, where, read(where, source))
     return params

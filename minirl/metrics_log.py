@@ -129,6 +129,36 @@ def read_metrics(run_dir, filename: str = METRICS_FILE) -> list[dict[str, Any]]:
     return records
 
 
+def truncate_metrics(run_dir, step: int, filename: str = METRICS_FILE) -> None:
+    """Drop the lines of steps after `step` (they are about to be redone), byte for byte
+    keeping everything before them: the file is cut at the first record with a larger step,
+    or, if there is none, after the last record. A damaged line in the kept part stays as it
+    was (it is the only copy of that step's metrics); damaged lines after the last record are
+    a torn write of a step being redone, and go."""
+    path = Path(run_dir) / filename
+    if not path.exists():
+        return
+    lines = path.read_bytes().splitlines(keepends=True)
+    cut, last_record = None, 0
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if not isinstance(rec, dict):
+            continue
+        if isinstance(rec.get("step"), int) and rec["step"] > step:
+            cut = i
+            break
+        last_record = i + 1
+    kept = b"".join(lines[: last_record if cut is None else cut])
+    if kept and not kept.endswith(b"\n"):
+        kept += b"\n"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(kept)
+    tmp.replace(path)
+
+
 # ----------------------------------------------------------------------------- text tables
 
 

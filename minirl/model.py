@@ -65,6 +65,17 @@ class ModelConfig:
     path: str = ""  # a Hugging Face checkpoint directory: the shapes above come from its config.json
 
     def __post_init__(self):
+        for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "mlp_dim", "max_seq_len"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.rope_theta > 0 and self.norm_eps > 0):
+            raise ValueError(f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, "
+                             f"{self.norm_eps}")  # fmt: skip
+        scaling = self.rope_scaling
+        if scaling is not None and not (len(scaling) == 4 and all(x > 0 for x in scaling)):
+            raise ValueError("rope_scaling must be None or four positive numbers (factor, "
+                             f"low_freq, high_freq, original_max_len), got {scaling}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
@@ -330,3 +341,9 @@ def token_entropy(logits, temperature: float = 1.0):
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
     return Transformer(cfg, nnx.Rngs(params=seed))
+
+
+def param_shapes(cfg: ModelConfig) -> dict:
+    """The pure parameter dict `cfg` builds, as jax.ShapeDtypeStruct leaves (nothing allocated):
+    what a checkpoint or a loaded file must match."""
+    return nnx.to_pure_dict(nnx.eval_shape(lambda: nnx.state(init_model(cfg))))

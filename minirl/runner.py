@@ -20,8 +20,11 @@ worker (`state_dict` / `load_state_dict` calls), so a remote trainer resumes the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
+import os
 import platform
 import sys
 import time
@@ -32,15 +35,17 @@ from tqdm.auto import tqdm
 
 from minirl.checkpoints import Checkpoint, CheckpointManager
 from minirl.config import RunConfig
-from minirl.configlib import ConfigError, config_hash, from_dict, to_dict
+from minirl.configlib import ConfigError, config_hash, from_dict, read_json_object, to_dict
 from minirl.controller import Controller
 from minirl.data.mixture import Mixture
 from minirl.engine import Engine
 from minirl.evaluation import evaluate, heldout_prompts
+from minirl.hashed_files import CorruptCheckpointError
 from minirl.inputs import describe_inputs, load_tokenizer, make_task, make_verifier, train_prompts
 from minirl.losses import get_preset
-from minirl.metrics_log import MetricsWriter, read_metrics
+from minirl.metrics_log import MetricsWriter, truncate_metrics
 from minirl.trainer import Trainer
+from minirl.trees import TreeMismatchError, match_template
 from minirl.warmstart import warm_start
 from minirl.weights import InMemoryWeightStore
 from minirl.workers import LocalPlacement, WorkerDied, from_plain, to_plain
@@ -59,8 +64,19 @@ def _versions() -> dict[str, str]:
 
 
 def load_config(run_dir) -> RunConfig:
-    data = json.loads((Path(run_dir) / "config.json").read_text())
-    return from_dict(RunConfig, data["config"])
+    """The RunConfig a run directory was written with; a missing, damaged or hand-edited
+    config.json that no longer holds a valid config is a ConfigError naming the file."""
+    path = Path(run_dir) / "config.json"
+    data = read_json_object(path)
+    if data is None:
+        raise ConfigError(f"{path} does not exist (not a minirl run directory)")
+    if not isinstance(data.get("config"), dict) or not isinstance(data.get("hash"), str):
+        raise ConfigError(f"{path} must hold {{'hash': str, 'config': {{...}}}} as minirl wrote "
+                          "it; it was changed by hand or damaged")
+    try:
+        return from_dict(RunConfig, data["config"]).check()
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 class Run:
@@ -91,6 +107,15 @@ class Run:
         return evaluate(engine, self.task, self.tokenizer, prompts, self.cfg.eval.samples)
 
     def train(self, resume: bool = True, force: bool = False) -> dict:
+        """Warm start, evaluate, RL, evaluate; the run directory is locked for the whole time.
+        An OSError on the way (a full disk, a read-only directory) says what was kept."""
+        with lock_run_dir(self.run_dir):
+            try:
+                return self._train(resume, force)
+            except OSError as e:
+                raise RunStopped(self.run_dir, e) from e
+
+    def _train(self, resume: bool, force: bool) -> dict:
         cfg, rl = self.cfg, self.cfg.rl
         ckpts, restored = open_run_dir(cfg, self.run_dir, resume, force)
 
@@ -108,6 +133,7 @@ class Run:
         fresh = controller.snapshot()  # where a trainer that dies before any checkpoint rewinds to
         if restored is not None:
             restore_run(restored, controller, self.run_dir)
+            record_config(cfg, self.run_dir)  # only now: the checkpoint fit
             self.log(f"resumed {self.run_dir} at step {controller.counters.steps} "
                      f"(version {controller.counters.version})")
         self._start_engine(controller)
@@ -135,11 +161,10 @@ class Run:
                 continue
             c = controller.counters
             if cfg.eval.every and c.steps % cfg.eval.every == 0:
-                # `engine` holds the newest weights only if it is the controller's engine and no
-                # rollout thread owns it; otherwise evaluate the trainer's weights on a fresh
-                # engine here (compiled functions are shared, so nothing recompiles)
-                shared = rollouts is None and getattr(controller.engine, "obj", None) is engine
-                judge = engine if shared else self.engine(c.version, controller.params())
+                # the trainer's weights on an engine of its own: the rollout engine's counters
+                # (the next step's engine/ metrics) must not see evaluation work, or a resumed
+                # run would differ; compiled functions are shared, so nothing recompiles
+                judge = self.engine(c.version, controller.params())
                 m.update({f"eval/{k}": v for k, v in self.evaluate(judge).items()})
             writer.write(m, step=c.steps)
             bar.update(1)
@@ -225,31 +250,94 @@ class Run:
 
 def open_run_dir(cfg: RunConfig, run_dir, resume: bool = True, force: bool = False
                  ) -> tuple[CheckpointManager, Checkpoint | None]:
-    """Check `run_dir` against `cfg` and write config.json (and meta.json for a new run).
-    Returns the checkpoint manager and the checkpoint to resume from (None: a fresh start, and
-    metrics.jsonl lines of an earlier attempt that never checkpointed are dropped)."""
+    """Check `run_dir` against `cfg`. Returns the checkpoint manager and the checkpoint to
+    resume from. Everything is checked before anything is written: a fresh start writes
+    config.json and meta.json here (and drops metrics.jsonl lines of an earlier attempt that
+    never checkpointed); a resumed run writes config.json only once its checkpoint was restored
+    (`record_config`). Leftovers of interrupted saves and prunes are removed here."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     chash = config_hash(cfg, ignore=RESUMABLE_CHANGES)
     ckpts = CheckpointManager(run_dir, keep=cfg.rl.keep_checkpoints)
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{run_dir} already holds a run; resume it or choose another directory")
-    restored = ckpts.restore() if resume and ckpts.all_steps() else None
+    try:
+        restored = ckpts.restore() if resume and ckpts.all_steps() else None
+    except CorruptCheckpointError as e:
+        raise ConfigError(f"{e}. Nothing of it can be resumed: start afresh in another directory "
+                          "(the damaged files stay for inspection)") from None
     if restored is not None:
-        old = json.loads((run_dir / "config.json").read_text())["hash"]
-        if old != chash and not force:
-            raise ConfigError(f"{run_dir} was started with another configuration (hash {old}, "
-                              f"now {chash}); use a new run directory, or --force to continue anyway")
-        started = _read_json(run_dir, "meta.json").get("inputs")
-        if started is not None and started != describe_inputs(cfg) and not force:
+        load_config(run_dir)  # a damaged or hand-edited config.json is named here
+        started = read_json_object(run_dir / "config.json")["hash"]
+        if started != chash and not force:
+            raise ConfigError(f"{run_dir} was started with another configuration (hash "
+                              f"{started}, now {chash}); use a new run directory, or --force "
+                              "to continue anyway")
+        inputs = _read_json(run_dir, "meta.json").get("inputs")
+        if inputs is not None and inputs != describe_inputs(cfg) and not force:
             raise ConfigError(f"{run_dir} was started on other data or model files (their sha256 in "
                               "meta.json differ from the files now); restore them, or --force")
-    write_json(run_dir, "config.json", {"hash": chash, "config": to_dict(cfg)})
+        _check_fits(restored, cfg, ckpts)
+    ckpts.tidy(restored.step if restored is not None else None)
     if restored is None:
+        record_config(cfg, run_dir)
         write_json(run_dir, "meta.json", {"seed": cfg.rl.seed, "started": time.time(),
                                           "versions": _versions(), "inputs": describe_inputs(cfg)})
         truncate_metrics(run_dir, 0)
     return ckpts, restored
+
+
+def _check_fits(restored: Checkpoint, cfg: RunConfig, ckpts: CheckpointManager) -> None:
+    """The checkpoint's parameters have the shapes `cfg.model` builds (a --force resume with a
+    changed model would fail only later, in the trainer)."""
+    if not restored.params:  # the trainer keeps its own checkpoints (scale/): it checks them
+        return
+    from minirl.model import param_shapes
+
+    try:
+        match_template(restored.params, param_shapes(cfg.model))
+    except TreeMismatchError as e:
+        raise ConfigError(f"{ckpts.path(restored.step)} does not fit model.*: {e}") from None
+
+
+def record_config(cfg: RunConfig, run_dir) -> None:
+    """Write run_dir/config.json: the config and its hash (what a resume is checked against)."""
+    write_json(run_dir, "config.json", {"hash": config_hash(cfg, ignore=RESUMABLE_CHANGES),
+                                        "config": to_dict(cfg)})
+
+
+class RunStopped(OSError):
+    """An OSError stopped a run: the message says what was kept and how to go on."""
+
+    def __init__(self, run_dir, error: OSError):
+        steps = CheckpointManager(run_dir).all_steps()
+        kept = (f"its last checkpoint is step {steps[-1]} ({Path(run_dir) / 'checkpoints'})"
+                if steps else "no checkpoint was written yet")
+        where = f" ({error.filename})" if error.filename else ""
+        super().__init__(error.errno, f"the run stopped: {error.strerror or error}{where}; "
+                         f"{kept}. Fix the cause, then: minirl train --resume {run_dir}")
+
+
+@contextlib.contextmanager
+def lock_run_dir(run_dir):
+    """Hold an exclusive lock on `run_dir` (flock on run_dir/.lock, released by the OS even if
+    this process is killed): two runs writing one directory would interleave their metrics and
+    delete each other's checkpoints. A second writer gets a ConfigError naming the first."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise ConfigError(f"{run_dir} is in use by another minirl process ({holder}); "
+                              "wait for it to end, or use another run directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {platform.node()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def restore_run(restored: Checkpoint, controller: Controller, run_dir) -> None:
@@ -295,16 +383,6 @@ def save_checkpoint(ckpts: CheckpointManager, controller: Controller, in_flight=
         "controller": snap,
         "trainer": {"step": state["step"], "skipped_nonfinite": state["skipped_nonfinite"]},
     }))
-
-
-def truncate_metrics(run_dir, step: int) -> None:
-    """Drop metrics.jsonl lines of steps after `step`: they are about to be redone."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if path.exists():
-        keep = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-        tmp.replace(path)
 
 
 def write_json(run_dir, name: str, data) -> None:

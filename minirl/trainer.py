@@ -120,7 +120,8 @@ class TrainerConfig:
         rules = [  # (holds, what must hold)
             (s.learning_rate > 0 and math.isfinite(s.learning_rate), "learning_rate > 0, finite"),
             (s.schedule in optimizer.SCHEDULES, f"schedule in {optimizer.SCHEDULES}"),
-            (s.warmup_steps >= 0, "warmup_steps >= 0"),
+            (s.warmup_steps >= 0 and s.total_steps >= 1, "warmup_steps >= 0, total_steps >= 1"),
+            (s.seed >= 0, "seed >= 0"),
             (
                 s.schedule != "cosine" or s.total_steps > s.warmup_steps,
                 "total_steps > warmup_steps",

@@ -289,22 +289,31 @@ def run_verifier(args) -> None:
 
 def drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
     """The controller's loop over engine, trainer and verifier workers (Ray jobs): open or
-    resume the run directory, publish the start by reference, train, checkpoint, summarize."""
+    resume the run directory (locked meanwhile), publish the start by reference, train,
+    checkpoint, summarize."""
+    from minirl.runner import lock_run_dir
+
+    with lock_run_dir(args.run_dir):
+        return _drive(args, cfg, tokenizer, task, engine, trainer, verifier)
+
+
+def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
+    from minirl import runner
     from minirl.controller import Controller
     from minirl.data.mixture import Mixture
     from minirl.inputs import train_prompts
     from minirl.metrics_log import MetricsWriter
-    from minirl.runner import checkpoint_due, open_run_dir, restore_run, save_checkpoint
     from scale.tensorstore_weights import TensorStoreWeightStore
 
-    ckpts, restored = open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
+    ckpts, restored = runner.open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
     store = ReferenceStore(TensorStoreWeightStore(args.weights, keep=args.keep))
     controller = Controller(cfg, engine=engine, trainer=trainer, verifier=verifier,
                             store=store, mixture=Mixture({task.name: train_prompts(task)}, seed=cfg.rl.seed),
                             tokenizer=tokenizer, max_new_tokens=task.max_new_tokens)  # fmt: skip
     trainer_side = trainer.call("checkpoint_directory").result() is not None
     if restored is not None:
-        restore_run(restored, controller, args.run_dir)  # the trainer job loads the checkpoint
+        runner.restore_run(restored, controller, args.run_dir)  # the trainer job loads the checkpoint
+        runner.record_config(cfg, args.run_dir)
         print(f"resumed {args.run_dir} at step {controller.counters.steps} "
               f"(version {controller.counters.version})", flush=True)  # fmt: skip
     c = controller.counters
@@ -320,8 +329,8 @@ def drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
         writer.write(m, step=c.steps)
         print(f"step {c.steps} version {c.version} reward {m['reward/mean']:.3f} "
               f"step_s {m['time/step']:.2f}", flush=True)  # fmt: skip
-        if checkpoint_due(cfg, c):
-            save_checkpoint(ckpts, controller, trainer_side=trainer_side)
+        if runner.checkpoint_due(cfg, c):
+            runner.save_checkpoint(ckpts, controller, trainer_side=trainer_side)
     writer.close()
     ckpts.close()
     scored = getattr(getattr(verifier, "obj", None), "stats", {})  # a RemoteVerifier's counts
