@@ -22,6 +22,7 @@ the same interpreter (the sandbox's). Absolute numbers on this shared 2-core mac
 from __future__ import annotations
 
 import gc
+import shutil
 import subprocess
 import time
 
@@ -39,7 +40,7 @@ from minirl.verifiers import (
     isolation_mode,
     put_tests,
 )
-from minirl.verifiers.sandbox import python_interpreter
+from minirl.verifiers.sandbox import python_interpreter, run_sandboxed
 
 N_PROGRAMS = 16
 ROUNDS = 5
@@ -119,3 +120,28 @@ def test_programs_verified_per_second(benchmark, setup_batch, runner):
         f"\n{runner} [{isolation_mode()} mode]: {N_PROGRAMS / ours:.1f} programs/s | bare "
         f"subprocess.run {N_PROGRAMS / bare:.1f} programs/s | ratio {bare / ours:.2f}"
     )
+
+
+def test_sandbox_start_up(benchmark):
+    """One empty program (/bin/true) through `run_sandboxed` against a bare `subprocess.run`
+    of it, alternating: the fixed cost of the jail's layers (namespaces, the pid namespace's
+    extra processes, mounts, rlimits, the seccomp filter, the per-run uid, the temp dir)."""
+    true = shutil.which("true") or "/bin/true"
+    runs, bare_times = 50, []
+
+    def setup():
+        t = time.perf_counter()
+        for _ in range(runs):
+            subprocess.run([true], check=True)
+        bare_times.append(time.perf_counter() - t)
+
+    def ours():
+        for _ in range(runs):
+            assert run_sandboxed([true]).returncode == 0
+
+    ours()  # warm-up: the isolation mode is probed once
+    benchmark.pedantic(ours, setup=setup, rounds=ROUNDS, iterations=1)
+    ms, bare_ms = (1e3 * benchmark.stats.stats.median / runs, 1e3 * np.median(bare_times) / runs)
+    benchmark.extra_info.update({"ms per run": ms, "bare ms per run": bare_ms})
+    print(f"\nsandbox start-up [{isolation_mode()} mode]: {ms:.2f} ms per run | bare "
+          f"subprocess.run {bare_ms:.2f} ms | ratio {bare_ms / ms:.2f}")  # fmt: skip

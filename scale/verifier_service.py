@@ -48,6 +48,7 @@ import numpy as np
 
 from minirl.types import Prompt, Rollout
 from minirl.verifiers.base import Verifier
+from minirl.verifiers.pool import private_temp_dir
 from minirl.verifiers.repository import RepositoryError, TestRepository
 from scale.remote_verifier import decode_object, is_sha, nested_references, references
 
@@ -352,6 +353,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             token = f.read().strip()
     else:
         token = os.environ.get(TOKEN_ENV, "")
+    with private_temp_dir():  # nothing left in the temp dir, even after a SIGKILL
+        serve(args, token)
+    sys.exit(0)
+
+
+def serve(args: argparse.Namespace, token: str) -> None:
+    """Build the pool, serve until SIGTERM or SIGINT, then stop both."""
     repository = TestRepository(args.repository)
     pool = build_verifier(args.verifier, repository, args.workers, args.item_timeout)
     config = ServiceConfig(
@@ -369,7 +377,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         service.stop()
         pool.close()
-    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,13 @@
 this file holds what runs in the child between fork and exec, and the parent-side helpers that
 depend on the same uids:
 
-  isolate_filesystem_and_network  unshare(CLONE_NEWNS | CLONE_NEWNET [| CLONE_NEWUSER]); make all
-                                  mounts private; cover hidden paths with empty tmpfs; a fresh
-                                  tmpfs /tmp with the work dir bound at /tmp/box; everything else
-                                  read-only (mount_setattr, Linux >= 5.12)
+  isolate_filesystem_and_network  unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID
+                                  [| CLONE_NEWUSER]); make all mounts private; cover hidden paths
+                                  with empty tmpfs; a fresh tmpfs /tmp with the work dir bound at
+                                  /tmp/box; everything else read-only (mount_setattr, Linux >= 5.12)
+  enter_pid_namespace             fork the namespace's init (which reaps and mirrors the program's
+                                  exit) and the program under it, which mounts its own /proc
+  deny_sockets                    a seccomp filter: socket() and io_uring_setup() fail (EACCES)
   make_preexec                    the above, then rlimits, PR_SET_NO_NEW_PRIVS, setresuid to the
                                   run's uid (when we are root, in every mode), PDEATHSIG=SIGKILL
   sandbox_uid / thread_uids       per-run uids: BASE + (thread id << 8 | counter % 256)
@@ -21,6 +24,7 @@ plain `ctypes` on libc, so the module needs nothing outside the standard library
 from __future__ import annotations
 
 import ctypes
+import errno
 import itertools
 import os
 import resource
@@ -33,10 +37,11 @@ SANDBOX_UID_BASE = 0x4000_0000  # sandbox uids: BASE + (thread id << 8 | run cou
 BOX = "/tmp/box"  # where the work dir appears inside the isolated modes
 
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x20000, 0x10000000, 0x40000000
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 4096, 0x4000, 1 << 18
+_CLONE_NEWPID = 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 0x4000, 1 << 18
 _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _AT_RECURSIVE = 0x1, 0x2, 0x8000
 _SYS_MOUNT_SETATTR = 442  # same number on x86_64 and aarch64
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP = 1, 38, 22
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -64,10 +69,13 @@ def _mount(
 
 
 def isolate_filesystem_and_network(mode: str, hidden: Sequence[str], tmp_mb: int) -> None:
-    """In the child, cwd = host work dir: new mount + net namespaces; private /tmp with the work
-    dir bound at /tmp/box; hidden paths covered; everything else read-only."""
+    """In the child, cwd = host work dir: new mount + net + pid namespaces (the pid one holds
+    this process's children, see `enter_pid_namespace`); private /tmp with the work dir bound at
+    /tmp/box; hidden paths covered. The host filesystem is made read-only after /proc is
+    replaced, in `read_only_host`."""
     outer_uid, outer_gid = os.getuid(), os.getgid()
-    flags = _CLONE_NEWNS | _CLONE_NEWNET | (_CLONE_NEWUSER if mode == "userns" else 0)
+    flags = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID
+    flags |= _CLONE_NEWUSER if mode == "userns" else 0
     _check(_libc.unshare(flags), "unshare")
     if mode == "userns":  # map our own ids, so files we create keep our owner
         for name, text in (("setgroups", "deny"), ("uid_map", f"{outer_uid} {outer_uid} 1"),
@@ -83,8 +91,139 @@ def isolate_filesystem_and_network(mode: str, hidden: Sequence[str], tmp_mb: int
     os.mkdir(BOX, 0o755)
     _mount(b".", BOX.encode(), None, _MS_BIND | _MS_REC, None)  # "." is still the host work dir
     os.chdir(BOX)
+
+
+def read_only_host() -> None:
+    """Everything but /tmp (and the box inside it) read-only and nosuid."""
     _mount_setattr(b"/", _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, 0)
-    _mount_setattr(b"/tmp", 0, _MOUNT_ATTR_RDONLY)  # /tmp and the box stay writable
+    _mount_setattr(b"/tmp", 0, _MOUNT_ATTR_RDONLY)
+
+
+def _private_proc() -> None:
+    """In the new pid namespace: a /proc that lists only this namespace's processes. Where the
+    kernel refuses a fresh proc mount (a user namespace under a container that masks parts of
+    the host's /proc), an empty tmpfs hides the host's instead."""
+    try:
+        _mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+    except OSError:
+        _mount(b"tmpfs", b"/proc", b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=555")
+
+
+def _wait_status(pid: int) -> int:
+    """Wait for `pid`; its raw wait status."""
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except InterruptedError:
+            continue
+
+
+def _exit_like(status: int) -> None:
+    """End this process the way a child with raw wait `status` ended: same exit code, or
+    killed by the same signal (no core file)."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 255)
+
+
+def _keep_only(fd: int) -> None:
+    """Close every descriptor but `fd`: the helper processes below must not hold the program's
+    pipes, or its reader would never see end-of-file."""
+    os.closerange(0, fd)
+    os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def enter_pid_namespace() -> None:
+    """Called after `unshare(CLONE_NEWPID)`: returns in the process that will exec the program.
+
+    A new pid namespace holds the children of the process that created it, so two forks:
+    this process (the one `Popen` watches, outside the namespace) forks the namespace's init,
+    and init forks the program. Init reaps every orphan and, when the program ends, passes the
+    program's raw wait status back through a pipe and exits; the outer process then ends the
+    same way (exit code or signal), so `Popen` sees the program's own outcome, and `wait4` on
+    it the CPU time of everything that ran (rusage adds up over reaped descendants). When init
+    ends, the kernel kills whatever is left in the namespace, so even a `setsid()` escapee dies.
+    The program is not init itself because init ignores signals it has no handler for (its own
+    SIGXCPU, SIGABRT), which would change verdicts."""
+    read_end, write_end = os.pipe()
+    init = os.fork()
+    if init:  # outside the namespace: wait for init, then end like the program did
+        os.close(write_end)
+        _keep_only(read_end)
+        _wait_status(init)
+        with os.fdopen(read_end, "rb") as f:
+            reported = f.read()
+        _exit_like(int(reported) if reported.strip().lstrip(b"-").isdigit() else 255 << 8)
+    os.close(read_end)
+    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    _private_proc()
+    program = os.fork()
+    if program:  # init: reap everything, report the program's status, exit
+        _keep_only(write_end)
+        status = None
+        while status is None:
+            try:
+                pid, raw = os.wait()
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+            status = raw if pid == program else None
+        os.write(write_end, str(status if status is not None else 255 << 8).encode())
+        os._exit(0)
+    os.close(write_end)
+
+
+# seccomp: a BPF program run on each system call. Layout of `struct seccomp_data`: nr at
+# offset 0, arch at 4. The program: wrong arch (e.g. 32-bit calls on x86_64) -> kill; x32
+# calls -> kill; socket or io_uring_setup -> EACCES; anything else allowed.
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}.get(os.uname().machine)
+_SYS_SOCKET = {"x86_64": 41, "aarch64": 198}.get(os.uname().machine)
+_SYS_IO_URING_SETUP = 425  # same number on both
+_X32_BIT = 0x40000000
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+_RET_KILL_PROCESS, _RET_ERRNO, _RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+_SECCOMP_MODE_FILTER = 2
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32)]  # fmt: skip
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def deny_sockets() -> None:
+    """Make socket() and io_uring_setup() fail with EACCES for this process and its children
+    (needs PR_SET_NO_NEW_PRIVS first). The new network namespace already cuts off IP; this
+    closes what a namespace does not: Unix-domain sockets bound in the host filesystem, and
+    families not scoped by network namespaces (e.g. vsock to a hypervisor)."""
+    if _AUDIT_ARCH is None:
+        raise OSError(f"seccomp filter: unknown system call numbers on {os.uname().machine}")
+    deny = _RET_ERRNO | errno.EACCES
+    program = [
+        (_BPF_LD_W_ABS, 0, 0, 4),  # arch
+        (_BPF_JEQ_K, 1, 0, _AUDIT_ARCH),
+        (_BPF_RET_K, 0, 0, _RET_KILL_PROCESS),
+        (_BPF_LD_W_ABS, 0, 0, 0),  # system call number
+        (_BPF_JGE_K, 0, 1, _X32_BIT),
+        (_BPF_RET_K, 0, 0, _RET_KILL_PROCESS),
+        (_BPF_JEQ_K, 2, 0, _SYS_SOCKET),
+        (_BPF_JEQ_K, 1, 0, _SYS_IO_URING_SETUP),
+        (_BPF_RET_K, 0, 0, _RET_ALLOW),
+        (_BPF_RET_K, 0, 0, deny),
+    ]
+    filters = (_SockFilter * len(program))(*(_SockFilter(*ins) for ins in program))
+    fprog = _SockFprog(len(program), filters)
+    _check(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0),
+           "seccomp")  # fmt: skip
 
 
 def make_preexec(
@@ -101,9 +240,13 @@ def make_preexec(
     def preexec() -> None:  # runs in the child after fork (and setsid), before exec
         if mode != "none":
             isolate_filesystem_and_network(mode, hidden, tmp_mb)
+            _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+            enter_pid_namespace()  # from here on: the program's own process
+            read_only_host()
         for which, soft, hard in rlimits:
             resource.setrlimit(which, (soft, hard))
         _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        deny_sockets()
         if uid is not None:
             os.setgroups([])
             os.setresgid(uid, uid, uid)

@@ -18,7 +18,9 @@ A worker that cannot even start (it never says "ready") is a set-up error and ra
 When a worker is killed mid-run, what its sandbox runs left is cleaned up too: their processes
 (as root by their uids, which derive from the worker's pid — a worker's main thread id is its
 pid; in every mode by PDEATHSIG) and their work dirs (each worker keeps its temp files in its own
-scratch directory, which the pool removes with the worker).
+scratch directory, which the pool removes with the worker). Scratch directories are named after
+the worker's pid (`minirl-worker-<pid>-...`); one whose worker is gone without cleaning up (the
+whole pool SIGKILLed, as a preempted job is) is removed when the next pool starts.
 
 Transport: the `multiprocess` package (dill pickling, so lambdas in a `CallableVerifier` work)
 over one duplex pipe per worker. Workers start with "forkserver" by default: forking a parent
@@ -29,13 +31,14 @@ them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import multiprocess
@@ -75,7 +78,7 @@ def _worker_main(conn: Any, verifier: Verifier) -> None:
     or EOF (the pool is gone). The scratch dir goes with the worker on any orderly exit (also
     SIGTERM, which multiprocess sends daemon workers at interpreter exit); after a SIGKILL the
     pool removes it."""
-    scratch = tempfile.mkdtemp(prefix="minirl-worker-")
+    scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
     os.chmod(scratch, 0o711)  # sandbox uids may pass through to their own work dirs
     tempfile.tempdir = scratch  # this process only: it exists to run this loop
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
@@ -96,6 +99,56 @@ def _worker_main(conn: Any, verifier: Verifier) -> None:
 
 
 _STARTUP_TIMEOUT_S = 120.0
+_SCRATCH_PREFIX = "minirl-worker-"
+
+
+def remove_stale_scratch(tmp: str | None = None) -> list[str]:
+    """Remove the scratch directories of workers that no longer run (in `tmp`, default the
+    temp dir). Returns what was removed."""
+    tmp = tmp or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(_SCRATCH_PREFIX):].split("-")[0]
+        if not (name.startswith(_SCRATCH_PREFIX) and pid.isdigit()) or _alive(int(pid)):
+            continue
+        remove_tree(os.path.join(tmp, name))
+        removed.append(name)
+    return removed
+
+
+@contextlib.contextmanager
+def private_temp_dir() -> Iterator[str]:
+    """Put every temp file of this process and of the processes it starts from here on (pool
+    workers, multiprocess's forkserver) under one directory named like a worker's scratch: it
+    is removed on exit, or, after a SIGKILL, by the next pool's `remove_stale_scratch`. For a
+    process that serves a pool and may be killed whole, like the HTTP verifier service."""
+    old_env, old_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    path = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-process-")
+    os.chmod(path, 0o711)  # sandbox uids pass through to their own work dirs
+    os.environ["TMPDIR"], tempfile.tempdir = path, path
+    try:
+        yield path
+    finally:
+        tempfile.tempdir = old_tempdir
+        if old_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = old_env
+        remove_tree(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclasses.dataclass
@@ -138,6 +191,8 @@ class VerifierPool:
         return _Slot(process, parent_conn, scratch=hello[1])
 
     def start(self) -> None:
+        if not self._slots:
+            remove_stale_scratch()
         while len(self._slots) < self.config.workers:
             self._slots.append(self._spawn())
 

@@ -21,12 +21,19 @@ other secrets. Each run gets, in the child between fork and exec (`preexec_fn`):
   rlimits CPU, AS, FSIZE, NOFILE, CORE=0  yes                   yes                   yes
   scrubbed env, PR_SET_NO_NEW_PRIVS       yes                   yes                   yes
   PDEATHSIG=KILL if the verifier dies     yes                   yes                   yes
+  no sockets: seccomp makes socket()     yes                   yes                   yes
+    and io_uring_setup() fail (EACCES),
+    so no Unix socket file on the host,
+    no vsock, nothing a namespace misses
   no network (new, empty net namespace:   yes                   yes                   NO
     even 127.0.0.1 is unreachable)
   new mount namespace: private /tmp, the  yes                   yes                   NO
     host fs read-only, `hidden_paths`
     (homes, /run, the test repository)
     covered by empty tmpfs
+  new pid namespace with its own /proc:   yes                   yes                   NO
+    no host process is visible or
+    signalable; all die with the run
   a fresh unprivileged uid per run:       yes                   NO: same uid as the   if root
     RLIMIT_NPROC binds per run; cannot                          verifier, so it can
     signal the verifier or read our 0600                        signal the user's
@@ -48,11 +55,12 @@ RuntimeWarning. tests/verifiers/test_verifier_hostile.py checks each row against
 programs.
 
 NOT defended (know this before running untrusted code at scale): kernel exploits and side
-channels (there is no seccomp filter, no VM); the host's /proc and /sys are readable (process
-list, command lines); CPU use is per process (a fork bomb of N processes may use N x cpu_s
+channels (the seccomp filter only removes sockets; there is no VM); /sys is the host's, read-only
+(hardware facts, no other process's data); /proc/1 inside is a copy of the verifier process
+(the namespace's init, forked from it), so its command line is visible; CPU use is per process (a fork bomb of N processes may use N x cpu_s
 within the wall limit); disk use in the work dir is bounded per file (RLIMIT_FSIZE) and by time,
-not by a quota; without root (no uid of its own) a program can kill(-1) every process of the
-user; RLIMIT_AS counts virtual memory, which over-counts for runtimes that reserve address space
+not by a quota; without root (no uid of its own) and without namespaces ("none") a program can kill(-1) every
+process of the user; RLIMIT_AS counts virtual memory, which over-counts for runtimes that reserve address space
 (Go, Java, ASan). In "none" mode the network and the filesystem are open: trusted code only. Python candidates run as `python -S -s -B main.py`: no site, no user
 site, no .pyc; not `-I`, because -I implies -E, which would ignore our PYTHONHASHSEED=0 (the
 environment is ours anyway, so -E would add nothing) — fixed hashing keeps rewards deterministic.
@@ -261,23 +269,28 @@ def _read_back(path: str, cap: int) -> bytes | None:
 
 
 def remove_tree(path: str) -> None:
-    """Delete a directory a program wrote into: never follows its symlinks, undoes its chmods."""
-    if not path:
+    """Delete a directory a program wrote into, never following its symlinks. Never raises.
+
+    shutil.rmtree is fd-based (no symlink is followed) but recursive: a program that builds a
+    directory chain a few thousand deep makes it fail with RecursionError. The fallback is
+    coreutils, which walks any depth iteratively, first giving back the owner's rights the
+    program may have taken from its directories (chmod -R does not follow symlinks either)."""
+    if not path or not os.path.lexists(path):
         return
     try:
-        shutil.rmtree(path)  # fd-based on Linux: never follows symlinks
+        shutil.rmtree(path)
         return
-    except OSError:
+    except (OSError, RecursionError):
         pass
-    for root, dirs, _ in os.walk(path):  # a program may have chmod-ed its dirs to 000
-        for d in dirs:
-            try:
-                fd = os.open(os.path.join(root, d), os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY)
-                os.fchmod(fd, 0o700)
-                os.close(fd)
-            except OSError:
-                pass
-    shutil.rmtree(path, ignore_errors=True)
+    for argv in (["chmod", "-R", "u+rwx", "--", path], ["rm", "-rf", "--", path]):
+        try:
+            subprocess.run(argv, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"}, check=False,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=120)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if os.path.lexists(path):
+        warnings.warn(f"minirl sandbox: could not remove {path}", RuntimeWarning, stacklevel=2)
 
 
 def _run(argv, files, stdin, limits, config, collect, mode) -> RunResult:

@@ -3,6 +3,7 @@
 import ast
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,7 +15,8 @@ import pytest
 
 from minirl.verifiers import Limits, SandboxConfig, isolation_mode, run_sandboxed
 from minirl.verifiers.isolation import sandbox_uid, thread_uids
-from minirl.verifiers.sandbox import MODES, python_interpreter
+from minirl.verifiers.pool import private_temp_dir, remove_stale_scratch
+from minirl.verifiers.sandbox import MODES, python_interpreter, remove_tree
 
 FAST = Limits(cpu_s=1.0, wall_s=2.0)
 
@@ -236,3 +238,131 @@ def test_rlimit_nproc_binds_per_run(wait_no_strays):
     else:
         assert forks <= 7  # our own uid: the limit counts every process of the user
     assert wait_no_strays() == []  # the children were in the process group: killed
+
+
+def _visible_dir() -> str:
+    """A host directory the sandbox can see (not /tmp, not a hidden path) where we may write."""
+    for base in ("/var/cache", "/opt", "/var/lib"):
+        if os.access(base, os.W_OK):
+            return tempfile.mkdtemp(prefix="minirl-t-", dir=base)
+    pytest.skip("no writable host directory outside /tmp and the hidden paths")
+
+
+def test_host_unix_socket_files_are_unreachable():
+    """A network namespace cuts IP but not sockets bound in the filesystem; the seccomp filter
+    makes socket() itself fail, so a listener on the host hears nothing (every mode)."""
+    where = _visible_dir()
+    path = os.path.join(where, "s")
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(path)
+        os.chmod(where, 0o755)
+        os.chmod(path, 0o777)
+        server.listen(1)
+        server.settimeout(0.5)
+        code = f"""
+            import socket
+            for family in (socket.AF_UNIX, socket.AF_INET, getattr(socket, "AF_VSOCK", 40)):
+                try:
+                    socket.socket(family)
+                    print("made", family)
+                except OSError as e:
+                    print("refused", e.errno)
+            s = socket.socket(socket.AF_UNIX)
+            s.connect({path!r})
+            s.sendall(b"leak")
+        """
+        result = run_py(textwrap.dedent(code), limits=FAST)
+        assert result.stdout == b"refused 13\n" * 3, result.stderr
+        assert b"PermissionError" in result.stderr
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_proc_shows_only_the_sandbox():
+    """A private pid namespace with its own /proc: the host's processes (here a `sleep` with a
+    marker argument) are not listed, and the program can see only its own few processes."""
+    if isolation_mode() == "none":
+        pytest.skip("no namespaces in 'none' mode: the host's /proc is visible (documented)")
+    marker = "4321.5"
+    sleeper = subprocess.Popen(["sleep", marker])
+    try:
+        code = """
+            import os
+            pids = [p for p in os.listdir("/proc") if p.isdigit()]
+            seen = b"".join(open(f"/proc/{p}/cmdline", "rb").read() for p in pids)
+            print(len(pids), b"4321.5" in seen, os.getpid())
+        """
+        result = run_py(textwrap.dedent(code), limits=FAST)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    count, seen, pid = result.stdout.split()
+    assert seen == b"False" and int(count) <= 3 and pid == b"2", result.stdout + result.stderr
+
+
+def _temp_entries(prefix: str) -> set[str]:
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(prefix)}
+
+
+def test_deep_directory_tree_is_removed():
+    """5,000 nested directories (deeper than shutil.rmtree's recursion allows), some made
+    unreadable: the work dir still goes, and nothing raises."""
+    before = _temp_entries("minirl-box-")
+    code = """
+        import os
+        for i in range(5000):
+            os.mkdir("d")
+            os.chdir("d")
+            if i % 1000 == 999:
+                os.chmod("..", 0o300)  # cannot be listed by its owner any more
+        print("deep")
+    """
+    result = run_py(textwrap.dedent(code), limits=Limits(cpu_s=5.0, wall_s=10.0))
+    assert result.stdout == b"deep\n", result.stderr
+    assert _temp_entries("minirl-box-") <= before
+
+
+def test_remove_tree_handles_depth_and_permissions(tmp_path):
+    top = tmp_path / "t"
+    fd = os.open(tmp_path, os.O_RDONLY)
+    os.mkdir("t", dir_fd=fd)
+    for _ in range(3000):
+        sub = os.open("t" if _ == 0 else "x", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+        os.mkdir("x", dir_fd=fd)
+    os.symlink("/etc", "link", dir_fd=fd)  # must not be followed
+    os.fchmod(fd, 0)
+    os.close(fd)
+    remove_tree(str(top))
+    assert not top.exists() and os.path.isdir("/etc/") and os.listdir("/etc")
+    remove_tree(str(top))  # gone already: nothing to do, no error
+    remove_tree("")
+
+
+def test_stale_worker_scratch_is_swept(tmp_path):
+    """A pool SIGKILLed with its workers cannot remove their scratch dirs; the next pool does,
+    and only those of workers that no longer run."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = tmp_path / f"minirl-worker-{gone.pid}-abc"
+    alive = tmp_path / f"minirl-worker-{os.getpid()}-def"
+    other = tmp_path / "minirl-worker-notapid"
+    for d in (stale, alive, other):
+        (d / "box").mkdir(parents=True)
+    assert remove_stale_scratch(str(tmp_path)) == [stale.name]
+    assert not stale.exists() and alive.exists() and other.exists()
+
+
+def test_private_temp_dir_holds_everything_and_goes():
+    before = tempfile.gettempdir()
+    with private_temp_dir() as path:
+        assert tempfile.gettempdir() == path == os.environ["TMPDIR"]
+        assert os.path.basename(path).startswith(f"minirl-worker-{os.getpid()}-")
+        inner = tempfile.mkdtemp()
+    assert not os.path.exists(path) and not os.path.exists(inner)
+    assert tempfile.gettempdir() == before
