@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from minirl.types import Prompt, Rollout
+from minirl.verifiers.pool import remove_stale_scratch
 from scale.launch import wait_for_output
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +43,16 @@ class ServiceProcess:
         assert self.url.startswith("http://127.0.0.1:")
         return self.url
 
+    def stop(self) -> None:
+        """SIGTERM: the service closes its pool and removes its temp files; then kill()."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
     def kill(self) -> None:
         """SIGKILL the service and everything it started (its process group)."""
         if self.proc is not None and self.proc.poll() is None:
@@ -70,7 +81,8 @@ def start_service():
 
     yield start
     for service in started:
-        service.kill()
+        service.stop()
+    remove_stale_scratch()  # what services killed by a test left behind
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from minirl.verifiers.pool import remove_stale_scratch
 from scale.launch import wait_for_output
 
 pytest.importorskip("ray")
@@ -46,6 +47,7 @@ def _stop(procs) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
         proc.stdout.close()
+    remove_stale_scratch()  # the killed jobs' verifier pools could not remove their temp files
 
 
 @pytest.mark.slow  # ~1-2 min: a local Ray cluster, three jobs, six RL steps
