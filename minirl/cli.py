@@ -12,6 +12,8 @@
     minirl export RUN_DIR --out DIR           a run's weights as a Hugging Face checkpoint directory
     minirl export RUN_DIR --out DIR           a run's weights as a Hugging Face checkpoint directory
     minirl plot RUN_DIR [RUN_DIR ...]         dashboard PNGs (several runs: one comparison plot)
+    minirl samples RUN_DIR [--step N] [--worst|--best]
+                                              what the model wrote, its reward and why
     minirl diagnose [--fast]                  training-inference mismatch per source, as a table
     minirl config [--preset NAME]             every knob, its default and what it means
 
@@ -162,6 +164,34 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_samples(args) -> int:
+    from minirl.metrics_log import read_metrics
+    from minirl.tracking import SAMPLES_FILE
+
+    rows = [r for r in read_metrics(args.run_dir, SAMPLES_FILE) if isinstance(r.get("step"), int)]
+    if not rows:
+        raise ConfigError(f"{Path(args.run_dir) / SAMPLES_FILE} holds no samples (they are written "
+                          "every log.samples_every steps)")
+    ranked = args.worst or args.best
+    if args.step is not None:
+        rows = [r for r in rows if r["step"] == args.step]
+        if not rows:
+            raise ConfigError(f"no samples at step {args.step} (steps with samples: every "
+                              "log.samples_every)")
+    elif not ranked:
+        rows = [r for r in rows if r["step"] == rows[-1]["step"]]
+    if ranked:
+        rows = sorted(rows, key=lambda r: (r.get("reward") is None, r.get("reward") or 0.0),
+                      reverse=bool(args.best))
+    for r in rows[: args.n]:
+        print(f"── step {r['step']} · prompt {r.get('uid')} sample {r.get('sample')} · reward "
+              f"{r.get('reward')} ({r.get('reason')}) · {r.get('length')} tokens, "
+              f"{r.get('finish')} · versions {r.get('oldest_version')}..{r.get('newest_version')}, "
+              f"lag {r.get('lag')}")
+        print(f"prompt:\n{r.get('prompt', '')}\ncompletion:\n{r.get('completion', '')}\n")
+    return 0
+
+
 def cmd_config(args) -> int:
     from minirl.config import RunConfig
 
@@ -224,6 +254,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--y", default="reward/mean", help="comparison metric (a metrics.jsonl key)")
     p.add_argument("--out", help="comparison PNG path")
     p.set_defaults(fn=cmd_plot)
+
+    p = sub.add_parser("samples", help="print sample completions of a run: text, reward, reason",
+                       description="Print the rollouts a run kept in samples.jsonl (every "
+                                   "log.samples_every steps): prompt, completion, reward and the "
+                                   "verifier's reason, length, weight versions, lag. Default: the "
+                                   "latest step's.")
+    p.add_argument("run_dir")
+    p.add_argument("--step", type=int, help="the samples of this step")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--worst", action="store_true", help="lowest reward first (all steps, "
+                       "or --step's)")
+    order.add_argument("--best", action="store_true", help="highest reward first")
+    p.add_argument("-n", type=int, default=8, help="at most this many (default 8)")
+    p.set_defaults(fn=cmd_samples)
 
     from minirl.mismatch import add_diagnose_parser
 

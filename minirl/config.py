@@ -10,6 +10,7 @@
       rl        the controller: loss preset, batch shape, staleness knobs (j, k, eta), schedule
       sft       the supervised warm start that teaches the task's format
       eval      held-out pass@k measurement
+      log       TensorBoard, W&B and sample completions (minirl/tracking.py)
 
 `minirl train --preset NAME --set rl.steps=50 --set engine.temperature=0.8` builds one; every
 key and its meaning is listed by `minirl config`. `minirl train --model DIR --data FILE` starts
@@ -143,6 +144,22 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LogConfig:
+    """Where a run's numbers go besides metrics.jsonl (minirl/tracking.py); none of it changes
+    what a step does, so a resumed run may change any of it."""
+
+    tensorboard: bool = False  # TensorBoard event files in RUN_DIR/tensorboard (the `track` extra)
+    wandb: str = ""  # a W&B project name ("" = off); offline unless an API key is set up
+    samples_every: int = 10  # every N steps, a few rollouts to samples.jsonl and the trackers (0 = off)
+    samples_per_step: int = 4  # how many rollouts of the step's batch
+
+    def __post_init__(self):
+        if self.samples_every < 0 or self.samples_per_step < 1:
+            raise ValueError(f"log: samples_every >= 0 and samples_per_step >= 1, got "
+                             f"{self.samples_every}, {self.samples_per_step}")
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     task: TaskSpec = TaskSpec()
     data: DataConfig = DataConfig()
@@ -153,6 +170,7 @@ class RunConfig:
     rl: RLConfig = RLConfig()
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()
+    log: LogConfig = LogConfig()
 
     def __post_init__(self):
         for name in ("exact", "temperature", "top_k", "top_p"):

@@ -99,6 +99,7 @@ class Controller:
         self.counters = Counters()
         self.buffer: list[Group] = []
         self.trained_uids: list[int] = []  # prompt uid of every group trained on, in order
+        self.last_trained: list[Group] = []  # the groups of the latest step (for samples)
         self.cond = threading.Condition()  # guards buffer and counters under the async scheduler
         self.pending_on_restore: list = []  # prompts in flight at the snapshot (async resume)
         self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
@@ -163,6 +164,7 @@ class Controller:
             raise AssertionError(f"a batch holds a group of lag {max(self._lag(g) for g in groups)} > k={k}")
         self.counters.steps += 1
         self.counters.groups_trained += len(groups)
+        self.last_trained = groups
         self.trained_uids += [g.rollouts[0].prompt.uid for g in groups]
 
     def _with_counters(self, metrics: dict) -> dict:

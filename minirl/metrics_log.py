@@ -83,13 +83,17 @@ class MetricsWriter:
         record["wall_time"] = float(self._clock())
         for k, v in flatten_metrics(metrics).items():
             record[k] = v if math.isfinite(v) else None
+        return self.write_record(record)
+
+    def write_record(self, record: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Write `record` (JSON-able, strings included) as one line, as it is."""
         try:
             if self._file is None:
                 self._open()
-            self._file.write(json.dumps(record, allow_nan=False) + "\n")
+            self._file.write(json.dumps(record, allow_nan=False, default=str) + "\n")
             self._file.flush()
-        except OSError as err:
-            warnings.warn(f"MetricsWriter: could not write {self.path}: {err}", stacklevel=2)
+        except (OSError, ValueError) as err:
+            warnings.warn(f"MetricsWriter: could not write {self.path}: {err}", stacklevel=3)
         return record
 
     def close(self) -> None:

@@ -4,6 +4,8 @@
       config.json      the resolved RunConfig (and its hash; a resume must match it)
       meta.json        seeds, library versions, machine, start time
       metrics.jsonl    one line per RL step (train/, reward/, mismatch/, lag/, time/, count/ ...)
+      samples.jsonl    a few rollouts every log.samples_every steps (`minirl samples RUN_DIR`)
+      tensorboard/     event files, with log.tensorboard=true; wandb/, wandb.json with log.wandb
       checkpoints/     params + optimizer state + controller snapshot, at reload boundaries
       summary.json     evaluation before / after, wall time, counters
       plots/           dashboard.png and friends (`minirl plot RUN_DIR`)
@@ -44,6 +46,7 @@ from minirl.hashed_files import CorruptCheckpointError
 from minirl.inputs import describe_inputs, load_tokenizer, make_task, make_verifier, train_prompts
 from minirl.losses import get_preset
 from minirl.metrics_log import MetricsWriter, truncate_metrics
+from minirl.tracking import SAMPLES_FILE, Trackers, check_available, sample_rows
 from minirl.trainer import Trainer
 from minirl.trees import TreeMismatchError, match_template
 from minirl.warmstart import warm_start
@@ -51,7 +54,7 @@ from minirl.weights import InMemoryWeightStore
 from minirl.workers import LocalPlacement, WorkerDied, from_plain, to_plain
 
 # Keys a resumed run may change: how long to run and how often to evaluate, not what a step does.
-RESUMABLE_CHANGES = ("rl.steps", "rl.time_budget", "eval.every", "rl.export_hf")
+RESUMABLE_CHANGES = ("rl.steps", "rl.time_budget", "eval.every", "rl.export_hf", "log")
 
 
 def _versions() -> dict[str, str]:
@@ -94,6 +97,7 @@ class Run:
             raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
                               f"{self.tokenizer.vocab_size}")
         self.task = make_task(cfg, self.tokenizer)
+        check_available(cfg)  # a tracker asked for and not installed: before any work
         self.engine_cfg = dataclasses.replace(cfg.engine, eos_ids=tuple(self.tokenizer.eos_ids),
                                               seed=cfg.rl.seed)
 
@@ -139,6 +143,9 @@ class Run:
         self._start_engine(controller)
 
         writer = MetricsWriter(self.run_dir)
+        trackers = Trackers.open(cfg, self.run_dir, controller.counters.steps, self.log)
+        if restored is None:
+            trackers.log({f"eval/{k}": v for k, v in summary["before"].items()}, 0)
         rollouts = None
         if rl.scheduler == "async":
             from minirl.async_loop import RolloutThread
@@ -157,6 +164,8 @@ class Run:
                     raise
                 self._rewind(controller, ckpts, fresh, e)
                 writer.close()  # metrics.jsonl was rewritten: the next write opens the new file
+                trackers.close()  # and the trackers drop the steps about to be redone
+                trackers = Trackers.open(cfg, self.run_dir, controller.counters.steps, self.log)
                 bar.n = controller.counters.steps
                 continue
             c = controller.counters
@@ -167,6 +176,10 @@ class Run:
                 judge = self.engine(c.version, controller.params())
                 m.update({f"eval/{k}": v for k, v in self.evaluate(judge).items()})
             writer.write(m, step=c.steps)
+            trackers.log(m, c.steps)
+            if trackers.samples_due(c.steps):
+                rows = sample_rows(controller.last_trained, cfg.log.samples_per_step, c.version)
+                trackers.samples(rows, c.steps)
             bar.update(1)
             bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step']:.2f}",
                             lag=f"{m['lag/mean']:.1f}")
@@ -185,6 +198,10 @@ class Run:
         # A fresh engine for the final evaluation (the async one may still hold requests).
         final = controller.params()
         summary["after"] = self.evaluate(self.engine(controller.counters.version, final))
+        if not (cfg.eval.every and controller.counters.steps % cfg.eval.every == 0):
+            trackers.log({f"eval/{k}": v for k, v in summary["after"].items()},
+                         controller.counters.steps)  # fmt: skip
+        trackers.close()
         summary["rl_seconds"] = summary.get("rl_seconds", 0.0) + time.perf_counter() - t0
         summary["counters"] = to_plain(controller.counters.__dict__)
         write_json(self.run_dir, "summary.json", summary)
@@ -222,6 +239,7 @@ class Run:
         else:
             controller.restore(fresh)
             truncate_metrics(self.run_dir, controller.counters.steps)
+            truncate_metrics(self.run_dir, controller.counters.steps, SAMPLES_FILE)
         controller.counters.worker_restarts = restarts
         self._start_engine(controller)
 
@@ -284,6 +302,7 @@ def open_run_dir(cfg: RunConfig, run_dir, resume: bool = True, force: bool = Fal
         write_json(run_dir, "meta.json", {"seed": cfg.rl.seed, "started": time.time(),
                                           "versions": _versions(), "inputs": describe_inputs(cfg)})
         truncate_metrics(run_dir, 0)
+        truncate_metrics(run_dir, 0, SAMPLES_FILE)
     return ckpts, restored
 
 
@@ -351,6 +370,7 @@ def restore_run(restored: Checkpoint, controller: Controller, run_dir) -> None:
         controller.trainer.call("load_state_dict", trainer_state).result()
     controller.restore(state["controller"])
     truncate_metrics(run_dir, controller.counters.steps)
+    truncate_metrics(run_dir, controller.counters.steps, SAMPLES_FILE)
 
 
 def checkpoint_due(cfg: RunConfig, counters, async_scheduler: bool = False) -> bool:
