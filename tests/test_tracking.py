@@ -4,9 +4,14 @@ a missing extra is a clear error and a failing tracker never stops training."""
 
 import glob
 import json
+import os
 import shutil
+import signal
 import struct
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +23,7 @@ from minirl.runner import Run
 from minirl.tracking import Trackers, _TensorBoard, tensorboard_tag
 
 pytest.importorskip("tensorboardX")
+ROOT = Path(__file__).resolve().parents[1]
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
 SETS = ["rl.steps=6", "rl.checkpoint_every=2", "rl.keep_checkpoints=3", "eval.every=2",
@@ -183,3 +189,27 @@ def test_trackers_off_by_default_write_only_samples(tmp_path):
     trackers.samples([{"reward": 1.0, "completion": "4"}], 10)
     trackers.close()
     assert _lines(tmp_path / "samples.jsonl") == [{"step": 10, "reward": 1.0, "completion": "4"}]
+
+
+@pytest.mark.slow  # ~20 s: two processes, each compiling
+def test_sigkill_and_resume_leave_one_point_per_step(tmp_path):
+    """The real thing: SIGKILL a run after it logged steps past its last checkpoint, resume."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "minirl.cli", "train", "--preset", "fixture", "--run-dir",
+           str(run_dir), "--quiet", "--set", "rl.steps=12", "--set", "rl.checkpoint_every=5",
+           "--set", "log.tensorboard=true"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = run_dir / "metrics.jsonl"
+    while proc.poll() is None and not (metrics.exists() and len(_lines(metrics)) >= 6):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    logged = [e.step for e in _events(run_dir).Scalars("train/loss")]
+    assert CheckpointManager(run_dir).all_steps() == [5] and max(logged) > 5, logged
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=600)
+    acc = _events(run_dir)
+    for tag in acc.Tags()["scalars"]:
+        steps = [e.step for e in acc.Scalars(tag)]
+        assert steps == sorted(set(steps)), tag
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 13))
