@@ -303,6 +303,7 @@ def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
     from minirl.data.mixture import Mixture
     from minirl.inputs import train_prompts
     from minirl.metrics_log import MetricsWriter
+    from minirl.tracking import Trackers, sample_rows
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     ckpts, restored = runner.open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
@@ -323,15 +324,21 @@ def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
     engine.call("load_weights", first.version, first).result()
     c.engine_version = first.version
     writer = MetricsWriter(args.run_dir)
+    trackers = Trackers.open(cfg, args.run_dir, c.steps)
     t0 = time.perf_counter()
     while c.steps < cfg.rl.steps:
         m = controller.step()
         writer.write(m, step=c.steps)
+        trackers.log(m, c.steps)
+        if trackers.samples_due(c.steps):
+            trackers.samples(sample_rows(controller.last_trained, cfg.log.samples_per_step,
+                                         c.version), c.steps)  # fmt: skip
         print(f"step {c.steps} version {c.version} reward {m['reward/mean']:.3f} "
               f"step_s {m['time/step']:.2f}", flush=True)  # fmt: skip
         if runner.checkpoint_due(cfg, c):
             runner.save_checkpoint(ckpts, controller, trainer_side=trainer_side)
     writer.close()
+    trackers.close()
     ckpts.close()
     scored = getattr(getattr(verifier, "obj", None), "stats", {})  # a RemoteVerifier's counts
     summary = {"steps": c.steps, "version": c.version, "seconds": time.perf_counter() - t0,

@@ -213,3 +213,20 @@ def test_sigkill_and_resume_leave_one_point_per_step(tmp_path):
         steps = [e.step for e in acc.Scalars(tag)]
         assert steps == sorted(set(steps)), tag
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 13))
+
+
+def test_wandb_unreachable_is_reported_once_and_the_others_go_on(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+
+    def no_network(**kwargs):
+        raise ConnectionError("api.wandb.ai unreachable")
+
+    monkeypatch.setattr(wandb, "init", no_network)
+    messages = []
+    cfg = make_config("fixture", ["log.wandb=p", "log.tensorboard=true"])
+    trackers = Trackers.open(cfg, tmp_path, log=messages.append)
+    trackers.log({"reward/mean": 0.5}, 1)
+    trackers.close()
+    assert messages == ["wandb logging failed (ConnectionError: api.wandb.ai unreachable); the "
+                        "run goes on without wandb"]  # fmt: skip
+    assert [e.value for e in _events(tmp_path).Scalars("reward/mean")] == [0.5]
