@@ -12,13 +12,18 @@ contiguous runs of equal `group_ids` (any int32 values); they are renumbered 0..
 so the segment sums below need no host-side bookkeeping and stay jittable.
 
 `whiten=True` on any estimator subtracts the token-weighted mean and divides by the token-weighted
-(population) std over all completion tokens of the batch: REINFORCE++-baseline's batch
-normalisation, and AReaL's "advantage normalisation across the global batch".
+(population) std over the COUNTED tokens of the batch (LOSSES.md: "whitened over all counted
+tokens"): REINFORCE++-baseline's batch normalisation, and AReaL's "advantage normalisation across
+the global batch". Counted means after rejection: a token the `_mis` rules drop is as if it had
+never been sampled, so it moves neither the mean nor the std. (Rejected tokens still get the same
+affine map, so `adv` stays defined on every completion token; nothing downstream reads them.)
 
-Advantages never see rejection: they describe the rewards, rejection only decides which tokens
-the loss trusts. A non-finite reward is NOT hidden: it makes its group's advantages (and so the
-loss) non-finite, which the trainer's non-finite guard skips and counts. Each estimator returns (adv [B, T] zeroed off the completion mask, returns
-[B, T] or None); only GAE has returns (value targets).
+The GROUP statistics never see rejection: they describe the rewards of every sample of the prompt,
+and rejection only decides which tokens the loss trusts. A non-finite reward is NOT hidden here: it
+makes its group's advantages (and so the loss) non-finite, which the trainer's non-finite guard
+skips and counts (`Objective.prepare` refuses it outright when the rewards are concrete). Each
+estimator is called as `(inputs, valid, counted)` and returns (adv [B, T] zeroed off the
+completion mask, returns [B, T] or None); only GAE has returns (value targets).
 """
 
 from __future__ import annotations
@@ -61,17 +66,26 @@ def group_statistics(rewards: jax.Array, group_ids: jax.Array) -> GroupStats:
     return GroupStats(size, mean, jnp.sqrt(var), (size > 1) & ~(spread == 0))  # nan stays nan
 
 
-def whiten(adv: jax.Array, valid: jax.Array) -> jax.Array:
-    """(A - mean) / (std + eps) over the completion tokens of the batch (population std).  # [B, T]"""
-    count = jnp.maximum(valid.sum(), 1.0)
-    mean = masked(adv, valid).sum() / count
-    var = masked((adv - mean) ** 2, valid).sum() / count
-    return masked((adv - mean) / (jnp.sqrt(var) + WHITEN_EPS), valid)
+def whiten(adv: jax.Array, valid: jax.Array, counted: jax.Array | None = None) -> jax.Array:
+    """(A - mean) / (std + eps), mean and population std over the `counted` tokens (default: all
+    of `valid`), applied to every `valid` token.  # [B, T]
+
+    Counted advantages with no spread (all equal, or none counted) whiten to exactly 0, not to a
+    rounding residue divided by eps (the group rule's reasoning, for the batch)."""
+    counted = valid if counted is None else counted
+    on = counted > 0
+    count = jnp.maximum(counted.sum(), 1.0)
+    mean = masked(adv, counted).sum() / count
+    var = masked((adv - mean) ** 2, counted).sum() / count
+    spread = jnp.where(on, adv, -jnp.inf).max() - jnp.where(on, adv, jnp.inf).min()
+    flat = (spread == 0) | ~on.any()  # a nan advantage is not flat: it stays nan
+    white = jnp.where(flat, 0.0, (adv - mean) / (jnp.sqrt(var) + WHITEN_EPS))
+    return masked(white, valid)
 
 
-def _per_token(adv_i: jax.Array, valid: jax.Array, whiten_: bool) -> jax.Array:
+def _per_token(adv_i: jax.Array, valid: jax.Array, counted: jax.Array | None, whiten_: bool):
     adv = masked(jnp.broadcast_to(adv_i[:, None], valid.shape), valid)
-    return whiten(adv, valid) if whiten_ else adv
+    return whiten(adv, valid, counted) if whiten_ else adv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +99,10 @@ class GroupNorm:
         if self.eps <= 0.0:
             raise ValueError(f"GroupNorm.eps must be > 0, got {self.eps}")
 
-    def __call__(self, inputs: LossInputs, valid: jax.Array):
+    def __call__(self, inputs: LossInputs, valid: jax.Array, counted: jax.Array | None = None):
         g = group_statistics(inputs.rewards, inputs.group_ids)
         adv = jnp.where(g.informative, (inputs.rewards - g.mean) / (g.std + self.eps), 0.0)
-        return _per_token(adv, valid, self.whiten), None
+        return _per_token(adv, valid, counted, self.whiten), None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,10 +111,10 @@ class GroupMean:
 
     whiten: bool = False
 
-    def __call__(self, inputs: LossInputs, valid: jax.Array):
+    def __call__(self, inputs: LossInputs, valid: jax.Array, counted: jax.Array | None = None):
         g = group_statistics(inputs.rewards, inputs.group_ids)
         adv = jnp.where(g.informative, inputs.rewards - g.mean, 0.0)
-        return _per_token(adv, valid, self.whiten), None
+        return _per_token(adv, valid, counted, self.whiten), None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,11 +123,11 @@ class LeaveOneOut:
 
     whiten: bool = False
 
-    def __call__(self, inputs: LossInputs, valid: jax.Array):
+    def __call__(self, inputs: LossInputs, valid: jax.Array, counted: jax.Array | None = None):
         g = group_statistics(inputs.rewards, inputs.group_ids)
         others = (g.size * g.mean - inputs.rewards) / jnp.maximum(g.size - 1.0, 1.0)
         adv = jnp.where(g.informative, inputs.rewards - others, 0.0)
-        return _per_token(adv, valid, self.whiten), None
+        return _per_token(adv, valid, counted, self.whiten), None
 
 
 def batch_whiten() -> GroupMean:
@@ -157,14 +171,14 @@ class GAE:
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):
             raise ValueError(f"GAE needs gamma, lam in [0, 1], got {self.gamma}, {self.lam}")
 
-    def __call__(self, inputs: LossInputs, valid: jax.Array):
+    def __call__(self, inputs: LossInputs, valid: jax.Array, counted: jax.Array | None = None):
         if inputs.token_rewards is not None:
             token_rewards = inputs.token_rewards
         else:
             token_rewards = last_token_mask(valid) * inputs.rewards[:, None]
         values = jnp.zeros_like(valid) if inputs.values is None else inputs.values
         adv, returns = gae(token_rewards, values, valid, self.gamma, self.lam)
-        return (whiten(adv, valid) if self.whiten else adv), returns
+        return (whiten(adv, valid, counted) if self.whiten else adv), returns
 
 
 Advantage = GroupNorm | GroupMean | LeaveOneOut | GAE

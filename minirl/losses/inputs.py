@@ -13,7 +13,9 @@ Three containers, one per stage of the two-phase loss (see `objective.py`):
 Numerical rules (PipelineRL limits study, LOSSES.md): masked positions may hold `-inf` or
 garbage log-probs, so every log-prob is replaced by 0 off the mask with `jnp.where` (never
 `mask * x`, which turns `0 * inf` into nan), and every log-ratio is clamped to [-C, C] *before*
-`exp` (`clamped_difference`). Non-finite differences at counted tokens become +-C (inf) or 0 (nan).
+`exp` (`clamped_difference`). Non-finite differences at counted tokens become +-C (inf) or 0 (nan),
+and a non-finite log pi_theta there is read as log pi_prox + that clamped difference, without
+gradient (`Objective.loss`), so every preset sees the same finite value.
 
 Axis letters as in minirl/types.py: B rows (b for a micro-batch), T positions.
 """
@@ -70,28 +72,68 @@ class LossInputs:
         )
 
 
-def validate_inputs(inputs: LossInputs) -> None:
-    """Host-side checks with clear messages (shapes, contiguous groups). Not jittable: call it on
-    concrete arrays, e.g. once per batch in the trainer, before `prepare`."""
-    mask = np.asarray(inputs.mask)
-    if mask.ndim != 2:
-        raise ValueError(f"LossInputs.mask must be [B, T], got shape {mask.shape}")
-    b, _ = mask.shape
+def check_shapes(inputs: LossInputs) -> None:
+    """Shapes with clear messages: mask [B, T], the log-prob-like fields [B, T], rewards and
+    group ids [B]. Shapes are static, so this also runs while `jit` traces (`prepare` calls it):
+    a [1, T] array must not broadcast silently against [B, T]."""
+    mask = np.shape(inputs.mask)
+    if len(mask) != 2:
+        raise ValueError(f"LossInputs.mask must be [B, T], got shape {mask}")
     for name in ("prox_logp", "behav_logp", "ref_logp", "values", "token_rewards"):
         x = getattr(inputs, name)
-        if x is not None and np.shape(x) != mask.shape:
+        if x is not None and np.shape(x) != mask:
             raise ValueError(
-                f"LossInputs.{name} must have the mask's shape {mask.shape}, got {np.shape(x)}"
+                f"LossInputs.{name} must have the mask's shape {mask}, got {np.shape(x)}"
             )
     for name in ("rewards", "group_ids"):
-        if np.shape(getattr(inputs, name)) != (b,):
+        if np.shape(getattr(inputs, name)) != mask[:1]:
             raise ValueError(
-                f"LossInputs.{name} must be [B] = ({b},), got {np.shape(getattr(inputs, name))}"
+                f"LossInputs.{name} must be [B] = {mask[:1]}, got {np.shape(getattr(inputs, name))}"
             )
+
+
+def check_finite_rewards(inputs: LossInputs) -> None:
+    """Refuse a non-finite reward (`rewards`, and `token_rewards` on the mask) when the values are
+    concrete, i.e. on an eager call. Under `jit` they are tracers and cannot be looked at: a
+    non-finite reward then reaches the loss, whose non-finite value the trainer's guard skips and
+    counts (and the trainer's batches never hold one: `make_batch` refuses them upstream)."""
+    traced = lambda *xs: any(isinstance(x, jax.core.Tracer) for x in xs)
+    if not traced(inputs.rewards):
+        _refuse_non_finite("rewards", np.asarray(inputs.rewards))
+    if inputs.token_rewards is not None and not traced(inputs.token_rewards, inputs.mask):
+        on = np.asarray(inputs.mask) > 0
+        _refuse_non_finite("token_rewards", np.where(on, np.asarray(inputs.token_rewards), 0.0))
+
+
+def _refuse_non_finite(name: str, x: np.ndarray) -> None:
+    bad = ~np.isfinite(x)
+    if bad.any():
+        raise ValueError(
+            f"LossInputs.{name} has {int(bad.sum())} non-finite value(s), the first "
+            f"{x[bad][0]} at index {np.argwhere(bad)[0].tolist()}: rewards must be finite"
+        )
+
+
+def validate_inputs(inputs: LossInputs) -> None:
+    """Host-side checks with clear messages (shapes, contiguous groups). Not jittable: call it on
+    concrete arrays, e.g. once per batch in the trainer, before `prepare`. Rewards are not checked
+    for finiteness here: the trainer relies on its non-finite guard for those (see
+    `check_finite_rewards`)."""
+    check_shapes(inputs)
     ids = np.asarray(inputs.group_ids)
     starts = ids[np.r_[True, ids[1:] != ids[:-1]]]
     if len(np.unique(starts)) != len(starts):
         raise ValueError(f"rows of a group must be contiguous; group_ids = {ids.tolist()}")
+
+
+def check_rows(name: str, x, shape: tuple[int, ...]) -> None:
+    """`x` (logp, entropy or values given to phase 2) must have the prepared rows' shape [b, T]
+    exactly: jnp would broadcast a [1, T] array against [b, T] into a wrong loss without error."""
+    if np.shape(x) != tuple(shape):
+        raise ValueError(
+            f"{name} must have the shape of the prepared rows {tuple(shape)} ([b, T]), got "
+            f"{np.shape(x)}: slice it with the rows given to take_rows(prepared, rows)"
+        )
 
 
 @flax.struct.dataclass

@@ -38,6 +38,16 @@ value_coef * sum Agg (V - returns)^2 / 2, unclipped).
 
 Garbage (-inf, nan) at masked positions never reaches the loss or its gradient (`jnp.where`, never
 `mask * x`), and every log-ratio is clamped to [-C, C] before exp (C = `log_ratio_clamp`, 20).
+
+NON-FINITE INPUTS (one contract for every preset; LOSSES.md: "large or non-finite log-ratios never
+produce inf/nan in loss or gradient"). A non-finite log pi_theta at a COUNTED token is read as the
+value its clamped log-ratio implies, log pi_prox + l (nan -> l = 0, -inf -> l = -C, +inf -> l = +C),
+in every part (ratios, log-prob terms, KL terms), and that token passes no gradient: the loss and
+its gradient stay finite for every preset. A non-finite REWARD is refused by an eager `prepare`
+(ValueError); under `jit` it cannot be seen, so it reaches the loss as nan, which the trainer's
+non-finite guard skips (and the trainer's batches never hold one: `make_batch` refuses them).
+Shapes are checked in Python in both phases (static under `jit`): `loss` refuses a `logp` whose
+shape differs from the prepared rows' instead of broadcasting it.
 """
 
 from __future__ import annotations
@@ -51,7 +61,16 @@ import jax.numpy as jnp
 from minirl.losses.advantages import GAE, Advantage
 from minirl.losses.aggregation import Aggregation
 from minirl.losses.importance import ImportanceWeight
-from minirl.losses.inputs import Context, LossInputs, Prepared, clamped_difference, masked
+from minirl.losses.inputs import (
+    Context,
+    LossInputs,
+    Prepared,
+    check_finite_rewards,
+    check_rows,
+    check_shapes,
+    clamped_difference,
+    masked,
+)
 from minirl.losses.metrics import batch_statistics, finalize_metrics, slice_metrics
 from minirl.losses.regularizers import Regularizer
 from minirl.losses.rejection import SequenceReject, TokenReject, apply_rejection
@@ -116,12 +135,15 @@ class Objective:
             raise ValueError(
                 f"objective {self.name!r} trains a critic: LossInputs.values is required"
             )
+        check_shapes(inputs)
+        check_finite_rewards(inputs)  # eager calls only (see the module docstring)
         inputs = inputs.as_float32()
         valid = (inputs.mask > 0).astype(jnp.float32)  # [B, T]
         prox = masked(inputs.prox_logp, valid)
         log_c = clamped_difference(prox, masked(inputs.behav_logp, valid), self.log_ratio_clamp)
         mask, seq_rejected = apply_rejection(self.token_reject, self.sequence_reject, log_c, valid)
-        adv, returns = self.advantage(inputs, valid)
+        # rejection first: whitening's mean and std are over the counted tokens (LOSSES.md)
+        adv, returns = self.advantage(inputs, valid, mask)
         return Prepared(
             mask=mask,
             valid=valid,
@@ -148,10 +170,17 @@ class Objective:
             raise ValueError(
                 f"objective {self.name!r} has no value loss (value_coef = 0); do not pass values"
             )
-        sg = jax.lax.stop_gradient
         p = prepared
+        check_rows("logp", logp, p.mask.shape)
+        if entropy is not None:
+            check_rows("entropy", entropy, p.mask.shape)
+        if values is not None:
+            check_rows("values", values, p.mask.shape)
+        sg = jax.lax.stop_gradient
         logp = masked(jnp.asarray(logp, jnp.float32), p.valid)
         log_ratio = clamped_difference(logp, p.prox_logp, self.log_ratio_clamp)
+        # a non-finite log-prob is read as log pi_prox + l, without gradient (module docstring)
+        logp = jnp.where(jnp.isfinite(logp), logp, p.prox_logp + log_ratio)
         ctx = Context(
             logp=logp,
             log_ratio=log_ratio,
@@ -184,6 +213,7 @@ class Objective:
 
     def batch_statistics(self, logp, prepared: Prepared) -> dict:
         """Exact p95 of r and c (not summable: give it the whole batch)."""
+        check_rows("logp", logp, prepared.mask.shape)
         return batch_statistics(logp, prepared, self.log_ratio_clamp)
 
     # -- convenience: the whole batch at once ----------------------------------------------------

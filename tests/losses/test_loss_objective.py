@@ -6,6 +6,8 @@
 - Property tests (hypothesis, few examples): huge log-ratios, -inf/nan/1e30 garbage off the mask,
   equal rewards, singleton groups and all-masked rows never produce nan/inf in the loss, its
   gradient or the metrics — for every preset, including TIS/rejection variants and a critic.
+- A non-finite current log-prob AT a counted token has the same outcome for every registered
+  preset: a finite loss and gradient, the token read at its clamped log-ratio, with no gradient.
 """
 
 import jax
@@ -20,6 +22,7 @@ from minirl.losses import (
     LossInputs,
     finalize_metrics,
     get_preset,
+    list_presets,
     merge_metrics,
     take_rows,
     with_rejection,
@@ -194,3 +197,38 @@ def test_loss_inputs_from_batch(batch_maker):
     assert built.rewards.dtype == jnp.float32 and built.group_ids.dtype == jnp.int32
     objective = jax.jit(get_preset("grpo").__call__)  # the convenience call is jittable too
     np.testing.assert_allclose(objective(built, logp)[0], objective(inputs, logp)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", list_presets())
+def test_a_non_finite_logp_at_a_counted_token_has_one_outcome_for_every_preset(name, batch_maker):
+    """LOSSES.md: "non-finite log-ratios never produce inf/nan in loss or gradient". One contract
+    for every preset: a non-finite log pi_theta at a counted token is read as log pi_prox + l, l its
+    clamped log-ratio (nan -> 0, -inf -> -C, +inf -> +C), and passes no gradient. So the loss equals
+    the loss at that finite log-prob, and the gradient equals its gradient with the token zeroed."""
+    objective = get_preset(name)
+    inputs, logp = batch_maker(seed=6)
+    inputs = inputs.replace(behav_logp=inputs.prox_logp)  # c = 1: `_mis` rejects nothing
+    prepared = objective.prepare(inputs)
+    row, t = 0, int(np.flatnonzero(np.asarray(inputs.mask[0]))[0])  # group of 3, A != 0
+    assert float(prepared.mask[row, t]) == 1.0 and float(prepared.adv[row, t]) != 0.0
+
+    def loss_and_grad(lp):
+        f = lambda lp: objective.loss(lp, prepared)
+        (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(lp)
+        return float(loss), np.array(grad), finalize_metrics(metrics)
+
+    clamp, prox = objective.log_ratio_clamp, float(inputs.prox_logp[row, t])
+    for bad, log_ratio in ((np.nan, 0.0), (-np.inf, -clamp), (np.inf, clamp)):
+        loss, grad, metrics = loss_and_grad(logp.at[row, t].set(bad))
+        assert np.isfinite(loss) and np.isfinite(grad).all(), bad
+        assert all(np.isfinite(float(v)) for v in metrics.values()), bad
+        assert grad[row, t] == 0.0, bad
+        want_loss, want_grad, _ = loss_and_grad(logp.at[row, t].set(prox + log_ratio))
+        want_grad[row, t] = 0.0
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-7, err_msg=str(bad))
+        np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-7, err_msg=str(bad))
+    if name in ("reinforce", "cispo_tis", "grpo_mis"):  # the jitted path agrees (a few compiles)
+        jitted = jax.jit(jax.value_and_grad(lambda lp: objective.loss(lp, prepared)[0]))
+        loss, grad = jitted(logp.at[row, t].set(np.nan))
+        np.testing.assert_allclose(float(loss), loss_and_grad(logp.at[row, t].set(prox))[0], 1e-6)
+        assert np.isfinite(np.asarray(grad)).all() and float(grad[row, t]) == 0.0

@@ -131,12 +131,13 @@ def test_group_statistics_bessel_eps_singleton_and_zero_spread():
     adv, _ = GroupNorm()(equal, jnp.ones((3, 1)))
     assert np.all(np.asarray(adv) == 0.0)
     # a nan reward is an upstream bug: it is not zeroed away but reaches the loss, where the
-    # trainer's non-finite guard skips the step; the other groups are untouched
+    # trainer's non-finite guard skips the step; the other groups are untouched. (The traced
+    # path: an eager `prepare` refuses it outright, see test_prepare_refuses_a_non_finite_reward.)
     poisoned = INPUTS.replace(rewards=INPUTS.rewards.at[1].set(jnp.nan))
     adv, _ = GroupNorm()(poisoned, jnp.asarray(MASK))
     assert np.isnan(np.asarray(adv)[:2][MASK[:2] > 0]).all()
     close(adv[2:], tok(A_NORM)[2:])
-    assert not np.isfinite(float(get_preset("grpo")(poisoned, LOGP)[0]))
+    assert not np.isfinite(float(jax.jit(get_preset("grpo").__call__)(poisoned, LOGP)[0]))
 
 
 def test_group_advantages_on_the_example():
@@ -159,6 +160,54 @@ def test_batch_whiten_on_the_example():
     adv, _ = batch_whiten()(INPUTS, jnp.asarray(MASK))
     close(adv, tok([0.75 / sigma, -1.25 / sigma, 0.75 / sigma, -1.25 / sigma]))
     close(np.asarray(adv)[MASK > 0].mean(), 0.0, atol=1e-6)
+
+
+def numpy_whiten(adv_tok, counted):
+    """Whitening by hand: mean and population std over the counted tokens only."""
+    vals = adv_tok[counted > 0]
+    return (adv_tok - vals.mean()) / (vals.std() + 1e-6)
+
+
+@pytest.mark.parametrize("preset", ["reinforce_pp", "decoupled_ppo"])
+def test_batch_whitening_is_over_the_tokens_counted_after_rejection(preset):
+    """LOSSES.md: whitening is "over all counted tokens", and m counts tokens "after any
+    rejection". Rejected tokens must move neither the mean nor the std."""
+    rules = {
+        # token rule 0.5 <= c <= 2 drops c = 2.5 (row 0), 0.4 (row 1), 6.0 (row 2): 5 tokens left
+        "token": dict(token_reject=TokenReject(0.5, 2.0)),
+        # then mean_k1 <= 0.15 drops row 1 (test_rejection_on_the_example): 4 tokens left
+        "token+sequence": dict(
+            token_reject=TokenReject(0.5, 2.0), sequence_reject=SequenceReject("mean_k1", 0.15)
+        ),
+    }
+    # group-mean advantages: rows (+1, -1, +1, -1). Counted tokens, by hand:
+    #   token:          +1 +1 | -1 | +1 | -1   mean 0.2, var (3 .8^2 + 2 1.2^2)/5 = 0.96
+    #   token+sequence: +1 +1 |    | +1 | -1   mean 0.5, var (3 .5^2 + 1.5^2)/4 = 0.75
+    # (before rejection all 8 tokens: mean 0.25, var 0.9375, test_batch_whiten_on_the_example)
+    by_hand = {"token": (0.2, 0.96), "token+sequence": (0.5, 0.75)}
+    for rule, parts in rules.items():
+        objective = get_preset(preset, **parts)
+        prepared = objective.prepare(INPUTS)
+        counted = np.asarray(prepared.mask)
+        raw = {"reinforce_pp": [1, -1, 1, -1], "decoupled_ppo": A_NORM}[preset]
+        want = numpy_whiten(tok(raw), counted)
+        got = np.asarray(prepared.adv)
+        close(got[counted > 0], want[counted > 0])
+        if preset == "reinforce_pp":
+            mean, var = by_hand[rule]
+            sigma = np.sqrt(var) + 1e-6
+            close(got[counted > 0], ((tok(raw) - mean) / sigma)[counted > 0])
+        close(got[counted > 0].mean(), 0.0, atol=1e-6)  # whitened over exactly these tokens
+        close(got[counted > 0].std(), 1.0, rtol=1e-5)
+
+
+def test_whitening_of_counted_advantages_with_no_spread_is_exactly_zero():
+    """All counted tokens share one advantage: whitening gives 0, not a residue divided by eps.
+    Token rejection [0.95, 1.05] keeps c = 1.0 at rows 0 and 2 (both A = +1) only."""
+    objective = get_preset("reinforce_pp", token_reject=TokenReject(0.95, 1.05))
+    prepared = objective.prepare(INPUTS)
+    counted = np.asarray(prepared.mask)
+    assert counted.sum() == 2 and np.all(np.asarray(prepared.adv) == 0.0)
 
 
 def test_gae_by_hand():
@@ -387,6 +436,55 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="must be \\[B\\]"):
         validate_inputs(INPUTS.replace(rewards=jnp.zeros(3)))
     validate_inputs(INPUTS)
+
+
+def test_loss_refuses_arrays_that_would_broadcast():
+    """A [1, T] logp against [4, T] prepared rows would broadcast into a wrong loss: refused,
+    eagerly and under jit (shapes are static, so the check runs while tracing)."""
+    objective = get_preset("dapo", regularizers=(Entropy(0.01),))
+    prepared = objective.prepare(INPUTS)
+    h = jnp.zeros((4, 3))
+    rows_shape = r"logp must have the shape of the prepared rows \(4, 3\)"
+    for fn in (objective.loss, jax.jit(objective.loss)):
+        with pytest.raises(ValueError, match=rows_shape):
+            fn(LOGP[:1], prepared, entropy=h)
+        with pytest.raises(ValueError, match=r"logp .* got \(3,\)"):
+            fn(LOGP[0], prepared, entropy=h)
+        with pytest.raises(ValueError, match="entropy must have the shape"):
+            fn(LOGP, prepared, entropy=h[:1])
+    critic = get_preset("ppo", value_coef=0.5)
+    prepared = critic.prepare(INPUTS.replace(values=jnp.zeros((4, 3))))
+    with pytest.raises(ValueError, match="values must have the shape"):
+        critic.loss(LOGP, prepared, values=jnp.zeros((1, 3)))
+    with pytest.raises(ValueError, match="logp must have the shape"):
+        objective.batch_statistics(LOGP[:1], objective.prepare(INPUTS))
+    # phase 1 checks its inputs' shapes the same way, also while tracing
+    for fn in (objective.prepare, jax.jit(objective.prepare)):
+        with pytest.raises(ValueError, match=r"prox_logp must have the mask's shape \(4, 3\)"):
+            fn(INPUTS.replace(prox_logp=INPUTS.prox_logp[:1]))
+        with pytest.raises(ValueError, match=r"rewards must be \[B\] = \(4,\)"):
+            fn(INPUTS.replace(rewards=INPUTS.rewards[:, None]))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_prepare_refuses_a_non_finite_reward(bad):
+    """An eager `prepare` (and so `objective(inputs, logp)`) refuses a non-finite reward instead
+    of returning nan advantages. Under jit the values are tracers: the nan reaches the loss, as
+    the trainer's non-finite guard expects (see test_group_statistics_bessel_eps_...)."""
+    objective = get_preset("reinforce_pp")  # batch whitening would spread it over the whole batch
+    poisoned = INPUTS.replace(rewards=INPUTS.rewards.at[2].set(bad))
+    with pytest.raises(ValueError, match=r"LossInputs.rewards has 1 non-finite .* index \[2\]"):
+        objective.prepare(poisoned)
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        objective(poisoned, LOGP)
+    assert not np.isfinite(np.asarray(jax.jit(objective.prepare)(poisoned).adv)).all()
+    # per-token rewards (GAE) are checked on the completion mask only: garbage off it is fine
+    ppo = get_preset("ppo")
+    token_rewards = np.where(MASK > 0, 0.5, np.nan)
+    ppo.prepare(INPUTS.replace(token_rewards=jnp.asarray(token_rewards)))
+    token_rewards[0, 1] = bad
+    with pytest.raises(ValueError, match=r"token_rewards has 1 non-finite .* index \[0, 1\]"):
+        ppo.prepare(INPUTS.replace(token_rewards=jnp.asarray(token_rewards)))
 
 
 def test_log_ratio_clamp_applies_before_exp():

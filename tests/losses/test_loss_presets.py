@@ -22,7 +22,7 @@ from minirl.losses import (
     with_rejection,
     with_tis,
 )
-from minirl.losses.presets import decoupled_ppo, grpo
+from minirl.losses.presets import decoupled_ppo, grpo, reinforce_pp
 
 # ---------------------------------------------------------------- numpy advantages (by loops)
 
@@ -153,12 +153,14 @@ def J_rloo(logp, d):
     return _token_reinforce(logp, d, adv_loo(d["R"], d["gids"]))
 
 
-def J_reinforce_pp(logp, d):
-    """REINFORCE++-baseline: whitened (R - mean_g), token-mean PPO clip, minus beta k2."""
-    A = whiten_tokens(np.asarray(_tok(adv_group_mean(d["R"], d["gids"]), d)), d["mask"])
+def J_reinforce_pp(logp, d, mask=None):
+    """REINFORCE++-baseline: whitened (R - mean_g), token-mean PPO clip, minus beta k2. `mask`:
+    the counted tokens (after rejection), over which both the whitening and the mean run."""
+    m = d["mask"] if mask is None else mask
+    A = whiten_tokens(np.asarray(_tok(adv_group_mean(d["R"], d["gids"]), d)), m)
     k2 = 0.5 * (_safe(d, logp) - _safe(d, d["ref_logp"])) ** 2
     per_tok = _ppo_min(_r(logp, d), jnp.asarray(A, jnp.float32), 0.2, 0.2) - 1e-3 * k2
-    return jnp.where(d["mask"] > 0, per_tok, 0.0).sum() / d["mask"].sum()
+    return jnp.where(m > 0, per_tok, 0.0).sum() / m.sum()
 
 
 def J_cispo(logp, d):
@@ -208,13 +210,14 @@ def J_ppo(logp, d, values=None, gamma=1.0, lam=1.0, value_coef=0.0, new_values=N
     return J
 
 
-def J_decoupled_ppo(logp, d, cap=None):
+def J_decoupled_ppo(logp, d, cap=None, mask=None):
     """AReaL Eq. 5: 1/sum|o| sum_t (pi_prox/mu) min(u A, clip(u, 0.8, 1.2) A), u = pi_theta/pi_prox,
-    A group-normalised then normalised over the batch's tokens. TIS: pi_prox/mu capped."""
-    A = whiten_tokens(np.asarray(_tok(adv_group_norm(d["R"], d["gids"]), d)), d["mask"])
+    A group-normalised then normalised over the batch's (counted) tokens. TIS: pi_prox/mu capped."""
+    m = d["mask"] if mask is None else mask
+    A = whiten_tokens(np.asarray(_tok(adv_group_norm(d["R"], d["gids"]), d)), m)
     c = _c(d) if cap is None else jnp.minimum(_c(d), cap)
     surr = c * _ppo_min(_r(logp, d), jnp.asarray(A, jnp.float32), 0.2, 0.2)
-    return jnp.where(d["mask"] > 0, surr, 0.0).sum() / d["mask"].sum()
+    return jnp.where(m > 0, surr, 0.0).sum() / m.sum()
 
 
 def J_naive_ppo(logp, d):
@@ -229,13 +232,29 @@ def J_naive_ppo(logp, d):
 MIS = dict(token=(0.6, 1.8), sequence=("mean_k1", 0.12))
 
 
-def J_grpo_mis(logp, d):
-    """GRPO on the tokens kept by token rejection (0.6 <= c <= 1.8) and then sequence rejection
-    (|mean log c| <= 0.12 over the kept tokens); denominators count kept tokens only."""
+def mis_mask(d):
+    """The tokens kept by token rejection (0.6 <= c <= 1.8) and then sequence rejection
+    (|mean log c| <= 0.12 over the kept tokens), by numpy."""
     c = np.asarray(_c(d))
     keep = (d["mask"] > 0) & (c >= 0.6) & (c <= 1.8)
     stat = np.abs(np.where(keep, np.log(c), 0).sum(-1)) / np.maximum(keep.sum(-1), 1)
-    return J_grpo(logp, d, mask=(keep & (stat <= 0.12)[:, None]).astype(np.float32))
+    return (keep & (stat <= 0.12)[:, None]).astype(np.float32)
+
+
+def J_grpo_mis(logp, d):
+    """GRPO on the tokens kept by `mis_mask`; denominators count kept tokens only."""
+    return J_grpo(logp, d, mask=mis_mask(d))
+
+
+def J_reinforce_pp_mis(logp, d):
+    """REINFORCE++ on the tokens kept by `mis_mask`: whitened over the kept tokens (LOSSES.md:
+    "over all counted tokens"), token mean over them."""
+    return J_reinforce_pp(logp, d, mask=mis_mask(d))
+
+
+def J_decoupled_ppo_mis(logp, d):
+    """AReaL Eq. 5 on the tokens kept by `mis_mask`, advantages normalised over those tokens."""
+    return J_decoupled_ppo(logp, d, mask=mis_mask(d))
 
 
 # name -> (objective factory, reference J, batch kwargs, what must be active in the batch)
@@ -268,6 +287,19 @@ CASES = {
         lambda: with_rejection(grpo(), **MIS),
         J_grpo_mis,
         {"correction_scale": 0.3},
+        "reject",
+    ),
+    # about half the tokens rejected: whitening over all tokens would be off by ~15 %
+    "reinforce_pp_mis": (
+        lambda: with_rejection(reinforce_pp(), **MIS),
+        J_reinforce_pp_mis,
+        {"correction_scale": 0.6},
+        "reject",
+    ),
+    "decoupled_ppo_mis": (
+        lambda: with_rejection(decoupled_ppo(), **MIS),
+        J_decoupled_ppo_mis,
+        {"correction_scale": 0.6},
         "reject",
     ),
 }
