@@ -86,7 +86,8 @@ def run_arm(arm: str, cfg, base, evaluator: Run, run_dir: Path, steps: int) -> d
     warm start: every arm starts from the same weights), then the held-out evaluation."""
     run = Run(cfg, run_dir, progress=False, log=lambda *a: None)
     engine = run.engine(0, base)
-    trainer = Trainer(cfg.model, base, get_preset(cfg.rl.loss), cfg.trainer_config())
+    trainer = Trainer(cfg.model, base, get_preset(cfg.rl.loss), cfg.trainer,
+                      sampling=cfg.engine.sampling.scoring)
     store = InMemoryWeightStore(keep=max(4, cfg.rl.reload_every + 2))
     controller = Controller(
         cfg,

@@ -14,9 +14,9 @@
 
 `minirl train --preset NAME --set rl.steps=50 --set engine.temperature=0.8` builds one; every
 key and its meaning is listed by `minirl config`. `minirl train --model DIR --data FILE` starts
-from the `custom` preset with model.path, task.name=file and data.train set. Values the trainer must share with the
-engine (temperature, top-k/p, exact mode) are set once, on the engine, and copied — never
-stored twice. Defaults run on a 2-core laptop CPU.
+from the `custom` preset with model.path, task.name=file and data.train set. How tokens are
+drawn and scored (temperature, top-k/p, exact mode) is set once, on the engine: the trainer
+scores under the same `minirl.sampling.Sampling` spec (`cfg.engine.sampling.scoring`). Defaults run on a 2-core laptop CPU.
 """
 
 from __future__ import annotations
@@ -172,11 +172,6 @@ class RunConfig:
     eval: EvalConfig = EvalConfig()
     log: LogConfig = LogConfig()
 
-    def __post_init__(self):
-        for name in ("exact", "temperature", "top_k", "top_p"):
-            if getattr(self.trainer, name) != getattr(TrainerConfig(), name):
-                raise ConfigError(f"trainer.{name} is copied from engine.{name}; set engine.{name} instead")
-
     def check(self) -> RunConfig:
         """Rules across sections, checked once the whole config is assembled (a preset and its
         overrides may pass through states that break them). Returns self."""
@@ -191,12 +186,6 @@ class RunConfig:
                        if getattr(self.data, f.name) != getattr(DataConfig(), f.name)]
             raise ConfigError(f"data.{changed[0]} does nothing without a dataset (--data FILE)")
         return self
-
-    def trainer_config(self) -> TrainerConfig:
-        """The trainer's config with the engine's sampling numerics copied in (one source)."""
-        e = self.engine
-        return dataclasses.replace(self.trainer, exact=e.exact, temperature=e.logprob_temperature,
-                                   top_k=e.top_k, top_p=e.top_p)
 
 
 def _countdown() -> RunConfig:

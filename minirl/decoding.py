@@ -34,17 +34,14 @@ from flax import nnx
 
 from minirl import paged_cache as P
 from minirl.model import KVCache, ModelConfig, Transformer, token_logprobs
-from minirl.sampling import sample_tokens, token_keys
+from minirl.sampling import Sampling, sample_tokens, token_keys
 
 
 class Settings(NamedTuple):
     """What the compiled functions are specialised on (hashable; shared between engines)."""
 
     model: ModelConfig
-    temperature: float
-    top_k: int
-    top_p: float
-    exact: bool
+    sampling: Sampling
     chunk: int
     paged: bool
 
@@ -55,10 +52,8 @@ def abstract_model(cfg: ModelConfig):
 
 def _sample(s: Settings, logits, keys):
     """logits [B, V] -> (token [B], behaviour log-prob [B])."""
-    tok = sample_tokens(keys, logits, s.temperature, s.top_k, s.top_p, s.exact)
-    logp = token_logprobs(
-        logits[:, None], tok[:, None], s.temperature or 1.0, s.exact, s.top_k, s.top_p
-    )[:, 0]
+    tok = sample_tokens(keys, logits, s.sampling)
+    logp = token_logprobs(logits[:, None], tok[:, None], s.sampling.scoring)[:, 0]
     return tok, logp
 
 
@@ -79,7 +74,7 @@ def prefill(graphdef, s: Settings, params, cache, tokens, lengths, slot_ids, ids
     model = nnx.merge(graphdef, params)
     rows, t = tokens.shape
     logits, fresh = model(
-        tokens, cache=KVCache.zeros(s.model, rows, t), num_new=lengths, exact=s.exact
+        tokens, cache=KVCache.zeros(s.model, rows, t), num_new=lengths, exact=s.sampling.exact
     )  # [R, T, V]
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [R, V]
     tok, logp = _sample(s, last, token_keys(seed, ids, index))
@@ -123,7 +118,7 @@ def decode(graphdef, s: Settings, params, cache, last, index, ids, budget, seed,
     def one_step(i, carry):
         view, last, toks, logps = carry
         live = (i < budget).astype(jnp.int32)  # [B] a spent slot writes but does not advance
-        logits, view = model(last[:, None], cache=view, num_new=live, exact=s.exact)
+        logits, view = model(last[:, None], cache=view, num_new=live, exact=s.sampling.exact)
         tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index + i))
         return view, tok, toks.at[:, i].set(tok), logps.at[:, i].set(logp)
 

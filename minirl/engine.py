@@ -53,7 +53,7 @@ import numpy as np
 from minirl import paged_cache as P
 from minirl.decoding import Settings, compiled, prepare_params
 from minirl.model import KVCache, ModelConfig
-from minirl.sampling import request_ids
+from minirl.sampling import Sampling, request_ids
 from minirl.scheduler import Request, Scheduler, finish_reason, prefill_groups
 from minirl.types import Rollout
 
@@ -75,8 +75,7 @@ class EngineConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # token-id sequences that end a completion
-    eos_ids: tuple[int, ...] = ()  # token ids that end a completion (kept in it); () = none
-    seed: int = 0
+    eos_ids: tuple[int, ...] = ()  # token ids that end a completion (kept in it); () = a run uses its tokenizer's
     exact: bool = False  # fixed-order reductions: log-probs bitwise equal to the trainer's
     paged: bool = False  # paged KV cache instead of slots x cache_len
     block_size: int = 16  # paged: positions per block
@@ -93,7 +92,6 @@ class EngineConfig:
             (not 0.0 < p <= 1.0, f"top_p must be in (0, 1], got {p}"),
             (k < 0, f"top_k must be >= 0 (0 = off), got {k}"),
             (any(i < 0 for i in self.eos_ids), f"eos_ids must be token ids >= 0, got {self.eos_ids}"),
-            (self.seed < 0, f"seed must be >= 0, got {self.seed}"),
             (blocks is not None and blocks < 2, f"num_blocks must be None or >= 2, got {blocks}"),
             (t == 0 and (k or p < 1.0), "greedy decoding (temperature 0) takes no top_k / top_p"),
             (not self.prefill_buckets or min(self.prefill_buckets) < 1,
@@ -138,16 +136,21 @@ class EngineConfig:
         return self.num_blocks or self.slots * self.blocks_per_slot + 1
 
     @property
-    def logprob_temperature(self) -> float:
-        """The temperature of the reported log-probs: greedy reports the untempered model's."""
-        return self.temperature or 1.0
+    def sampling(self) -> Sampling:
+        """How this engine draws tokens; the trainer scores them under `sampling.scoring`."""
+        return Sampling(self.temperature, self.top_k, self.top_p, self.exact)
 
 
 class Engine:
     """Continuous-batching rollout engine over `config.slots` slots (see the module docstring)."""
 
-    def __init__(self, model_config: ModelConfig, config: EngineConfig | None = None):
+    def __init__(self, model_config: ModelConfig, config: EngineConfig | None = None, seed: int = 0):
+        """`seed` keys every sampling draw (a run passes rl.seed): with the request's ids it
+        makes each token's key (minirl/sampling.py)."""
         config = config or EngineConfig()
+        if not 0 <= seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+        self.seed = seed
         if config.cache_len > model_config.max_seq_len:
             raise ValueError(
                 f"cache_len {config.cache_len} exceeds the model's max_seq_len "
@@ -160,8 +163,7 @@ class Engine:
         self.config = config
         self.model_config = dataclasses.replace(model_config, dtype=dtype, param_dtype=dtype)
         c = config
-        self._static = Settings(self.model_config, c.temperature, c.top_k, c.top_p, c.exact,
-                                c.decode_chunk, c.paged)  # fmt: skip
+        self._static = Settings(self.model_config, c.sampling, c.decode_chunk, c.paged)
         self._sched = Scheduler(config.slots)
         self._alloc = (
             P.BlockAllocator(
@@ -323,7 +325,7 @@ class Engine:
             tokens[r, : len(toks)], lengths[r], slot_ids[r] = toks, len(toks), b
             ids[r], index[r] = request_ids(seq.request.prompt.uid, seq.request.sample_index), 0
         prefill, _ = compiled(self._static)
-        args = (tokens, lengths, slot_ids, ids, index, np.uint32(c.seed))
+        args = (tokens, lengths, slot_ids, ids, index, np.uint32(self.seed))
         self._cache, tok, logp = prefill(self._params, self._device_cache(), *args)
         self.stats["prefill_calls"] += 1
         self.stats["prefill_rows"] += len(slots)
@@ -390,7 +392,7 @@ class Engine:
         self._peak_tokens = max(self._peak_tokens, sum(ends))
         width = next(w for w in c.windows if w >= max(ends))
         _, decode = compiled(self._static)
-        args = (last, index, ids, budget, np.uint32(c.seed))
+        args = (last, index, ids, budget, np.uint32(self.seed))
         self._cache, toks, logps = decode(self._params, self._device_cache(), *args, width=width)
         toks, logps = np.asarray(toks), np.asarray(logps)  # [B, N] the one sync per chunk
         self.stats["decode_calls"] += 1

@@ -1,12 +1,12 @@
 """The trainer's forward pass: log-probs of the targets, computed the way the rollout engine
 computes them, and the per-micro-batch gradient of a loss on them.
 
-    spec = ForwardSpec.of(model_cfg, trainer_cfg)      # what the compiled code is specialised on
+    spec = ForwardSpec(model_cfg, sampling, "none")    # what the compiled code is specialised on
     logp = forward_fn(spec)(params, tokens, targets)     # [R, Tb] log pi(targets)
     acc, metrics, logp = accumulate_fn(spec, loss)(params, acc, tokens, targets, part)
 
 Numerics match the engine (RLAX §5.1): the same model call (`exact` flag) and the same
-`minirl.model.token_logprobs` (temperature, top-k/top-p), so the trainer's recomputed log pi_prox
+`minirl.model.token_logprobs` under the engine's `Sampling` spec (scoring form), so the trainer's recomputed log pi_prox
 and the engine's behaviour log-probs differ only where the computation itself does (exact mode:
 not at all; docs/trainer.md).
 
@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from minirl.model import ModelConfig, Transformer, token_entropy, token_logprobs
+from minirl.sampling import Sampling
 
 __all__ = [
     "REMAT_POLICIES",
@@ -52,16 +53,12 @@ class ForwardSpec(NamedTuple):
     """What the forward is specialised on (hashable)."""
 
     model: ModelConfig
-    temperature: float
-    top_k: int
-    top_p: float
-    exact: bool
+    sampling: Sampling  # the engine's, in scoring form (temperature > 0)
     remat: str  # a key of REMAT_POLICIES
 
-    @classmethod
-    def of(cls, model_cfg: ModelConfig, cfg) -> ForwardSpec:
-        """From a `minirl.trainer.TrainerConfig` `cfg`."""
-        return cls(model_cfg, cfg.temperature, cfg.top_k, cfg.top_p, cfg.exact, cfg.remat)
+    @property
+    def exact(self) -> bool:
+        return self.sampling.exact
 
 
 @functools.lru_cache(maxsize=16)
@@ -95,7 +92,7 @@ def logprobs_and_logits(s: ForwardSpec, params, tokens, targets, remat: bool):
     if remat and REMAT_POLICIES[s.remat] is not None:
         model.layers = nnx.List([_Checkpointed(b, REMAT_POLICIES[s.remat]) for b in model.layers])
     logits = model(tokens, exact=s.exact)  # [R, Tb, V]
-    return token_logprobs(logits, targets, s.temperature, s.exact, s.top_k, s.top_p), logits
+    return token_logprobs(logits, targets, s.sampling), logits
 
 
 def accumulate(s: ForwardSpec, loss, params, acc, tokens, targets, part):
@@ -106,7 +103,7 @@ def accumulate(s: ForwardSpec, loss, params, acc, tokens, targets, part):
 
     def micro_loss(p):
         logp, logits = logprobs_and_logits(s, p, tokens, targets, remat=True)
-        entropy = token_entropy(logits, s.temperature) if loss.needs_entropy else None
+        entropy = token_entropy(logits, s.sampling.temperature) if loss.needs_entropy else None
         value, metrics = loss.loss(logp, part, entropy=entropy)
         return value, (metrics, jax.lax.stop_gradient(logp))
 

@@ -23,7 +23,16 @@ from pathlib import Path
 
 from minirl.config import FILE_TASK, RunConfig
 from minirl.configlib import ConfigError
+from minirl.engine import Engine
 from minirl.tokenizer import CharTokenizer
+
+
+def make_engine(cfg, tokenizer) -> Engine:
+    """The rollout engine of a run: `cfg.engine`, its EOS ids (engine.eos_ids, or the
+    tokenizer's when that is empty), sampling keyed by rl.seed."""
+    ecfg = cfg.engine if cfg.engine.eos_ids else dataclasses.replace(
+        cfg.engine, eos_ids=tuple(tokenizer.eos_ids))  # fmt: skip
+    return Engine(cfg.model, ecfg, seed=cfg.rl.seed)
 
 
 def load_tokenizer(cfg: RunConfig):

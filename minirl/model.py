@@ -16,7 +16,7 @@ prefill of a right-padded prompt batch and single-token decode are the same code
 Simplifications on purpose: no sliding-window attention, no MoE, no dropout; attention is a
 plain masked softmax (no flash kernel).
 
-`token_logprobs(logits, targets, temperature)` is THE log-prob function: the rollout engine and
+`token_logprobs(logits, targets, sampling)` is THE log-prob function: the rollout engine and
 the trainer both call it, so they cannot disagree by construction of the API (they can still
 disagree numerically; see `exact` below and minirl/diagnostics.py).
 
@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from minirl import exact as X
-from minirl.sampling import truncate_logits
+from minirl.sampling import Sampling, truncate_logits
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -318,18 +318,19 @@ class Transformer(nnx.Module):
         return logits, KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
 
 
-def token_logprobs(logits, targets, temperature: float = 1.0, exact: bool = False,
-                   top_k: int = 0, top_p: float = 1.0):
+def token_logprobs(logits, targets, sampling: Sampling = Sampling()):
     """log softmax(logits / temperature)[targets]: logits [B, T, V], targets [B, T] -> [B, T].
 
     The one log-prob function shared by the rollout engine (behaviour log-probs log mu) and the
-    trainer (log pi_theta, log pi_prox). The behaviour policy IS the tempered distribution.
-    With `top_k` / `top_p` set (defaults: off), it is the tempered distribution truncated and
+    trainer (log pi_theta, log pi_prox), under a `Sampling` spec with temperature > 0 (pass
+    `spec.scoring` for a greedy one). The behaviour policy IS the tempered distribution. With
+    top-k / top-p set (default: off), it is the tempered distribution truncated and
     renormalised exactly as the engine samples (`minirl.sampling.truncate_logits`)."""
-    z = logits.astype(jnp.float32) / temperature
-    if top_k or top_p < 1.0:
-        z = truncate_logits(z, top_k, top_p, exact)
-    logp = X.log_softmax(z, exact)
+    s = sampling
+    z = logits.astype(jnp.float32) / s.temperature
+    if s.top_k or s.top_p < 1.0:
+        z = truncate_logits(z, s.top_k, s.top_p, s.exact)
+    logp = X.log_softmax(z, s.exact)
     return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 

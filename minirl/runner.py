@@ -23,7 +23,6 @@ worker (`state_dict` / `load_state_dict` calls), so a remote trainer resumes the
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import json
 import os
@@ -43,7 +42,14 @@ from minirl.data.mixture import Mixture
 from minirl.engine import Engine
 from minirl.evaluation import evaluate, heldout_prompts
 from minirl.hashed_files import CorruptCheckpointError
-from minirl.inputs import describe_inputs, load_tokenizer, make_task, make_verifier, train_prompts
+from minirl.inputs import (
+    describe_inputs,
+    load_tokenizer,
+    make_engine,
+    make_task,
+    make_verifier,
+    train_prompts,  # fmt: skip
+)
 from minirl.losses import get_preset
 from minirl.metrics_log import MetricsWriter, truncate_metrics
 from minirl.tracking import SAMPLES_FILE, Trackers, check_available, sample_rows
@@ -98,11 +104,10 @@ class Run:
                               f"{self.tokenizer.vocab_size}")
         self.task = make_task(cfg, self.tokenizer)
         check_available(cfg)  # a tracker asked for and not installed: before any work
-        self.engine_cfg = dataclasses.replace(cfg.engine, eos_ids=tuple(self.tokenizer.eos_ids),
-                                              seed=cfg.rl.seed)
+
 
     def engine(self, version: int, params) -> Engine:
-        engine = Engine(self.cfg.model, self.engine_cfg)
+        engine = make_engine(self.cfg, self.tokenizer)
         engine.load_weights(version, params)
         return engine
 
@@ -249,11 +254,12 @@ class Run:
         keeps it in this process), all placed by `self.placement`. Weights are not yet in the
         store (the caller publishes the start: `controller.params()`)."""
         cfg, rl = self.cfg, self.cfg.rl
-        model_cfg, engine_cfg, trainer_cfg = cfg.model, self.engine_cfg, cfg.trainer_config()
-        loss = get_preset(rl.loss)
+        model_cfg, trainer_cfg, tokenizer = cfg.model, cfg.trainer, self.tokenizer
+        loss, scoring = get_preset(rl.loss), cfg.engine.sampling.scoring
         place = self.placement
-        controller = Controller(cfg, engine=place.engine(lambda: Engine(model_cfg, engine_cfg), engine),
-                                trainer=place.trainer(lambda: Trainer(model_cfg, base, loss, trainer_cfg)),
+        make_trainer = lambda: Trainer(model_cfg, base, loss, trainer_cfg, sampling=scoring)  # noqa: E731
+        controller = Controller(cfg, engine=place.engine(lambda: make_engine(cfg, tokenizer), engine),
+                                trainer=place.trainer(make_trainer),
                                 verifier=place.verifier(lambda: make_verifier(cfg), self.task.verifier),
                                 store=InMemoryWeightStore(keep=max(4, rl.reload_every + 2)),
                                 mixture=Mixture({self.task.name: train_prompts(self.task)}, seed=rl.seed),

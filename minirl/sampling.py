@@ -25,6 +25,8 @@ tokens when logits tie exactly); greedy (temperature 0) is a plain argmax.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,6 +34,24 @@ import numpy as np
 from minirl import exact as X
 
 NEG = X._NEG  # logit given to truncated tokens: finite, so nothing becomes nan
+
+
+class Sampling(NamedTuple):
+    """How tokens are drawn and scored — one spec for the engine, the trainer, the replay.
+
+    The engine samples with it; every log-prob (the engine's log mu, the trainer's log pi) is
+    taken under `.scoring`, the same spec except that greedy decoding (temperature 0) reports
+    the untempered model's log-probs. Hashable: compiled functions are specialised on it."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    exact: bool = False  # fixed-order reductions (minirl/exact.py): batch-invariant results
+
+    @property
+    def scoring(self) -> Sampling:
+        """The distribution log-probs are reported under (temperature 0 -> 1)."""
+        return self._replace(temperature=self.temperature or 1.0)
 
 
 def prefix_sum(x: jax.Array, exact: bool = False) -> jax.Array:
@@ -64,19 +84,13 @@ def truncate_logits(z: jax.Array, top_k: int = 0, top_p: float = 1.0, exact: boo
     return z
 
 
-def sample_tokens(
-    keys: jax.Array,
-    logits: jax.Array,
-    temperature: float,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    exact: bool = False,
-) -> jax.Array:
+def sample_tokens(keys: jax.Array, logits: jax.Array, sampling: Sampling) -> jax.Array:
     """One token per row: keys [B] (typed PRNG keys), logits [B, V] -> tokens [B] int32.
     temperature 0 is greedy (argmax of the raw logits; keys unused)."""
-    if temperature == 0:
+    s = sampling
+    if s.temperature == 0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    z = truncate_logits(logits.astype(jnp.float32) / temperature, top_k, top_p, exact)
+    z = truncate_logits(logits.astype(jnp.float32) / s.temperature, s.top_k, s.top_p, s.exact)
     return jax.vmap(jax.random.categorical)(keys, z).astype(jnp.int32)
 
 

@@ -11,7 +11,7 @@ What one `train_step(batch)` does:
     (bucket lengths x power-of-two row counts), so the jitted functions compile a few times per run.
  2. Recompute log pi_prox under the weights the step starts from (AReaL's "proximal policy";
     RLAX §5.1 "log-prob recomputation"): never trust the engine's numbers for the ratio. The
-    forward is the engine's computation — same `exact` flag, temperature, top-k/top-p — and runs
+    forward is the engine's computation — the engine's `Sampling` spec, in scoring form — and runs
     in the same micro-batch shapes as the training forward, so on the first update the training
     forward sees the same numbers (PPO ratio = 1 at the start, not 1 +- rounding noise).
     With a KL term, log pi_ref is computed the same way under a frozen copy of the initial params.
@@ -82,6 +82,7 @@ from minirl.losses import LossInputs, finalize_metrics, validate_inputs
 from minirl.model import ModelConfig
 from minirl.optimizer import learning_rate
 from minirl.placement import HostPlacement, place_like, shardings_like_params
+from minirl.sampling import Sampling
 from minirl.trees import match_template
 from minirl.types import Batch
 
@@ -108,11 +109,6 @@ class TrainerConfig:
     ppo_epochs: int = 1  # passes over the batch per train step
     num_minibatches: int = 1  # optimizer updates per pass (rows shuffled, split evenly)
     seed: int = 0  # keys the mini-batch shuffle: fold(seed, step, epoch)
-    # the forward: must match the rollout engine's computation
-    exact: bool = False  # fixed-order reductions (minirl/exact.py), as EngineConfig.exact
-    temperature: float = 1.0  # as EngineConfig.logprob_temperature
-    top_k: int = 0  # as EngineConfig.top_k
-    top_p: float = 1.0  # as EngineConfig.top_p
     remat: str = "none"  # "none" | "dots" | "nothing": jax.checkpoint policy per block
 
     def __post_init__(self):
@@ -135,8 +131,6 @@ class TrainerConfig:
                 "micro_batch_tokens, bucket_minimum >= 1",
             ),
             (s.ppo_epochs >= 1 and s.num_minibatches >= 1, "ppo_epochs, num_minibatches >= 1"),
-            (s.temperature > 0, "temperature > 0 (a greedy engine reports log-probs at 1.0)"),
-            (s.top_k >= 0 and 0.0 < s.top_p <= 1.0, "top_k >= 0 (0 = off) and 0 < top_p <= 1"),
             (s.remat in REMAT_POLICIES, f"remat in {tuple(REMAT_POLICIES)}"),
         ]
         for holds, rule in rules:
@@ -198,8 +192,12 @@ class Trainer:
         cfg: TrainerConfig | None = None,
         ref_params: Any = None,
         placement: Any = None,
+        sampling: Sampling = Sampling(),
     ):
         cfg = cfg or TrainerConfig()
+        if not sampling.temperature > 0:
+            raise ValueError("the trainer scores under a temperature > 0: pass the engine's "
+                             "`sampling.scoring` (greedy reports log-probs at temperature 1)")
         self._placement = placement if placement is not None else HostPlacement()
         if objective is not None and objective.needs_values:
             raise ValueError(
@@ -207,7 +205,7 @@ class Trainer:
                 "model has no value head; use value_coef=0"
             )
         self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
-        self._spec = ForwardSpec.of(model_cfg, cfg)
+        self._spec = ForwardSpec(model_cfg, sampling, cfg.remat)
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
         self._params = self._check_params(params)
         self._ref_params = None

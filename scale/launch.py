@@ -47,7 +47,6 @@ An earlier version served these roles over a home-made TCP protocol; Ray replace
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
@@ -252,8 +251,9 @@ def trainer_role(args) -> TrainerRole:
     start = first_params(cfg, tokenizer, task, mesh)  # jax arrays: a Trainer never mutates them
 
     def make_trainer() -> Trainer:
-        return Trainer(cfg.model, start, get_preset(cfg.rl.loss), cfg.trainer_config(),
-                       placement=M.RowPlacement(mesh, M.fsdp()))  # fmt: skip
+        return Trainer(cfg.model, start, get_preset(cfg.rl.loss), cfg.trainer,
+                       placement=M.RowPlacement(mesh, M.fsdp()),
+                       sampling=cfg.engine.sampling.scoring)  # fmt: skip
 
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
     checkpoints = None
@@ -267,15 +267,15 @@ def trainer_role(args) -> TrainerRole:
 def engine_role(args) -> EngineRole:
     """This process's part of the engine job: minirl's Engine on the tensor-parallel mesh
     `args.mesh`, loading weights from the TensorStore store `args.weights`."""
-    from minirl.engine import Engine
     from scale import mesh as M
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     cfg, tokenizer, _ = _config(args)
-    engine_cfg = dataclasses.replace(cfg.engine, eos_ids=tuple(tokenizer.eos_ids), seed=cfg.rl.seed)
+    from minirl.inputs import make_engine
+
     mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
-    return EngineRole(Engine(cfg.model, engine_cfg), store, mesh, M.tensor_parallel())
+    return EngineRole(make_engine(cfg, tokenizer), store, mesh, M.tensor_parallel())
 
 
 def run_verifier(args) -> None:

@@ -24,6 +24,7 @@ from flax import nnx
 
 from minirl.engine import Engine, EngineConfig, Request
 from minirl.model import ModelConfig, Transformer, init_model, token_logprobs
+from minirl.sampling import Sampling
 from minirl.types import Prompt
 
 CFG = ModelConfig(
@@ -37,7 +38,7 @@ CFG = ModelConfig(
     max_seq_len=128,
 )
 BASE = EngineConfig(slots=4, cache_len=128, prefill_buckets=(32,), prefill_rows=2, decode_chunk=4)
-SAMPLED = dataclasses.replace(BASE, temperature=1.0, top_k=40, top_p=0.95, seed=3)
+SAMPLED = dataclasses.replace(BASE, temperature=1.0, top_k=40, top_p=0.95)
 EXACT = dataclasses.replace(SAMPLED, exact=True)
 PAD = 48  # the trainer's padded row length in these tests
 
@@ -90,7 +91,7 @@ def trainer_logprobs(dtype, exact, temperature, top_k, top_p):
     @jax.jit
     def logprobs(params, tokens):
         logits = nnx.merge(graphdef, params)(tokens, exact=exact)
-        return token_logprobs(logits[:, :-1], tokens[:, 1:], temperature, exact, top_k, top_p)
+        return token_logprobs(logits[:, :-1], tokens[:, 1:], Sampling(temperature, top_k, top_p, exact))
 
     return logprobs
 
@@ -103,7 +104,7 @@ def recompute(params, rollouts, config, dtype="float32", pad=PAD):
         seq = np.concatenate([r.prompt.tokens, r.tokens])
         rows[i, : len(seq)] = seq
     fn = trainer_logprobs(
-        dtype, config.exact, config.logprob_temperature, config.top_k, config.top_p
+        dtype, config.exact, config.sampling.scoring.temperature, config.top_k, config.top_p
     )
     pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
     out = np.asarray(fn(pure, jnp.asarray(rows)))

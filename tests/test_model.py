@@ -21,6 +21,7 @@ from flax import nnx
 
 from minirl import exact as X
 from minirl.model import PRESETS, KVCache, ModelConfig, Transformer, token_logprobs
+from minirl.sampling import Sampling
 
 # o_proj contracts over heads * head_dim = 32 (one exact-mode chunk) and the cache holds 64 keys:
 # both were shapes where XLA CPU once broke exact mode (minirl/exact.py, `fusion_barrier`).
@@ -143,11 +144,11 @@ def test_token_logprobs_by_hand():
     # softmax(log k) = k / 10  ->  log(3/10), log(4/10)
     want = np.log([[0.3, 0.4]])
     np.testing.assert_allclose(token_logprobs(logits, targets), want, rtol=1e-6)
-    np.testing.assert_allclose(token_logprobs(logits, targets, exact=True), want, rtol=1e-6)
+    np.testing.assert_allclose(token_logprobs(logits, targets, Sampling(exact=True)), want, rtol=1e-6)
     # temperature 0.5: softmax(2 log k) = k^2 / 30  ->  log(9/30), log(16/30)
     want = np.log([[9 / 30, 16 / 30]])
-    np.testing.assert_allclose(token_logprobs(logits, targets, 0.5), want, rtol=1e-6)
-    np.testing.assert_allclose(token_logprobs(logits, targets, 0.5, exact=True), want, rtol=1e-6)
+    np.testing.assert_allclose(token_logprobs(logits, targets, Sampling(0.5)), want, rtol=1e-6)
+    np.testing.assert_allclose(token_logprobs(logits, targets, Sampling(0.5, exact=True)), want, rtol=1e-6)
 
 
 def test_token_logprobs_exact_is_shape_invariant():
@@ -155,7 +156,7 @@ def test_token_logprobs_exact_is_shape_invariant():
     rng = np.random.default_rng(1)
     logits = jnp.asarray(rng.normal(size=(4, 8, 1000)).astype(np.float32) * 3)  # [B, T, V]
     targets = jnp.asarray(rng.integers(0, 1000, (4, 8)).astype(np.int32))
-    f = jax.jit(lambda lg, tg: token_logprobs(lg, tg, 0.7, exact=True))
+    f = jax.jit(lambda lg, tg: token_logprobs(lg, tg, Sampling(0.7, exact=True)))
     whole = np.asarray(f(logits, targets))
     for t in range(8):
         step = np.asarray(f(logits[:, t : t + 1], targets[:, t : t + 1]))  # [B, 1]

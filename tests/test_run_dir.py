@@ -148,7 +148,7 @@ def test_a_hand_edited_config_json_is_named(run_copy, capsys, edit, needle):
 
 @pytest.mark.parametrize("assignment", [
     "eval.samples=0", "eval.prompts=0", "rl.time_budget=nan", "rl.time_budget=inf",
-    "model.dim=0", "model.num_kv_heads=0", "model.num_layers=0", "engine.seed=-1",
+    "model.dim=0", "model.num_kv_heads=0", "model.num_layers=0", "rl.seed=-1",
     "sft.batch_size=0", "model.norm_eps=0", "engine.num_blocks=1", "engine.eos_ids=(-1,)",
 ])  # fmt: skip
 def test_out_of_range_values_are_refused_where_declared(tmp_path, capsys, assignment):

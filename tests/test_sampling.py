@@ -9,6 +9,7 @@ import pytest
 from minirl.model import token_logprobs
 from minirl.sampling import (
     NEG,
+    Sampling,
     prefix_sum,
     request_ids,
     sample_tokens,
@@ -56,15 +57,15 @@ def test_logprobs_are_under_the_truncated_renormalised_distribution():
     logits = jnp.log(jnp.array([[probs, probs]], jnp.float32))  # [1, 2, V]
     targets = jnp.array([[1, 3]])
     for exact in (False, True):
-        lp = np.asarray(token_logprobs(logits, targets, 1.0, exact, top_k=0, top_p=0.7))
+        lp = np.asarray(token_logprobs(logits, targets, Sampling(1.0, 0, 0.7, exact)))
         np.testing.assert_allclose(lp, np.log([[0.5 / 0.8, 0.3 / 0.8]]), rtol=1e-6)
-        lp = np.asarray(token_logprobs(logits, targets, 2.0, exact, top_k=2))
+        lp = np.asarray(token_logprobs(logits, targets, Sampling(2.0, 2, exact=exact)))
         tempered = probs**0.5  # temperature 2 on log-probs
         np.testing.assert_allclose(
             lp, np.log([[tempered[1], tempered[3]]] / (tempered[1] + tempered[3])), rtol=1e-6
         )
     # a token outside the kept set gets a finite, hugely negative log-prob (no nan)
-    lp = token_logprobs(logits, jnp.array([[2, 2]]), 1.0, False, top_k=2)
+    lp = token_logprobs(logits, jnp.array([[2, 2]]), Sampling(1.0, top_k=2))
     assert np.all(np.isfinite(lp)) and np.all(np.asarray(lp) < -1e29)
 
 
@@ -72,7 +73,7 @@ def test_token_logprobs_without_truncation_is_unchanged():
     logits = jax.random.normal(jax.random.key(0), (2, 3, 11))
     targets = jax.random.randint(jax.random.key(1), (2, 3), 0, 11)
     ref = jnp.take_along_axis(jax.nn.log_softmax(logits / 0.7), targets[..., None], -1)[..., 0]
-    np.testing.assert_allclose(token_logprobs(logits, targets, 0.7), ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(token_logprobs(logits, targets, Sampling(0.7)), ref, rtol=1e-6, atol=1e-6)
 
 
 def test_exact_prefix_sum_is_a_cumsum_and_batch_invariant():
@@ -89,7 +90,7 @@ def test_sampling_frequencies_match_the_truncated_distribution():
     logits = jnp.broadcast_to(jnp.log(jnp.array(probs, jnp.float32)), (n, 4))
     ids = jnp.asarray(np.stack([request_ids(u, 0) for u in range(n)]))
     keys = token_keys(jnp.uint32(7), ids, jnp.zeros(n, jnp.int32))
-    toks = np.asarray(jax.jit(lambda k, z: sample_tokens(k, z, 1.0, top_k=3))(keys, logits))
+    toks = np.asarray(jax.jit(lambda k, z: sample_tokens(k, z, Sampling(1.0, top_k=3)))(keys, logits))
     freq = np.bincount(toks, minlength=4) / n
     expect = np.array([0.4, 0.3, 0.2, 0.0]) / 0.9
     sigma = np.sqrt(expect * (1 - expect) / n)
@@ -100,7 +101,7 @@ def test_sampling_frequencies_match_the_truncated_distribution():
 def test_greedy_is_argmax():
     logits = jnp.array([[0.1, 2.0, -1.0], [3.0, 3.5, 0.0]])
     keys = token_keys(jnp.uint32(0), jnp.zeros((2, 3), jnp.uint32), jnp.zeros(2, jnp.int32))
-    assert sample_tokens(keys, logits, 0.0).tolist() == [1, 1]
+    assert sample_tokens(keys, logits, Sampling(0.0)).tolist() == [1, 1]
 
 
 def test_keys_depend_on_ids_only_not_on_batch_position():

@@ -23,6 +23,7 @@ from minirl.batching import bucket_length, make_batch
 from minirl.diagnostics import first_update_dlogp, mismatch_metrics
 from minirl.losses import get_preset
 from minirl.model import KVCache, ModelConfig, init_model, token_logprobs
+from minirl.sampling import Sampling
 from minirl.serialization import from_bytes, to_bytes
 from minirl.trainer import Trainer, TrainerConfig, learning_rate
 from minirl.types import Batch, Prompt, Rollout, Score
@@ -208,10 +209,8 @@ def test_trainer_config_validation_and_schedule():
         dict(learning_rate=0.0),
         dict(schedule="linear"),
         dict(remat="all"),
-        dict(temperature=0.0),
         dict(schedule="cosine", warmup_steps=10, total_steps=10),
         dict(micro_batch_tokens=0),
-        dict(top_p=0.0),
         dict(num_minibatches=0),
     ):
         with pytest.raises(ValueError, match="TrainerConfig"):
@@ -227,16 +226,23 @@ def test_trainer_config_validation_and_schedule():
     assert learning_rate(TrainerConfig(learning_rate=0.5), 7) == 0.5
 
 
+def test_trainer_scores_under_a_positive_temperature(params):
+    with pytest.raises(ValueError, match="temperature > 0"):
+        Trainer(CFG, params, None, sampling=Sampling(0.0))  # a greedy engine's spec, not .scoring
+    assert Trainer(CFG, params, None, sampling=Sampling(0.0).scoring)._spec.sampling.temperature == 1
+
+
 # ---- log-prob recomputation -------------------------------------------------------------------
 
 
 def test_recompute_logprobs_equals_the_model_forward(params, batch):
     trainer = Trainer(
-        CFG, params, get_preset("grpo"), TrainerConfig(micro_batch_tokens=512, temperature=0.7)
+        CFG, params, get_preset("grpo"), TrainerConfig(micro_batch_tokens=512),
+        sampling=Sampling(0.7),
     )
     got = trainer.recompute_logprobs(batch)
     model = nnx.merge(nnx.split(init_model(CFG))[0], params)
-    forward = jax.jit(lambda tokens, targets: token_logprobs(model(tokens), targets, 0.7))
+    forward = jax.jit(lambda tokens, targets: token_logprobs(model(tokens), targets, Sampling(0.7)))
     want = np.asarray(forward(jnp.asarray(batch.tokens), jnp.asarray(batch.targets)))
     m = batch.mask > 0
     np.testing.assert_allclose(got[m], want[m], rtol=1e-5, atol=1e-5)
@@ -256,7 +262,7 @@ def _engine_style_logprobs(params, batch, temperature):
         )
     )
     decode = jax.jit(lambda p, tok, cache: nnx.merge(graphdef, p)(tok, cache=cache, exact=True))
-    logp_fn = jax.jit(lambda logits, tgt: token_logprobs(logits, tgt, temperature, exact=True))
+    logp_fn = jax.jit(lambda logits, tgt: token_logprobs(logits, tgt, Sampling(temperature, exact=True)))
     out = np.zeros(batch.mask.shape, np.float32)
     for i in range(batch.num_rows):
         pos = np.flatnonzero(batch.mask[i])
@@ -295,7 +301,8 @@ def exact_recompute(params, batch):
         CFG,
         params,
         get_preset("grpo"),
-        TrainerConfig(micro_batch_tokens=64, exact=True, temperature=0.7),
+        TrainerConfig(micro_batch_tokens=64),
+        sampling=Sampling(0.7, exact=True),
     )
     assert [mb.shape for mb in trainer._plan(small)] == [(1, 64), (1, 32)]
     m = small.mask > 0

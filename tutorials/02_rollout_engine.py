@@ -115,6 +115,7 @@ from minirl.batching import make_batch
 from minirl.data import get_task
 from minirl.engine import Engine, EngineConfig, Request
 from minirl.model import ModelConfig, init_model
+from minirl.sampling import Sampling
 from minirl.tokenizer import CharTokenizer
 from minirl.trainer import Trainer, TrainerConfig
 from minirl.types import Score
@@ -153,7 +154,6 @@ def engine_config(slots: int, cache_len: int, exact: bool = False) -> EngineConf
         decode_chunk=8,
         temperature=1.0,
         eos_ids=(),
-        seed=0,
         exact=exact,
     )
 
@@ -307,7 +307,7 @@ def main() -> None:
         for r in rollouts:
             r.score = Score(0.0)  # make_batch needs a score; the recompute ignores it
         batch = make_batch(rollouts, pad_id=TOKENIZER.pad_id)
-        trainer = Trainer(cfg, params, None, TrainerConfig(exact=exact, temperature=1.0))
+        trainer = Trainer(cfg, params, None, TrainerConfig(), sampling=Sampling(1.0, exact=exact))
         recomputed = trainer.recompute_logprobs(batch)  # log pi  [B, T]
         mask = batch.mask > 0
         diff = np.abs(recomputed - batch.behaviour_logprobs)[mask]

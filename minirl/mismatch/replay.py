@@ -32,6 +32,7 @@ from flax import nnx
 from minirl import microbatch as mbt
 from minirl.forward import ForwardSpec, logprobs_and_logits
 from minirl.model import KVCache, ModelConfig, Transformer, token_logprobs
+from minirl.sampling import Sampling
 from minirl.trainer import TrainerConfig
 from minirl.types import Batch
 
@@ -47,15 +48,13 @@ def _prompt_lengths(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=16)
-def _decode_fns(
-    cfg: ModelConfig, exact: bool, temperature: float, top_k: int, top_p: float, cache_len: int
-):
+def _decode_fns(cfg: ModelConfig, sampling: Sampling, cache_len: int):
     """Jitted (prefill, step) for one setting, mirroring the rollout engine's prefill and decode."""
     graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0))))[0]
+    exact = sampling.exact
 
     def logp(logits, targets):  # [R, V], [R] -> [R]
-        out = token_logprobs(logits[:, None], targets[:, None], temperature, exact, top_k, top_p)
-        return out[:, 0]
+        return token_logprobs(logits[:, None], targets[:, None], sampling)[:, 0]
 
     def prefill(params, tokens, lengths, targets):
         """tokens [R, Lb] right-padded prompts -> (cache of cache_len positions, log p [R])."""
@@ -83,11 +82,8 @@ def decode_logprobs(
     params,
     batch: Batch,
     *,
-    exact: bool,
+    sampling: Sampling,
     dtype: str | None = None,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
     rows_per_call: int = 8,
     cache_len: int = 256,
     buckets: tuple[int, ...] = (32, 64, 128),
@@ -109,7 +105,7 @@ def decode_logprobs(
         raise ValueError(
             f"decode_logprobs: a row needs {need} cache positions, cache_len is {cache_len}"
         )
-    prefill, step = _decode_fns(cfg, exact, float(temperature), int(top_k), float(top_p), cache_len)
+    prefill, step = _decode_fns(cfg, sampling, cache_len)
     lengths_allowed = sorted({b for b in buckets if b < cache_len} | {cache_len})
     out = np.zeros(mask.shape, np.float32)  # [B, T]
     for start in range(0, mask.shape[0], rows_per_call):
@@ -159,11 +155,12 @@ def _train_forward_fn(s: ForwardSpec):
 
 
 def train_forward_logprobs(
-    model_cfg: ModelConfig, params, batch: Batch, cfg: TrainerConfig
+    model_cfg: ModelConfig, params, batch: Batch, cfg: TrainerConfig, sampling: Sampling
 ) -> np.ndarray:
     """log pi_theta of `batch.targets` as the training step's forward computes it (its remat
-    policy, its micro-batches, inside `jax.value_and_grad`): [B, T] float32, 0 off the mask."""
-    fn = _train_forward_fn(ForwardSpec.of(model_cfg, cfg))
+    policy, its micro-batches, inside `jax.value_and_grad`) under `sampling` (scoring form):
+    [B, T] float32, 0 off the mask."""
+    fn = _train_forward_fn(ForwardSpec(model_cfg, sampling, cfg.remat))
     plan = mbt.pack_rows(
         mbt.row_lengths(batch.mask),
         cfg.micro_batch_tokens,

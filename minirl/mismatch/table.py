@@ -123,7 +123,8 @@ class Context:
         self.cfg, self.params, self.rollouts, self.pad_id = cfg, params, rollouts, pad_id
         self.fast = fast
         self.base_dtype = cfg.model.dtype  # the production dtype every "fast" side uses
-        self.trainer_cfg = dataclasses.replace(cfg.trainer_config(), exact=False)
+        self.trainer_cfg = cfg.trainer
+        self.scoring = cfg.engine.sampling.scoring  # each side sets its own `exact`
         self.batch = make_batch(rollouts, pad_id, self.trainer_cfg.bucket_minimum)
         self._cache: dict = {}
 
@@ -147,31 +148,29 @@ class Context:
                 cfg.model,
                 params,
                 batch,
-                exact=side.exact,
+                sampling=self.scoring._replace(exact=side.exact),
                 dtype=side.dtype,
-                temperature=e.logprob_temperature,
-                top_k=e.top_k,
-                top_p=e.top_p,
                 rows_per_call=e.slots,
                 cache_len=e.cache_len,
                 buckets=e.buckets,
             )
         if isinstance(side, Recompute):
             model = dataclasses.replace(cfg.model, dtype=side.dtype)  # master weights kept, cast
-            tcfg = dataclasses.replace(self.trainer_cfg, exact=side.exact)
+            tcfg, sampling = self.trainer_cfg, self.scoring._replace(exact=side.exact)
             if not side.alone:
-                trainer = Trainer(model, params, None, tcfg, placement=placement)
+                trainer = Trainer(model, params, None, tcfg, placement=placement, sampling=sampling)
                 return trainer.recompute_logprobs(batch)
             t = batch.tokens.shape[1]
             wide = make_batch(self.rollouts, self.pad_id, bucket_minimum=2 * t)  # [B, 2T]
             assert np.array_equal(wide.tokens[:, :t], batch.tokens), "make_batch row order changed"
             tcfg = dataclasses.replace(tcfg, micro_batch_tokens=2 * t, bucket_minimum=2 * t)
-            trainer = Trainer(model, params, None, tcfg, placement=placement)
+            trainer = Trainer(model, params, None, tcfg, placement=placement, sampling=sampling)
             return trainer.recompute_logprobs(wide)[:, :t]
         if isinstance(side, Train):
             model = dataclasses.replace(cfg.model, dtype=self.base_dtype)
-            tcfg = dataclasses.replace(self.trainer_cfg, exact=side.exact, remat=side.remat)
-            return train_forward_logprobs(model, params, batch, tcfg)
+            tcfg = dataclasses.replace(self.trainer_cfg, remat=side.remat)
+            sampling = self.scoring._replace(exact=side.exact)
+            return train_forward_logprobs(model, params, batch, tcfg, sampling)
         raise TypeError(f"unknown side {side!r}")
 
     def compare_arrays(self, source: str, compares: str, a, b, expect_zero: bool = False) -> Row:
@@ -243,10 +242,9 @@ def generate_rollouts(cfg, params, prompts: int, samples: int) -> tuple[list[Rol
 
     tokenizer = CharTokenizer()
     task = get_task(cfg.task.name, **cfg.task.args)
-    engine_cfg = dataclasses.replace(
-        cfg.engine, exact=False, dtype=None, eos_ids=tokenizer.eos_ids, seed=cfg.rl.seed
-    )
-    engine = Engine(cfg.model, engine_cfg)
+    engine_cfg = dataclasses.replace(cfg.engine, exact=False, dtype=None,
+                                     eos_ids=cfg.engine.eos_ids or tokenizer.eos_ids)  # fmt: skip
+    engine = Engine(cfg.model, engine_cfg, seed=cfg.rl.seed)
     engine.load_weights(0, params)
     chosen = Mixture({task.name: task}, seed=cfg.rl.seed).next_prompts(prompts)
     rollouts = engine.generate(

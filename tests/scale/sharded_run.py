@@ -71,8 +71,9 @@ CFG = ModelConfig(vocab_size=32, dim=32, num_layers=2, num_heads=4, num_kv_heads
                   mlp_dim=64, max_seq_len=64)  # fmt: skip
 EXACT = os.environ.get("MINIRL_TEST_EXACT", "0") == "1"
 ENGINE = EngineConfig(slots=8, cache_len=40, prefill_buckets=(8,), prefill_rows=8, decode_chunk=8,
-                      seed=3, exact=EXACT)  # fmt: skip
-TRAINER = TrainerConfig(learning_rate=1e-3, exact=EXACT, micro_batch_tokens=1024, bucket_minimum=32)
+                      exact=EXACT)  # fmt: skip
+SCORING = ENGINE.sampling.scoring  # the trainer scores as the engine samples
+TRAINER = TrainerConfig(learning_rate=1e-3, micro_batch_tokens=1024, bucket_minimum=32)
 times = {}
 
 
@@ -106,7 +107,7 @@ requests = [Request(Prompt(10 + i, "t", "", np.array([1, 3 + i, 5, 7 + i], np.in
 
 
 def generate(p):
-    engine = Engine(CFG, ENGINE)
+    engine = Engine(CFG, ENGINE, seed=3)
     engine.load_weights(0, p)
     return engine.generate(requests), engine
 
@@ -150,7 +151,7 @@ class Recorded(M.RowPlacement):
 
 placement = Recorded(train_mesh, M.fsdp())
 fsdp = Trainer(CFG, M.place_params(params, train_mesh, M.fsdp()), get_preset("grpo"), TRAINER,
-               placement=placement)  # fmt: skip
+               placement=placement, sampling=SCORING)  # fmt: skip
 prox_fsdp = fsdp.recompute_logprobs(batch_tp)
 m_fsdp = fsdp.train_step(batch_tp, prox_fsdp)
 new_fsdp = fsdp.params()
@@ -197,7 +198,7 @@ from scale.orbax_checkpoints import TrainerCheckpoints  # noqa: E402
 orbax = TrainerCheckpoints(args.store.rstrip("/") + "_orbax")
 orbax.save(1, fsdp)
 fresh = Trainer(CFG, M.place_params(params, train_mesh, M.fsdp()), get_preset("grpo"), TRAINER,
-                placement=M.RowPlacement(train_mesh, M.fsdp()))  # fmt: skip
+                placement=M.RowPlacement(train_mesh, M.fsdp()), sampling=SCORING)  # fmt: skip
 orbax.restore(1, fresh)
 want, got = fsdp.state_dict(host=False), fresh.state_dict(host=False)
 orbax_same, orbax_shards = (want["step"], want["skipped_nonfinite"]) == (got["step"], 0), 0
@@ -223,7 +224,7 @@ if jax.process_index() == 0:
     plain, _ = generate(params)
     batch = scored(plain)
     lap("decode unsharded")
-    ref = Trainer(CFG, params, get_preset("grpo"), TRAINER)
+    ref = Trainer(CFG, params, get_preset("grpo"), TRAINER, sampling=SCORING)
     prox_ref = ref.recompute_logprobs(batch_tp)
     m_ref = ref.train_step(batch_tp, prox_ref)
     new_ref = flatten_tree(ref.params())
