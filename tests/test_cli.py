@@ -38,3 +38,15 @@ def test_unknown_preset_and_help(capsys):
 def test_resume_of_a_missing_run_is_a_clear_error(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2
     assert "not a minirl run directory" in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback_of_a_user_error(tmp_path, capsys):
+    missing = str(tmp_path / "nothing")
+    assert main(["eval", missing]) == 2
+    assert "config.json does not exist" in capsys.readouterr().err
+    from minirl.configlib import ConfigError
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        main(["eval", missing, "--debug"])  # anywhere on the line
+    with pytest.raises(ConfigError, match="does not exist"):
+        main(["--debug", "eval", missing])
