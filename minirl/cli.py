@@ -30,75 +30,24 @@ import json
 import sys
 from pathlib import Path
 
+from minirl.config import (
+    add_config_arguments,
+    config_from_args,
+    default_run_dir,
+    input_overrides,  # fmt: skip
+    load_config,
+)
 from minirl.configlib import ConfigError, describe, override, to_dict
 
 
-def add_config_arguments(p: argparse.ArgumentParser, *, staleness: bool = True,
-                         preset_help: str | None = None) -> None:
-    """How every command that builds a RunConfig takes it: --preset NAME, --set KEY=VALUE
-    (repeatable) and, with `staleness`, --staleness NAME. `config_from_args` builds it."""
-    from minirl.config import DEFAULT_PRESET, PRESETS, STALENESS
-
-    p.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                   help=preset_help or f"starting configuration (default: {DEFAULT_PRESET})")
-    if staleness:
-        p.add_argument("--staleness", choices=sorted(STALENESS),
-                       help="RLAX staleness preset, sets rl.reload_every / rl.max_lag / rl.eta: "
-                            + "; ".join(f"{k}={v}" for k, v in STALENESS.items()))
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one knob, e.g. --set rl.steps=50 (repeatable; "
-                        "`minirl config` lists every key)")
-    p.add_argument("--model", metavar="DIR",
-                   help="start from a Hugging Face checkpoint directory (config.json, *.safetensors, "
-                        "tokenizer.json; sets model.path; the default preset is then `custom`)")
-    p.add_argument("--data", metavar="FILE",
-                   help="train on a .jsonl or .parquet file of problems (sets task.name=file and "
-                        "data.train; its fields: data.prompt_key, data.answer_key)")
-    p.add_argument("--eval-data", metavar="FILE",
-                   help="held-out problems (data.eval); without it, a content-hash split of --data")
-    p.add_argument("--verifier", metavar="NAME",
-                   help="how completions of --data are scored (data.verifier; default: math)")
-
-
-def _input_overrides(args) -> list[str]:
-    """--model / --data / --eval-data / --verifier as the overrides they stand for (paths made
-    absolute, so a run directory resumes from anywhere)."""
-    out = []
-    if args.model:
-        out.append(f"model.path={Path(args.model).resolve()}")
-    if args.data:
-        out += [f"data.train={Path(args.data).resolve()}", "task.name=file"]
-    if args.eval_data:
-        out.append(f"data.eval={Path(args.eval_data).resolve()}")
-    if args.verifier:
-        out.append(f"data.verifier={args.verifier}")
-    return out
-
-
-def config_from_args(args, default_preset: str | None = None, extra: list[str] = ()):
-    """The RunConfig of `add_config_arguments`' flags: the preset (or `default_preset`, or
-    minirl's default), the staleness preset, then `extra` overrides, then the --set ones."""
-    from minirl.config import DEFAULT_PRESET, make_config
-
-    inputs = _input_overrides(args)
-    preset = args.preset or default_preset or ("custom" if inputs else DEFAULT_PRESET)
-    return make_config(preset, [*extra, *inputs, *args.overrides], getattr(args, "staleness", None))
-
-
-def _default_run_dir(cfg) -> Path:
-    if cfg.task.name == "file":
-        return Path("runs") / Path(cfg.data.train).stem
-    return Path("runs") / cfg.task.name
-
-
 def cmd_train(args) -> int:
-    from minirl.runner import Run, load_config
+    from minirl.runner import Run
 
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.json").exists():
             raise ConfigError(f"--resume {run_dir}: no config.json there (not a minirl run directory)")
-        if args.staleness or args.preset or _input_overrides(args):
+        if args.staleness or args.preset or input_overrides(args):
             raise ConfigError("--resume continues with the run's own config.json; use --set for changes "
                               "(e.g. --set rl.steps=400)")
         cfg = load_config(run_dir)
@@ -106,7 +55,7 @@ def cmd_train(args) -> int:
             cfg = override(cfg, item)
     else:
         cfg = config_from_args(args)
-        run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+        run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     summary = Run(cfg, run_dir, progress=not args.quiet).train(resume=True, force=args.force)
     print(json.dumps({"run_dir": str(run_dir), "before": summary["before"], "after": summary["after"],
                       "rl_seconds": round(summary["rl_seconds"], 1)}, indent=2))
@@ -128,7 +77,7 @@ def cmd_sft(args) -> int:
 
 def cmd_eval(args) -> int:
     from minirl.checkpoints import CheckpointManager
-    from minirl.runner import Run, load_config
+    from minirl.runner import Run
 
     cfg = load_config(args.run_dir)
     ckpt = CheckpointManager(args.run_dir).restore()

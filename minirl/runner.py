@@ -35,8 +35,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from minirl.checkpoints import Checkpoint, CheckpointManager
-from minirl.config import RunConfig
-from minirl.configlib import ConfigError, config_hash, from_dict, read_json_object, to_dict
+from minirl.config import RunConfig, load_config
+from minirl.configlib import ConfigError, config_hash, read_json_object, to_dict
 from minirl.controller import Controller
 from minirl.data.mixture import Mixture
 from minirl.engine import Engine
@@ -70,22 +70,6 @@ def _versions() -> dict[str, str]:
 
     return {"python": sys.version.split()[0], "jax": jax.__version__, "flax": flax.__version__,
             "optax": optax.__version__, "numpy": np.__version__, "machine": platform.platform()}
-
-
-def load_config(run_dir) -> RunConfig:
-    """The RunConfig a run directory was written with; a missing, damaged or hand-edited
-    config.json that no longer holds a valid config is a ConfigError naming the file."""
-    path = Path(run_dir) / "config.json"
-    data = read_json_object(path)
-    if data is None:
-        raise ConfigError(f"{path} does not exist (not a minirl run directory)")
-    if not isinstance(data.get("config"), dict) or not isinstance(data.get("hash"), str):
-        raise ConfigError(f"{path} must hold {{'hash': str, 'config': {{...}}}} as minirl wrote "
-                          "it; it was changed by hand or damaged")
-    try:
-        return from_dict(RunConfig, data["config"]).check()
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
 
 
 class Run:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from minirl.cli import add_config_arguments
+    from minirl.config import add_config_arguments
 
     add_config_arguments(p)
     p.add_argument("--run-dir", help="where to write the run (default: runs/<task>); an existing one resumes")
@@ -119,32 +119,32 @@ def remote_verifier(args):
     (program_synthesis) uploads it from its repository the first time the service asks."""
     if not args.verifier_url:
         return None
-    from minirl.cli import config_from_args
+    from minirl.config import config_from_args
     from minirl.data import get_task
     from minirl.workers import InProcessWorker
-    from scale.launch import _token
     from scale.remote_verifier import RemoteVerifier
+    from scale.roles import shared_token
 
     cfg = config_from_args(args)
     repository = getattr(get_task(cfg.task.name, **cfg.task.args), "repository", None) \
         if cfg.task.name != "file" else None
-    return InProcessWorker(RemoteVerifier(args.verifier_url, _token(), repository=repository))
+    return InProcessWorker(RemoteVerifier(args.verifier_url, shared_token(), repository=repository))
 
 
 def run(args) -> None:
     import ray
 
-    from minirl.cli import _default_run_dir, config_from_args
+    from minirl.config import config_from_args, default_run_dir
     from minirl.runner import Run
-    from scale.launch import _config
+    from scale.roles import role_config
 
     placement = placement_from_args(args)  # flags checked before anything starts
     cfg = config_from_args(args)
-    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     # the tokenizer and the dataset file read and checked before Ray starts: a user's mistake
     # there is one line, not a cluster brought up and down
     if args.weights:
-        _, tokenizer, task = _config(args)
+        _, tokenizer, task = role_config(args)
     else:
         run = Run(cfg, run_dir, progress=not args.quiet, placement=placement)
     if args.address:
@@ -191,8 +191,8 @@ def run_jobs(args, cfg, run_dir: Path, placement, tokenizer, task) -> dict:
     """--weights: scale.launch's trainer and engine roles as Ray jobs, its controller loop here."""
     from minirl.inputs import make_verifier
     from minirl.workers import Replicas
-    from scale.launch import drive, engine_role, trainer_role
     from scale.ray_workers import RayJob, RayWorker
+    from scale.roles import drive, engine_role, trainer_role
 
     env = {}
     if args.cpu_devices:

@@ -1,7 +1,8 @@
 """Verifiers: turn rollouts into rewards (math answers, sandboxed code with tests/checkers).
 
 Map of this package (each file says more in its docstring):
-  base.py           Verifier protocol, CallableVerifier adapter, registry (get_verifier)
+  base.py           Verifier protocol, CallableVerifier adapter
+  registry.py       verifiers by name (get_verifier, register_verifier)
   math_extract.py   extract_answer(text, mode), normalize_answer(s)
   math_parse.py     LaTeX -> whitelisted AST -> exact/float value (never eval)
   math_equal.py     math_equal(candidate, reference): exact/rational/tolerant/symbolic
@@ -14,14 +15,7 @@ Map of this package (each file says more in its docstring):
   pool.py           VerifierPool: parallel scoring, per-item timeout, crashed workers replaced
 """
 
-from minirl.verifiers.base import (
-    CallableVerifier,
-    Verifier,
-    as_score,
-    get_verifier,
-    register_verifier,
-    verifier_names,
-)
+from minirl.verifiers.base import CallableVerifier, Verifier, as_score
 from minirl.verifiers.code_runner import (
     CaseVerdict,
     Program,
@@ -45,6 +39,7 @@ from minirl.verifiers.math_equal import math_equal
 from minirl.verifiers.math_extract import extract_answer, normalize_answer
 from minirl.verifiers.math_verifier import MathVerifier, MathVerifierConfig, score_math
 from minirl.verifiers.pool import PoolConfig, VerifierPool
+from minirl.verifiers.registry import get_verifier, register_verifier, verifier_names
 from minirl.verifiers.repository import (
     CorruptObjectError,
     ObjectNotFoundError,
