@@ -29,12 +29,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from minirl import paged_cache as P
-from minirl.model import KVCache, ModelConfig, Transformer, token_logprobs
+from minirl.model import KVCache, ModelConfig, abstract_model, token_logprobs
 from minirl.sampling import Sampling, sample_tokens, token_keys
+from minirl.trees import TreeMismatchError, match_template
 
 
 class Settings(NamedTuple):
@@ -44,10 +44,6 @@ class Settings(NamedTuple):
     sampling: Sampling
     chunk: int
     paged: bool
-
-
-def abstract_model(cfg: ModelConfig):
-    return nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0))))
 
 
 def _sample(s: Settings, logits, keys):
@@ -141,36 +137,18 @@ def compiled(s: Settings):
     return prefill_fn, decode_fn
 
 
-def _path_key(path) -> str:
-    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-
-
-@functools.lru_cache(maxsize=32)
-def _template(cfg: ModelConfig):
-    flat, treedef = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(abstract_model(cfg)[1]))
-    return {_path_key(p): leaf for p, leaf in flat}, treedef
-
-
 def prepare_params(params: Any, cfg: ModelConfig) -> dict:
-    """`nnx.split(model)[1]` or its `nnx.to_pure_dict` form (numpy or JAX leaves; integer or
-    string list keys) -> the pure dict the compiled functions take, every leaf checked against
-    the model's shapes and cast once to the compute dtype (the model casts each use to it anyway,
-    so this is bitwise the same and saves a cast per step)."""
+    """`nnx.split(model)[1]` or its `nnx.to_pure_dict` form (numpy or JAX leaves) -> the pure
+    dict the compiled functions take: checked against the model's shapes (trees.match_template,
+    as the trainer checks them) and cast once to the compute dtype (the model casts each use to
+    it anyway, so this is bitwise the same and saves a cast per step)."""
     if isinstance(params, nnx.State):
         params = nnx.to_pure_dict(params)
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be an nnx.State or a nested dict, got {type(params)}")
-    template, treedef = _template(cfg)
-    given = {_path_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    if given.keys() != template.keys():
-        missing = sorted(template.keys() - given.keys())[:3]
-        extra = sorted(given.keys() - template.keys())[:3]
-        raise ValueError(f"params do not match the model: missing {missing}, extra {extra}")
-    leaves = []
-    for key, want in template.items():
-        if tuple(np.shape(given[key])) != want.shape:
-            raise ValueError(
-                f"param {key}: shape {np.shape(given[key])}, model expects {want.shape}"
-            )
-        leaves.append(jnp.asarray(given[key], want.dtype))
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+    template = abstract_model(cfg)[1]
+    try:
+        matched = match_template(params, template, check_dtype=False)
+    except TreeMismatchError as e:
+        raise TreeMismatchError(f"params do not match the model: {e}") from None
+    return jax.tree.map(lambda x, t: jnp.asarray(x, t.dtype), matched, template)

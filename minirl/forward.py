@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from minirl.model import ModelConfig, Transformer, token_entropy, token_logprobs
+from minirl.model import ModelConfig, abstract_model, token_entropy, token_logprobs
 from minirl.sampling import Sampling
 
 __all__ = [
@@ -59,13 +59,6 @@ class ForwardSpec(NamedTuple):
     @property
     def exact(self) -> bool:
         return self.sampling.exact
-
-
-@functools.lru_cache(maxsize=16)
-def abstract_model(cfg: ModelConfig):
-    """(graphdef, pure-dict template of ShapeDtypeStructs), without initialising any weights."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0))))
-    return graphdef, nnx.to_pure_dict(state)
 
 
 class _Checkpointed(nnx.Module):

@@ -63,7 +63,7 @@ from minirl.hf_config import (
     read_config,
     read_token_ids,
 )
-from minirl.model import ModelConfig, Transformer, param_shapes
+from minirl.model import ModelConfig, Transformer, abstract_model, param_shapes
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -249,10 +249,8 @@ def load_hf(path, dtype=None) -> tuple[ModelConfig, Transformer]:
     at a time (peak memory ~ one copy of the parameters). scale/mesh.py's `load_checkpoint`
     reads the same sources straight into a mesh's layout, each process only its own blocks."""
     cfg, sources = open_checkpoint(path, dtype)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0))))
     params = build_params(cfg, sources, lambda _, s: jnp.asarray(s.read().astype(cfg.storage_dtype)))
-    nnx.replace_by_pure_dict(state, params)
-    return cfg, nnx.merge(graphdef, state)
+    return cfg, nnx.merge(abstract_model(cfg)[0], params)
 
 
 # ----------------------------------------------------------------------------------------------

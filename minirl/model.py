@@ -29,6 +29,7 @@ forward ([B, T] rows) produce bitwise-equal results on XLA CPU (the VeXact idea;
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
@@ -344,7 +345,14 @@ def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
     return Transformer(cfg, nnx.Rngs(params=seed))
 
 
+@functools.lru_cache(maxsize=32)
+def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, dict]:
+    """(graphdef, pure-dict template of jax.ShapeDtypeStruct leaves), nothing allocated: what
+    every compiled function merges its parameters into, and what loaded ones must match."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: init_model(cfg)))
+    return graphdef, nnx.to_pure_dict(state)
+
+
 def param_shapes(cfg: ModelConfig) -> dict:
-    """The pure parameter dict `cfg` builds, as jax.ShapeDtypeStruct leaves (nothing allocated):
-    what a checkpoint or a loaded file must match."""
-    return nnx.to_pure_dict(nnx.eval_shape(lambda: nnx.state(init_model(cfg))))
+    """The pure parameter dict `cfg` builds, as jax.ShapeDtypeStruct leaves."""
+    return abstract_model(cfg)[1]

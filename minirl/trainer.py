@@ -77,9 +77,9 @@ from flax import nnx
 from minirl import microbatch as mbt
 from minirl import optimizer
 from minirl.diagnostics import first_update_dlogp
-from minirl.forward import REMAT_POLICIES, ForwardSpec, abstract_model, accumulate_fn, forward_fn
+from minirl.forward import REMAT_POLICIES, ForwardSpec, accumulate_fn, forward_fn
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
-from minirl.model import ModelConfig
+from minirl.model import ModelConfig, abstract_model
 from minirl.optimizer import learning_rate
 from minirl.placement import HostPlacement, place_like, shardings_like_params
 from minirl.sampling import Sampling

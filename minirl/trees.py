@@ -94,12 +94,14 @@ def _describe(x: Any) -> str:
     return f"{type(x).__name__} {x!r}"
 
 
-def match_template(tree: Any, template: Any, what: str = "parameter") -> Any:
+def match_template(tree: Any, template: Any, what: str = "parameter",
+                   check_dtype: bool = True) -> Any:
     """Return the leaves of `tree` arranged in `template`'s structure (e.g. optax namedtuples).
 
     Leaves are matched by path; every template leaf with a shape/dtype (arrays,
-    jax.ShapeDtypeStruct) must match exactly. Raises TreeMismatchError naming the first
-    mismatching `what` and both shapes/dtypes.
+    jax.ShapeDtypeStruct) must match exactly (the dtype only with `check_dtype`: a caller that
+    casts anyway). Raises TreeMismatchError naming the first mismatching `what` and both
+    shapes/dtypes.
     """
     import jax
 
@@ -122,7 +124,8 @@ def match_template(tree: Any, template: Any, what: str = "parameter") -> Any:
         v = stored[p]
         if not (hasattr(t, "shape") and hasattr(t, "dtype")):
             continue
-        if not is_array(v) or tuple(v.shape) != tuple(t.shape) or np.dtype(v.dtype) != t.dtype:
+        same_dtype = not check_dtype or np.dtype(v.dtype) == t.dtype
+        if not is_array(v) or tuple(v.shape) != tuple(t.shape) or not same_dtype:
             raise TreeMismatchError(
                 f"{what} {_show(p)!r}: stored {_describe(v)}, but the template has {_describe(t)}"
             )

@@ -31,7 +31,7 @@ from flax import nnx
 
 from minirl import microbatch as mbt
 from minirl.forward import ForwardSpec, logprobs_and_logits
-from minirl.model import KVCache, ModelConfig, Transformer, token_logprobs
+from minirl.model import KVCache, ModelConfig, abstract_model, token_logprobs
 from minirl.sampling import Sampling
 from minirl.trainer import TrainerConfig
 from minirl.types import Batch
@@ -50,7 +50,7 @@ def _prompt_lengths(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @functools.lru_cache(maxsize=16)
 def _decode_fns(cfg: ModelConfig, sampling: Sampling, cache_len: int):
     """Jitted (prefill, step) for one setting, mirroring the rollout engine's prefill and decode."""
-    graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0))))[0]
+    graphdef = abstract_model(cfg)[0]
     exact = sampling.exact
 
     def logp(logits, targets):  # [R, V], [R] -> [R]
