@@ -13,12 +13,15 @@ with the disk. `split -b <chunk_bytes> FILE` + `sha256sum` reproduces the list.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
+import tempfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -164,3 +167,20 @@ def write_file_bytes(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def atomic_write(path, data: bytes | Callable[[BinaryIO], None], mode: int = 0o644) -> None:
+    """Write `path` whole or not at all: into a unique temp file beside it, then rename over it
+    (atomic on POSIX). A crash leaves the old file, or none, never half of one. `data`: bytes,
+    or a function that writes to the open binary file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            data(f) if callable(data) else f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from minirl.hashed_files import atomic_write
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -158,9 +160,7 @@ def truncate_metrics(run_dir, step: int, filename: str = METRICS_FILE) -> None:
     kept = b"".join(lines[: last_record if cut is None else cut])
     if kept and not kept.endswith(b"\n"):
         kept += b"\n"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(kept)
-    tmp.replace(path)
+    atomic_write(path, kept)
 
 
 # ----------------------------------------------------------------------------- text tables

@@ -41,7 +41,7 @@ from minirl.controller import Controller
 from minirl.data.mixture import Mixture
 from minirl.engine import Engine
 from minirl.evaluation import evaluate, heldout_prompts
-from minirl.hashed_files import CorruptCheckpointError
+from minirl.hashed_files import CorruptCheckpointError, atomic_write
 from minirl.inputs import (
     describe_inputs,
     load_tokenizer,
@@ -109,10 +109,23 @@ class Run:
                 raise RunStopped(self.run_dir, e) from e
 
     def _train(self, resume: bool, force: bool) -> dict:
-        cfg, rl = self.cfg, self.cfg.rl
-        ckpts, restored = open_run_dir(cfg, self.run_dir, resume, force)
+        ckpts, restored = open_run_dir(self.cfg, self.run_dir, resume, force)
+        controller, summary = self._start(restored)
+        fresh = controller.snapshot()  # where a trainer that dies before any checkpoint rewinds to
+        if restored is not None:
+            restore_run(restored, controller, self.run_dir)
+            record_config(self.cfg, self.run_dir)  # only now: the checkpoint fit
+            self.log(f"resumed {self.run_dir} at step {controller.counters.steps} "
+                     f"(version {controller.counters.version})")
+        self._start_engine(controller)
+        t0 = time.perf_counter()
+        self._loop(controller, ckpts, fresh, summary, resumed=restored is not None)
+        summary["rl_seconds"] = summary.get("rl_seconds", 0.0) + time.perf_counter() - t0
+        return self._finish(controller, summary)
 
-        base, sft_report = warm_start(cfg, self.tokenizer, self.task, self.progress, self.log)
+    def _start(self, restored) -> tuple[Controller, dict]:
+        """Warm start, the held-out evaluation before RL (once per run), the loop's parts."""
+        base, sft_report = warm_start(self.cfg, self.tokenizer, self.task, self.progress, self.log)
         summary = _read_json(self.run_dir, "summary.json") if restored is not None else {}
         engine = self.engine(0, base)
         if "before" not in summary:
@@ -120,31 +133,26 @@ class Run:
             summary["before"] = self.evaluate(engine)
             self.log(f"held-out before RL: {_fmt(summary['before'])}")
             write_json(self.run_dir, "summary.json", summary)
+        return self.build_loop(base, engine), summary  # the trainer holds `base` from here on
 
-        controller = self.build_loop(base, engine)
-        del base  # held by the trainer now; no third reference (2 GB of a 0.5B model)
-        fresh = controller.snapshot()  # where a trainer that dies before any checkpoint rewinds to
-        if restored is not None:
-            restore_run(restored, controller, self.run_dir)
-            record_config(cfg, self.run_dir)  # only now: the checkpoint fit
-            self.log(f"resumed {self.run_dir} at step {controller.counters.steps} "
-                     f"(version {controller.counters.version})")
-        self._start_engine(controller)
-
-        writer = MetricsWriter(self.run_dir)
-        trackers = Trackers.open(cfg, self.run_dir, controller.counters.steps, self.log)
-        if restored is None:
-            trackers.log({f"eval/{k}": v for k, v in summary["before"].items()}, 0)
+    def _loop(self, controller: Controller, ckpts, fresh: dict, summary: dict, resumed: bool):
+        """Train until rl.steps or rl.time_budget: step (lockstep or async), evaluate every
+        eval.every steps, record; a dead trainer (lockstep) rewinds to the last checkpoint."""
+        cfg, rl = self.cfg, self.cfg.rl
         rollouts = None
         if rl.scheduler == "async":
             from minirl.async_loop import RolloutThread
 
             rollouts = RolloutThread(controller)
-            if restored is not None:
+            if resumed:
                 rollouts.resubmit(controller.pending_on_restore)
             rollouts.start()
-        start, t0 = controller.counters.steps, time.perf_counter()
-        bar = tqdm(total=rl.steps, initial=start, desc="RL", disable=not self.progress)
+        record = StepRecorder(cfg, self.run_dir, ckpts, controller, self.log, rollouts)
+        if not resumed:
+            record.trackers.log({f"eval/{k}": v for k, v in summary["before"].items()}, 0)
+        t0 = time.perf_counter()
+        bar = tqdm(total=rl.steps, initial=controller.counters.steps, desc="RL",
+                   disable=not self.progress)  # fmt: skip
         while controller.counters.steps < rl.steps:
             try:
                 m = controller.step() if rollouts is None else controller.step_async(rollouts)
@@ -152,9 +160,7 @@ class Run:
                 if rollouts is not None or controller.trainer.alive():
                     raise
                 self._rewind(controller, ckpts, fresh, e)
-                writer.close()  # metrics.jsonl was rewritten: the next write opens the new file
-                trackers.close()  # and the trackers drop the steps about to be redone
-                trackers = Trackers.open(cfg, self.run_dir, controller.counters.steps, self.log)
+                record.reopen()  # metrics.jsonl was rewritten; trackers drop the redone steps
                 bar.n = controller.counters.steps
                 continue
             c = controller.counters
@@ -164,16 +170,10 @@ class Run:
                 # run would differ; compiled functions are shared, so nothing recompiles
                 judge = self.engine(c.version, controller.params())
                 m.update({f"eval/{k}": v for k, v in self.evaluate(judge).items()})
-            writer.write(m, step=c.steps)
-            trackers.log(m, c.steps)
-            if trackers.samples_due(c.steps):
-                rows = sample_rows(controller.last_trained, cfg.log.samples_per_step, c.version)
-                trackers.samples(rows, c.steps)
+            record.step(m)
             bar.update(1)
             bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step']:.2f}",
                             lag=f"{m['lag/mean']:.1f}")
-            if checkpoint_due(cfg, c, rollouts is not None):
-                save_checkpoint(ckpts, controller, rollouts.pending_prompts if rollouts else None)
             if rl.time_budget and time.perf_counter() - t0 > rl.time_budget:
                 self.log(f"time budget of {rl.time_budget:.0f}s reached after {c.steps} steps")
                 break
@@ -181,26 +181,27 @@ class Run:
         if rollouts is not None:
             rollouts.stop()
             rollouts.join()
-        writer.close()
-        ckpts.close()
+        self._final_evaluation(controller, summary, record)
+        record.close()
 
-        # A fresh engine for the final evaluation (the async one may still hold requests).
-        final = controller.params()
-        summary["after"] = self.evaluate(self.engine(controller.counters.version, final))
-        if not (cfg.eval.every and controller.counters.steps % cfg.eval.every == 0):
-            trackers.log({f"eval/{k}": v for k, v in summary["after"].items()},
-                         controller.counters.steps)  # fmt: skip
-        trackers.close()
-        summary["rl_seconds"] = summary.get("rl_seconds", 0.0) + time.perf_counter() - t0
+    def _final_evaluation(self, controller: Controller, summary: dict, record) -> None:
+        """Held-out after RL, on a fresh engine (the async one may still hold requests)."""
+        c, every = controller.counters, self.cfg.eval.every
+        summary["after"] = self.evaluate(self.engine(c.version, controller.params()))
+        if not (every and c.steps % every == 0):  # else the loop's evaluation has this step
+            record.trackers.log({f"eval/{k}": v for k, v in summary["after"].items()}, c.steps)
+
+    def _finish(self, controller: Controller, summary: dict) -> dict:
+        """summary.json; the final weights as a Hugging Face checkpoint with rl.export_hf."""
         summary["counters"] = to_plain(controller.counters.__dict__)
         write_json(self.run_dir, "summary.json", summary)
         self.log(f"held-out after RL:  {_fmt(summary['after'])}")
-        if rl.export_hf:
+        if self.cfg.rl.export_hf:
             from minirl.export import export_params
 
             source = {"run_dir": str(self.run_dir.resolve()), "step": controller.counters.steps}
-            out = export_params(final, cfg, self.tokenizer, self.run_dir / "hf",
-                                force=True, source=source)
+            out = export_params(controller.params(), self.cfg, self.tokenizer,
+                                self.run_dir / "hf", force=True, source=source)  # fmt: skip
             self.log(f"exported the final weights as a Hugging Face checkpoint: {out}")
         return summary
 
@@ -395,11 +396,47 @@ def save_checkpoint(ckpts: CheckpointManager, controller: Controller, in_flight=
     }))
 
 
+class StepRecorder:
+    """What each step of a run leaves behind, for `minirl train` and the multi-host controller
+    loop (scale/roles.py) alike: its metrics.jsonl line, the trackers' points and samples
+    (minirl/tracking.py), and a checkpoint when one is due. `rollouts`: the async scheduler's
+    rollout thread (its in-flight prompts go into each checkpoint); `trainer_side`: the trainer
+    writes its own checkpoints (`save_checkpoint`)."""
+
+    def __init__(self, cfg: RunConfig, run_dir, ckpts: CheckpointManager, controller: Controller,
+                 log=print, rollouts=None, trainer_side: bool = False):  # fmt: skip
+        self.cfg, self.run_dir, self.ckpts, self.controller = cfg, Path(run_dir), ckpts, controller
+        self.log, self.rollouts, self.trainer_side = log, rollouts, trainer_side
+        self.writer = MetricsWriter(run_dir)
+        self.trackers = Trackers.open(cfg, run_dir, controller.counters.steps, log)
+
+    def step(self, metrics: dict) -> None:
+        c, log_cfg = self.controller.counters, self.cfg.log
+        self.writer.write(metrics, step=c.steps)
+        self.trackers.log(metrics, c.steps)
+        if self.trackers.samples_due(c.steps):
+            rows = sample_rows(self.controller.last_trained, log_cfg.samples_per_step, c.version)
+            self.trackers.samples(rows, c.steps)
+        if checkpoint_due(self.cfg, c, self.rollouts is not None):
+            in_flight = self.rollouts.pending_prompts if self.rollouts is not None else None
+            save_checkpoint(self.ckpts, self.controller, in_flight, self.trainer_side)
+
+    def reopen(self) -> None:
+        """After a rewind: metrics.jsonl was cut back, the trackers must drop the redone steps."""
+        self.writer.close()
+        self.trackers.close()
+        self.trackers = Trackers.open(self.cfg, self.run_dir, self.controller.counters.steps,
+                                      self.log)  # fmt: skip
+
+    def close(self) -> None:
+        self.writer.close()
+        self.ckpts.close()
+        self.trackers.close()
+
+
 def write_json(run_dir, name: str, data) -> None:
-    """Atomically (write, then rename) `run_dir/name`."""
-    tmp = Path(run_dir) / (name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=float))
-    tmp.replace(Path(run_dir) / name)
+    """`run_dir/name` as indented JSON, atomically (hashed_files.atomic_write)."""
+    atomic_write(Path(run_dir) / name, json.dumps(data, indent=2, default=float).encode())
 
 
 def _read_json(run_dir, name: str) -> dict:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from minirl.configlib import ConfigError, read_json_object, to_dict
+from minirl.hashed_files import atomic_write
 from minirl.metrics_log import MetricsWriter, flatten_metrics
 
 SAMPLES_FILE = "samples.jsonl"
@@ -126,7 +127,7 @@ class _WandB:
         url = self.run.get_url() if mode == "online" else None
         link = {"id": run_id, "project": cfg.log.wandb, "mode": mode, "url": url,
                 "dir": str(Path(self.run.dir).parent)}  # fmt: skip
-        (run_dir / WANDB_FILE).write_text(json.dumps(link, indent=2))
+        atomic_write(run_dir / WANDB_FILE, json.dumps(link, indent=2).encode())
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log({k: v for k, v in metrics.items() if v is not None}, step=step)

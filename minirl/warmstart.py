@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from minirl import serialization
 from minirl.batching import make_batch
 from minirl.configlib import config_hash
+from minirl.hashed_files import atomic_write
 from minirl.inputs import initial_params
 from minirl.model import ModelConfig
 from minirl.trainer import Trainer, TrainerConfig
@@ -100,9 +101,6 @@ def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[
               "final_loss": float(np.mean(losses[-10:]))}
     if sft.cache:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            serialization.write_tree(f, params)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: serialization.write_tree(f, params))
     log(f"warm start: {sft.steps} SFT steps in {report['seconds']:.0f}s, loss {report['final_loss']:.3f}")
     return params, report

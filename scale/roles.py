@@ -254,8 +254,6 @@ def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
     from minirl.controller import Controller
     from minirl.data.mixture import Mixture
     from minirl.inputs import train_prompts
-    from minirl.metrics_log import MetricsWriter
-    from minirl.tracking import Trackers, sample_rows
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     ckpts, restored = runner.open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
@@ -275,27 +273,17 @@ def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
     store.put(first.version, first)
     engine.call("load_weights", first.version, first).result()
     c.engine_version = first.version
-    writer = MetricsWriter(args.run_dir)
-    trackers = Trackers.open(cfg, args.run_dir, c.steps)
+    record = runner.StepRecorder(cfg, args.run_dir, ckpts, controller, trainer_side=trainer_side)
     t0 = time.perf_counter()
     while c.steps < cfg.rl.steps:
         m = controller.step()
-        writer.write(m, step=c.steps)
-        trackers.log(m, c.steps)
-        if trackers.samples_due(c.steps):
-            trackers.samples(sample_rows(controller.last_trained, cfg.log.samples_per_step,
-                                         c.version), c.steps)  # fmt: skip
+        record.step(m)  # metrics.jsonl, trackers, samples, a checkpoint when due
         print(f"step {c.steps} version {c.version} reward {m['reward/mean']:.3f} "
               f"step_s {m['time/step']:.2f}", flush=True)  # fmt: skip
-        if runner.checkpoint_due(cfg, c):
-            runner.save_checkpoint(ckpts, controller, trainer_side=trainer_side)
-    writer.close()
-    trackers.close()
-    ckpts.close()
+    record.close()
     scored = getattr(getattr(verifier, "obj", None), "stats", {})  # a RemoteVerifier's counts
     summary = {"steps": c.steps, "version": c.version, "seconds": time.perf_counter() - t0,
                "weights": store.versions(), "verifier": scored}  # fmt: skip
-    with open(os.path.join(args.run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    runner.write_json(args.run_dir, "summary.json", summary)
     print(f"done: {json.dumps(summary)}", flush=True)
     return summary

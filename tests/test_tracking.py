@@ -201,7 +201,8 @@ def test_sigkill_and_resume_leave_one_point_per_step(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = run_dir / "metrics.jsonl"
-    while proc.poll() is None and not (metrics.exists() and len(_lines(metrics)) >= 6):
+    # 7 lines: step 6's points are in the event file (step 7's line is written after them)
+    while proc.poll() is None and not (metrics.exists() and metrics.read_text().count("\n") >= 7):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

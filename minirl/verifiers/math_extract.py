@@ -27,9 +27,10 @@ U+2212, en and figure dashes -> `-`; non-breaking, thin and other Unicode spaces
 (`x²` stays unparsed rather than becoming `x2`).
 
 Work is linear in the input, whatever its length (the text and the answer are model-written,
-the reference is dataset-written; none is trusted to be short): braces are matched in one pass for the whole text (`brace_pairs`), the
-last occurrence is found by scanning matches from the end, and no regex can backtrack over a
-long run (the phrase's end is found with a plain search, not a lazy `.+?` before `\\s*$`).
+the reference is dataset-written; none is trusted to be short): braces are matched in one pass
+over the whole text (`brace_pairs`), the last occurrence is found by scanning matches from the
+end, and no regex can backtrack over a long run (the phrase's end is found with a plain
+search, not a lazy `.+?` before `\\s*$`).
 
 Simplified on purpose: unspaced units (`5cm`) are not stripped (they read as a product of
 symbols); `%` is dropped, so "50%" equals "50", not "0.5"; a mixed number `2\\frac{1}{2}` reads

@@ -41,9 +41,11 @@ from minirl.verifiers.math_extract import EXTRACT_ORDER, extract_answer
 @dataclasses.dataclass(frozen=True)
 class MathVerifierConfig:
     extract: str | tuple[str, ...] = "auto"  # "auto" = EXTRACT_ORDER, or method name(s)
-    rel_tol: float = 1e-6  # tolerance when either value is inexact (decimals, sqrt, pi)
+    # relative tolerance, only where exactness is impossible: an inexact value (sqrt, pi, sin)
+    # or a decimal rounding a fraction like 1/3. Exact values compare exactly (docs/verifiers.md)
+    rel_tol: float = 1e-6
     use_sympy: bool = True  # symbolic check for answers with variables, if sympy is installed
-    sympy_timeout_s: float = 1.0
+    sympy_timeout_s: float = 1.0  # sympy's time budget for one answer (tuples included)
     backend: str = "builtin"  # "builtin" | "math_verify" (the math-verify library; see above)
     format_reward: float = 0.0  # reward of a wrong answer that was found in the expected form
     math_verify_timeout_s: int = 2  # math-verify's own parse and verify timeouts (main thread)

@@ -27,8 +27,9 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from typing import Any
+
+from minirl.hashed_files import atomic_write
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -83,16 +84,7 @@ class TestRepository:
         if os.path.exists(path):
             return sha
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(raw)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, raw)
         return sha
 
     def has(self, sha: str) -> bool:

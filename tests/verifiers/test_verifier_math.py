@@ -1,5 +1,6 @@
 """Math verifier: answer extraction, normalisation and the equivalence table."""
 
+import importlib
 import os
 import time
 
@@ -14,7 +15,9 @@ from minirl.verifiers import (
     normalize_answer,
 )
 from minirl.verifiers.math_equal import _import_sympy, sympy_equal
-from minirl.verifiers.math_parse import parse_expression
+from minirl.verifiers.math_extract import brace_pairs, match_brace
+from minirl.verifiers.math_parse import Unsupported, parse_expression
+from minirl.verifiers.math_verifier import score_math
 
 # (candidate, reference, equivalent?) — each row was checked by hand.
 EQUIVALENCE_TABLE = [
@@ -138,12 +141,78 @@ def test_tolerance_is_configurable():
     assert not math_equal("3", "4", rel_tol=0.2)  # exact integers never use the tolerance
 
 
+# Each pair was once graded equal: a float overflowed, underflowed or cancelled, an exact power
+# too large to compute was approximated, or a tolerance was applied to a value written exactly.
+LOST_EXACTNESS = [
+    ("x^{3000}", "2x^{3000}"),  # the probe's float points: x^3000 is ~1e-194, 0 or inf
+    ("x^{3000}", "-x^{3000}"),
+    ("x^{10000}", "x^{10001}"),
+    ("1000001.0", "1000000"),  # a decimal point used to switch the tolerance on
+    ("1.0000001", "1"),
+    ("0.3333334", "0.3333333"),
+    ("e^{-1000}", "0"),  # underflow
+    ("10^{-400}\\pi", "0"),
+    ("\\sin(10^{-400})", "0"),
+    ("\\frac{1}{\\pi^{400}\\pi^{400}}", "0"),  # overflow to inf, then 1/inf = 0
+    ("(\\pi+10^{20})-10^{20}", "0"),  # cancellation
+    ("(1+10^{-9})^{10^9}", "e"),  # (1 + 1/n)^n is not e
+]
+
+
+@pytest.mark.parametrize("use_sympy", [True, False])
+@pytest.mark.parametrize("candidate,reference", LOST_EXACTNESS)
+def test_values_lost_in_floating_point_are_never_equal(candidate, reference, use_sympy):
+    assert math_equal(candidate, reference, use_sympy=use_sympy) is False
+    assert math_equal(reference, candidate, use_sympy=use_sympy) is False
+
+
+@pytest.mark.parametrize("use_sympy", [True, False])
+@pytest.mark.parametrize(
+    "candidate,reference",
+    [
+        ("x^{3000}", "x^{3000}"),
+        ("1000000.0", "1000000"),
+        ("0.5", "1/2"),
+        ("2/3", "0.6666667"),  # a decimal can only round 2/3: rel_tol applies
+        ("x^{400}", "x^{399}x"),  # exact at the probe's rational points
+        ("\\ln(1)", "0"),
+        ("1^{10^{400}}", "1"),
+    ],
+)
+def test_exact_values_that_are_equal_stay_equal(candidate, reference, use_sympy):
+    assert math_equal(candidate, reference, use_sympy=use_sympy) is True
+    assert math_equal(reference, candidate, use_sympy=use_sympy) is True
+
+
+def test_a_decimal_rounds_only_a_fraction_without_a_finite_decimal():
+    assert math_equal("0.33", "1/3", rel_tol=0.1)  # 1/3 has no finite decimal: 0.33 rounds it
+    assert not math_equal("0.13", "1/8", rel_tol=0.1)  # 1/8 is exactly 0.125
+    assert math_equal("0.125", "1/8", rel_tol=0)
+
+
 def test_sympy_timebox_returns_none_quickly():
     _import_sympy()  # the import is not part of the timebox
     ta, tb = parse_expression("(x+1)^{12}"), parse_expression("(x-1)^{12}+x")
     start = time.monotonic()
     assert sympy_equal(ta, tb, timeout_s=1e-4) is None
     assert time.monotonic() - start < 2.0  # a guard against hangs, not a speed test
+
+
+def test_sympy_timeout_is_the_budget_of_the_whole_answer(monkeypatch):
+    """A tuple of symbolic elements shares one sympy budget instead of one per element."""
+    budgets = []
+
+    def slow_sympy(ta, tb, timeout_s):
+        budgets.append(timeout_s)
+        time.sleep(timeout_s)
+        return None
+
+    module = importlib.import_module("minirl.verifiers.math_equal")  # not the function
+    monkeypatch.setattr(module, "sympy_equal", slow_sympy)
+    candidate = "(" + ",".join(f"x+{k}" for k in range(5)) + ")"
+    reference = "(" + ",".join(f"{k}+x" for k in range(5)) + ")"
+    assert math_equal(candidate, reference, sympy_timeout_s=0.3) is True  # the probe decides
+    assert 0 < sum(budgets) <= 0.3
 
 
 HOSTILE_ANSWERS = [
@@ -176,6 +245,51 @@ def test_hostile_answers_are_just_wrong(answer):
     assert math_equal(answer, answer) is True  # identical strings are equal, nothing evaluated
     assert time.monotonic() - start < 5.0  # a guard against hangs, not a speed test
     assert not os.path.exists("/tmp/minirl-pwned")
+
+
+# Verdicts must come in bounded time, in-process: nothing may build 10^99999999 or scan a long
+# text once per brace. The bound is generous (each takes milliseconds); it catches hangs.
+HUGE_NUMBERS = ["1e99999999", "1e-99999999", "1e9999999", "9^9^9^9", "9^{9^{9^{9}}}",
+                "10^{10^{10}}", "2**99999999", "x^{10^{10}}", "(10^{1000})^{1000}",
+                "x+((10^{1000})^{1000})^{1000}"]  # fmt: skip
+
+
+@pytest.mark.parametrize("answer", HUGE_NUMBERS)
+def test_huge_numbers_get_a_verdict_at_once(answer):
+    _import_sympy()  # the one-time import is not part of a verdict
+    for candidate, reference, expected in [(answer, "5", False), ("5", answer, False),
+                                           (answer, answer, True)]:  # fmt: skip
+        start = time.monotonic()
+        assert math_equal(candidate, reference) is expected
+        assert time.monotonic() - start < 1.0
+
+
+LONG_TEXTS = {
+    "unclosed boxes": "\\boxed{" * 15_000,
+    "nested text": "\\text{" * 15_000 + "1" + "}" * 15_000,
+    "unclosed text": "\\text{" * 15_000 + "1",
+    "phrase then spaces": "the answer is 1" + " " * 100_000 + "x",
+    "bare boxes": "\\boxed" * 15_000,
+    "boxed tokens": "\\boxed 1" * 12_000,
+    "repeated phrase": "the answer is " * 7_000,
+    "hashes": "####\n" * 20_000,
+}
+
+
+@pytest.mark.parametrize("name", LONG_TEXTS)
+def test_long_texts_get_a_verdict_at_once(name, make_rollout):
+    text = LONG_TEXTS[name]
+    verifier = MathVerifier(MathVerifierConfig(max_chars=len(text)))
+    for call in [
+        lambda: extract_answer(text),
+        lambda: normalize_answer(text),
+        lambda: math_equal(text, "1"),
+        lambda: math_equal("1", text),  # the reference is normalised too
+        lambda: verifier.score([make_rollout(text, {"answer": text})]),
+    ]:
+        start = time.monotonic()
+        call()
+        assert time.monotonic() - start < 1.0
 
 
 @pytest.mark.parametrize(
@@ -211,6 +325,19 @@ def test_extract_answer_rejects_unknown_mode():
         extract_answer("1", "magic")
 
 
+def test_brace_pairs_agrees_with_match_brace():
+    """The one-pass matcher against the scan it replaces, on every `{` of random strings."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        s = "".join(rng.choice("{}{}a") for _ in range(rng.randrange(12)))
+        pairs = brace_pairs(s)
+        for i, ch in enumerate(s):
+            if ch == "{":
+                assert pairs.get(i, -1) == match_brace(s, i), (s, i)
+
+
 @pytest.mark.parametrize(
     "raw,normal",
     [
@@ -228,6 +355,36 @@ def test_extract_answer_rejects_unknown_mode():
 )
 def test_normalize_answer(raw, normal):
     assert normalize_answer(raw) == normal
+
+
+@pytest.mark.parametrize(
+    "candidate,reference,expected",
+    [
+        ("\u22123", "-3", True),  # U+2212 minus sign
+        ("\u20133", "-3", True),  # en dash used as a minus
+        ("\u22123", "3", False),
+        ("1\u202f000", "1000", True),  # narrow no-break space as thousands separator
+        ("1\u00a0000", "1000", True),
+        ("x\u200b+1", "x+1", True),  # zero-width space
+        ("2×3", "6", True),
+        ("2 · 3", "6", True),
+        ("6÷2", "3", True),
+        ("\uff11\uff12", "12", True),  # full-width digits
+        ("2π", "2\\pi", True),
+        ("√2", "\\sqrt{2}", True),
+        ("x²", "x2", False),  # superscripts are not mapped to digits
+    ],
+)
+def test_unicode_a_model_types(candidate, reference, expected):
+    assert math_equal(candidate, reference) is expected
+    assert math_equal(reference, candidate) is expected
+
+
+def test_a_unicode_minus_is_kept_in_the_last_number():
+    config = MathVerifierConfig()
+    assert extract_answer("so x = \u22123") == "\u22123"
+    assert score_math("so x = \u22123", {"answer": "3"}, config).reward == 0.0
+    assert score_math("so x = \u22123", {"answer": "-3"}, config).reward == 1.0
 
 
 def test_math_verifier_scores_a_batch(make_rollout):
@@ -283,6 +440,25 @@ def test_decimals_are_exact_and_functions_are_floats():
     assert evaluate(*parse_expression("\\sqrt{\\frac{9}{4}}")) == Fraction(3, 2)  # perfect squares
     assert isinstance(evaluate(*parse_expression("\\sqrt{2}")), float)
     assert evaluate(*parse_expression("2x^2"), {"x": Fraction(1, 2)}) == Fraction(1, 2)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "1e99999999",
+        "9^{9^{9}}",
+        "(2/3)^{100000}",
+        "e^{-1000}",
+        "10^{-400}\\pi",
+        "(\\pi+10^{20})-10^{20}",
+        "(10^{200})^{2}\\pi",
+    ],
+)
+def test_evaluate_refuses_values_too_large_or_lost_in_floating_point(answer):
+    from minirl.verifiers.math_parse import evaluate
+
+    with pytest.raises(Unsupported):
+        evaluate(*parse_expression(answer))
 
 
 # ------------------------------------------------------------------------ backends and shaping
