@@ -1,0 +1,103 @@
+"""No inert setting: every key `minirl config` lists is read by the part it configures.
+
+A knob that changes nothing is a bug (it changes the config hash, so it even blocks a resume).
+Every config class's attribute reads are recorded while a few short runs exercise the paths the
+knobs steer (lockstep and async, paged cache, cosine schedule, staleness bounds, trackers, a
+dataset file and a Hugging Face model directory). Reads that only copy, compare, hash, print or
+validate a config do not count: those by `dataclasses`, `minirl.configlib`, and a config's own
+generated or validating methods (`__init__`, `__post_init__`, `__eq__`, `__hash__` ...). A key nobody reads is inert. The few keys whose effect is
+outside a training process (where files go) are listed with what they do and checked apart.
+"""
+
+import dataclasses
+import json
+import sys
+
+import pytest
+from hf_tiny import make_model_dir
+
+from minirl import config as C
+from minirl.configlib import describe
+from minirl.engine import EngineConfig
+from minirl.model import ModelConfig
+from minirl.runner import Run
+from minirl.trainer import TrainerConfig
+
+pytestmark = pytest.mark.reference  # the Hugging Face model directory is made with transformers
+
+CLASSES = {"task": C.TaskSpec, "data": C.DataConfig, "model": ModelConfig, "engine": EngineConfig,
+           "trainer": TrainerConfig, "rl": C.RLConfig, "sft": C.SFTConfig, "eval": C.EvalConfig,
+           "log": C.LogConfig}  # fmt: skip
+NOT_READS = {"__post_init__", "__eq__", "__hash__", "__repr__", "__init__", "__setattr__",
+             "__delattr__", "__getstate__", "__reduce__", "__copy__", "__deepcopy__"}  # fmt: skip
+NOT_READERS = ("dataclasses", "copy", "pickle", "minirl.configlib", "inspect", "reprlib")
+
+# Keys with no effect inside the training process, and where their effect is checked.
+ELSEWHERE: dict[str, str] = {}  # none today
+
+SHORT = ["rl.steps=2", "rl.prompts_per_step=4", "rl.group_size=2", "eval.prompts=4",
+         "eval.samples=2", "sft.steps=2", "sft.batch_size=4", "sft.cache=false"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reads():
+    seen: set[tuple[str, str]] = set()
+    section = {cls: name for name, cls in CLASSES.items()}
+    originals = {cls: cls.__getattribute__ for cls in CLASSES.values()}
+
+    def tracer(cls):
+        fields = {f.name for f in dataclasses.fields(cls)}
+
+        def __getattribute__(self, name):  # noqa: N807
+            if name in fields:
+                frame = sys._getframe(1)
+                module = frame.f_globals.get("__name__", "")
+                own = frame.f_code.co_name in NOT_READS and frame.f_locals.get("self") is self
+                if not own and not module.startswith(NOT_READERS):
+                    seen.add((section[cls], name))
+            return originals[cls](self, name)
+
+        return __getattribute__
+
+    for cls in CLASSES.values():
+        cls.__getattribute__ = tracer(cls)
+    yield seen
+    for cls, original in originals.items():
+        cls.__getattribute__ = original
+
+
+def _train(run_dir, preset, sets):
+    Run(C.make_config(preset, [*SHORT, *sets]), run_dir, progress=False, log=lambda *a: None).train()
+
+
+def test_every_setting_is_read_by_the_part_it_configures(reads, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    _train(tmp_path / "lockstep", "fixture", ["eval.every=1", "rl.checkpoint_every=1",
+                                              "rl.time_budget=1000", "rl.export_hf=true"])  # fmt: skip
+    _train(tmp_path / "async", "fixture", [
+        "rl.scheduler=async", "rl.eta=1", "rl.max_lag=2", "rl.reload_every=2",
+        "rl.reload_policy=continue", "rl.batch_order=oldest", "rl.dynamic_filter=true",
+        "engine.paged=true", "engine.block_size=8", "engine.num_blocks=40",
+        "engine.temperature=0.9", "engine.top_k=20", "engine.top_p=0.95", "engine.exact=true",
+        "engine.stop_sequences=((3, 4),)", "engine.eos_ids=(2,)", "engine.dtype=float32",
+        "trainer.schedule=cosine", "trainer.warmup_steps=1", "trainer.total_steps=10",
+        "trainer.min_lr_ratio=0.2", "trainer.weight_decay=0.01", "trainer.ppo_epochs=2",
+        "trainer.num_minibatches=2", "trainer.remat=dots", "rl.loss=decoupled_ppo",
+        "log.tensorboard=true", "log.wandb=minirl-test", "log.samples_every=1",
+        "rl.keep_checkpoints=1", "rl.checkpoint_every=1",
+    ])  # fmt: skip
+    model = make_model_dir(tmp_path / "model", arch="qwen3")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"q": f"{i} + 1?", "a": f"#### {i + 1}"}) + "\n"
+                            for i in range(40)))  # fmt: skip
+    _train(tmp_path / "file", "custom", [
+        f"model.path={model}", f"data.train={data}", "task.name=file", "data.prompt_key=q",
+        "data.answer_key=a", "data.test_fraction=0.2", "data.system_prompt=Be brief.",
+        "data.instruction= Answer with ####.", "data.max_new_tokens=8", "data.format_reward=0.1",
+        "engine.slots=8", "engine.cache_len=128", "engine.prefill_buckets=(96,)",
+        "model.dtype=float32",
+    ])  # fmt: skip
+    keys = [key for key, _, _ in describe(C.RunConfig)]
+    unread = [k for k in keys if tuple(k.split(".", 1)) not in reads and k not in ELSEWHERE]
+    assert unread == [], f"settings no part of a run reads (inert): {unread}"
+    assert set(ELSEWHERE) <= set(keys)  # the list names real keys only
