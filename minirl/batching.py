@@ -43,12 +43,8 @@ def bucket_length(n: int, minimum: int = 32) -> int:
     return -(-n // step) * step
 
 
-def make_batch(rollouts: Sequence[Rollout], pad_id: int, bucket_minimum: int = 32) -> Batch:
-    """Pack scored rollouts into a right-padded `Batch` (see the module docstring for the layout).
-
-    Every rollout must carry a finite `score.reward`; group ids are 0, 1, ... in order of prompt
-    uid. Raises ValueError on inconsistent input (it is the controller's data, not model output).
-    """
+def _check_rollouts(rollouts: Sequence[Rollout]) -> None:
+    """ValueError unless every rollout is scored (finitely) and self-consistent."""
     if not rollouts:
         raise ValueError("make_batch needs at least one rollout")
     for i, r in enumerate(rollouts):
@@ -69,11 +65,18 @@ def make_batch(rollouts: Sequence[Rollout], pad_id: int, bucket_minimum: int = 3
         if len(r.prompt.tokens) == 0:
             raise ValueError(f"rollout {i}: the prompt has no tokens (it should at least hold BOS)")
 
+
+def make_batch(rollouts: Sequence[Rollout], pad_id: int, bucket_minimum: int = 32) -> Batch:
+    """Pack scored rollouts into a right-padded `Batch` (see the module docstring for the layout).
+
+    Every rollout must carry a finite `score.reward`; group ids are 0, 1, ... in order of prompt
+    uid. Raises ValueError on inconsistent input (it is the controller's data, not model output).
+    """
+    _check_rollouts(rollouts)
     order = sorted(
         range(len(rollouts)), key=lambda i: (rollouts[i].prompt.uid, rollouts[i].sample_index)
     )
     rows = [rollouts[i] for i in order]
-    seen = set()
     for a, b in zip(rows, rows[1:], strict=False):
         if (a.prompt.uid, a.sample_index) == (b.prompt.uid, b.sample_index):
             raise ValueError(
@@ -92,7 +95,7 @@ def make_batch(rollouts: Sequence[Rollout], pad_id: int, bucket_minimum: int = 3
     group_ids = np.zeros((b_rows,), np.int32)  # [B]
     prompt_uids = np.zeros((b_rows,), np.int64)  # [B]
 
-    group = -1
+    group, seen = -1, set()
     for i, r in enumerate(rows):
         seq = np.concatenate(
             [np.asarray(r.prompt.tokens, np.int32), np.asarray(r.tokens, np.int32)]

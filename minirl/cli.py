@@ -161,30 +161,8 @@ def cmd_config(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="minirl", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("train", help="warm start (cached), evaluate, RL, evaluate; writes a run directory",
-                       description="Train with RL. Without arguments: the built-in countdown default, "
-                                   "about 5 minutes on a 2-core CPU. `minirl config` lists every knob.")
-    add_config_arguments(p)
-    p.add_argument("--run-dir", help="where to write the run (default: runs/<task>)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
-    p.add_argument("--force", action="store_true", help="continue a run even if its config changed")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(fn=cmd_train)
-
-    p = sub.add_parser("sft", help="run (or load from cache) the supervised warm start and evaluate it")
-    add_config_arguments(p)
-    p.add_argument("--quiet", action="store_true")
-    p.set_defaults(fn=cmd_sft)
-
-    p = sub.add_parser("eval", help="held-out pass@1 / pass@k of a run's latest checkpoint")
-    p.add_argument("run_dir")
-    p.set_defaults(fn=cmd_eval)
-
+def _add_output_commands(sub) -> None:
+    """The commands that read a finished (or running) run directory: export, plot, samples."""
     p = sub.add_parser("export", help="write a run's weights as a Hugging Face checkpoint directory",
                        description="Write a checkpoint of RUN_DIR as a Hugging Face directory "
                                    "(config.json, model.safetensors, generation_config.json, tokenizer "
@@ -217,6 +195,33 @@ def build_parser() -> argparse.ArgumentParser:
     order.add_argument("--best", action="store_true", help="highest reward first")
     p.add_argument("-n", type=int, default=8, help="at most this many (default 8)")
     p.set_defaults(fn=cmd_samples)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minirl", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="warm start (cached), evaluate, RL, evaluate; writes a run directory",
+                       description="Train with RL. Without arguments: the built-in countdown default, "
+                                   "about 5 minutes on a 2-core CPU. `minirl config` lists every knob.")
+    add_config_arguments(p)
+    p.add_argument("--run-dir", help="where to write the run (default: runs/<task>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--force", action="store_true", help="continue a run even if its config changed")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("sft", help="run (or load from cache) the supervised warm start and evaluate it")
+    add_config_arguments(p)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(fn=cmd_sft)
+
+    p = sub.add_parser("eval", help="held-out pass@1 / pass@k of a run's latest checkpoint")
+    p.add_argument("run_dir")
+    p.set_defaults(fn=cmd_eval)
+
+    _add_output_commands(sub)
 
     from minirl.mismatch import add_diagnose_parser
 

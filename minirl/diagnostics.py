@@ -304,17 +304,19 @@ def group_baselines(
     out = {"group_ids": groups, "size": size, "b_plain": b_plain, "b_snis": b_snis}
     out["gap"] = np.abs(b_plain - b_snis)
     if lag is not None:
-        lag = _f64(lag)
-        if lag.shape == lr.shape:  # per token: mean over the group's counted tokens
-            tok = np.where(valid, lag, 0.0)[rows]
-            num = np.bincount(inv, tok.sum(axis=1), groups.size)
-            den = np.bincount(inv, valid[rows].sum(axis=1), groups.size)
-            out["mean_lag"] = np.where(den > 0, num / np.maximum(den, 1), 0.0)
-        elif lag.shape == lr.shape[:1]:  # per row
-            out["mean_lag"] = np.bincount(inv, lag[rows], groups.size) / size
-        else:
-            raise ValueError(f"lag must be [B] or [B, T] = {lr.shape}, got {lag.shape}")
+        out["mean_lag"] = _group_mean_lag(_f64(lag), valid, rows, inv, size)
     return out
+
+
+def _group_mean_lag(lag, valid, rows, inv, size) -> np.ndarray:
+    """Per group: the mean of `lag` over its rows ([B]) or over its counted tokens ([B, T])."""
+    if lag.shape == valid.shape:  # per token
+        num = np.bincount(inv, np.where(valid, lag, 0.0)[rows].sum(axis=1), size.size)
+        den = np.bincount(inv, valid[rows].sum(axis=1), size.size)
+        return np.where(den > 0, num / np.maximum(den, 1), 0.0)
+    if lag.shape == valid.shape[:1]:  # per row
+        return np.bincount(inv, lag[rows], size.size) / size
+    raise ValueError(f"lag must be [B] or [B, T] = {valid.shape}, got {lag.shape}")
 
 
 def snis_baseline_proxy(

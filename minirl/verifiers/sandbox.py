@@ -185,18 +185,26 @@ def _sandbox_env(mode: str, box: str) -> dict[str, str]:
     }
 
 
-def _communicate(proc: subprocess.Popen, stdin: bytes, limits: Limits, deadline: float):
-    """Feed stdin, read stdout/stderr with caps, stop at exit, deadline or output overflow.
-    Returns (stdout, stderr, wall_timeout, output_exceeded). Does not reap the child."""
-    out, err = bytearray(), bytearray()
-    wall_timeout = output_exceeded = exited = False
+def _feed(fd: int, pending: memoryview) -> memoryview:
+    """Write what the pipe takes now; returns what is left (nothing if the program closed its
+    input: it stopped reading, which is fine)."""
+    try:
+        return pending[os.write(fd, pending[: 1 << 16]) :]
+    except BlockingIOError:
+        return pending
+    except BrokenPipeError:
+        return pending[:0]
+
+
+def _selector(proc: subprocess.Popen, streams, feeding: bool):
+    """A selector on the program's output pipes (non-blocking), its stdin when there is input
+    to feed (else stdin is closed now), and its pidfd where the kernel has them (exit
+    notification without polling). Returns (selector, pidfd or None)."""
     sel = selectors.DefaultSelector()
-    streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
     for fd in streams:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
-    pending = memoryview(stdin)
-    if pending:
+    if feeding:
         os.set_blocking(proc.stdin.fileno(), False)
         sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
     else:
@@ -204,6 +212,17 @@ def _communicate(proc: subprocess.Popen, stdin: bytes, limits: Limits, deadline:
     pidfd = os.pidfd_open(proc.pid) if hasattr(os, "pidfd_open") else None
     if pidfd is not None:
         sel.register(pidfd, selectors.EVENT_READ)
+    return sel, pidfd
+
+
+def _communicate(proc: subprocess.Popen, stdin: bytes, limits: Limits, deadline: float):
+    """Feed stdin, read stdout/stderr with caps, stop at exit, deadline or output overflow.
+    Returns (stdout, stderr, wall_timeout, output_exceeded). Does not reap the child."""
+    out, err = bytearray(), bytearray()
+    wall_timeout = output_exceeded = exited = False
+    streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    pending = memoryview(stdin)
+    sel, pidfd = _selector(proc, streams, bool(pending))
 
     def read(fd: int) -> int:  # bytes read; 0 at EOF, -1 if nothing there right now
         try:
@@ -228,12 +247,7 @@ def _communicate(proc: subprocess.Popen, stdin: bytes, limits: Limits, deadline:
                     if read(fd) == 0:
                         sel.unregister(fd)
                 else:  # stdin
-                    try:
-                        pending = pending[os.write(fd, pending[: 1 << 16]) :]
-                    except BlockingIOError:
-                        pass
-                    except BrokenPipeError:  # the program stopped reading: fine
-                        pending = pending[:0]
+                    pending = _feed(fd, pending)
                     if not pending:
                         sel.unregister(fd)
                         proc.stdin.close()
@@ -293,6 +307,20 @@ def remove_tree(path: str) -> None:
         warnings.warn(f"minirl sandbox: could not remove {path}", RuntimeWarning, stacklevel=2)
 
 
+def _rlimits(limits: Limits) -> tuple[tuple[int, int, int], ...]:
+    """(resource, soft, hard) for a run. CPU in whole seconds (the exact limit is checked on the
+    measured usage); the hard CPU limit one second later kills what ignores SIGXCPU."""
+    cpu = max(1, math.ceil(limits.cpu_s))
+    return (
+        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        (resource.RLIMIT_AS, limits.memory_mb << 20, limits.memory_mb << 20),
+        (resource.RLIMIT_FSIZE, limits.file_mb << 20, limits.file_mb << 20),
+        (resource.RLIMIT_NPROC, limits.nproc, limits.nproc),
+        (resource.RLIMIT_NOFILE, limits.nofile, limits.nofile),
+        (resource.RLIMIT_CORE, 0, 0),
+    )
+
+
 def _run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
     uid = sandbox_uid() if os.geteuid() == 0 else None  # never run a program as root
     box = tempfile.mkdtemp(prefix="minirl-box-")
@@ -306,16 +334,7 @@ def _run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
             os.chmod(os.path.join(box, name), 0o555)
         if uid is not None:
             os.chown(box, uid, uid)
-        cpu = max(1, math.ceil(limits.cpu_s))  # whole seconds; the exact limit is checked below
-        rlimits = (
-            (resource.RLIMIT_CPU, cpu, cpu + 1),
-            (resource.RLIMIT_AS, limits.memory_mb << 20, limits.memory_mb << 20),
-            (resource.RLIMIT_FSIZE, limits.file_mb << 20, limits.file_mb << 20),
-            (resource.RLIMIT_NPROC, limits.nproc, limits.nproc),
-            (resource.RLIMIT_NOFILE, limits.nofile, limits.nofile),
-            (resource.RLIMIT_CORE, 0, 0),
-        )
-        preexec = make_preexec(mode, rlimits, config.hidden_paths, config.tmp_mb, uid)
+        preexec = make_preexec(mode, _rlimits(limits), config.hidden_paths, config.tmp_mb, uid)
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
