@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from minirl import paged_cache as P
 from minirl.model import KVCache, ModelConfig, abstract_model, token_logprobs
 from minirl.sampling import Sampling, sample_tokens, token_keys
 from minirl.trees import TreeMismatchError, match_template
@@ -43,7 +42,7 @@ class Settings(NamedTuple):
     model: ModelConfig
     sampling: Sampling
     chunk: int
-    paged: bool
+    layout: type  # minirl.cache_layout.ContiguousLayout or PagedLayout
 
 
 def _sample(s: Settings, logits, keys):
@@ -51,17 +50,6 @@ def _sample(s: Settings, logits, keys):
     tok = sample_tokens(keys, logits, s.sampling)
     logp = token_logprobs(logits[:, None], tok[:, None], s.sampling.scoring)[:, 0]
     return tok, logp
-
-
-def _write_rows(cache: KVCache, rows: KVCache, slot_ids, lengths) -> KVCache:
-    """Prefill into a contiguous cache: rows [R, T] go to slots `slot_ids` (>= B: dropped)."""
-    t = rows.k[0].shape[1]
-    put = lambda c, r: c.at[slot_ids, :t].set(r.astype(c.dtype), mode="drop")
-    return KVCache(
-        tuple(map(put, cache.k, rows.k)),
-        tuple(map(put, cache.v, rows.v)),
-        cache.lengths.at[slot_ids].set(lengths, mode="drop"),
-    )
 
 
 def prefill(graphdef, s: Settings, params, cache, tokens, lengths, slot_ids, ids, index, seed):
@@ -74,33 +62,7 @@ def prefill(graphdef, s: Settings, params, cache, tokens, lengths, slot_ids, ids
     )  # [R, T, V]
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [R, V]
     tok, logp = _sample(s, last, token_keys(seed, ids, index))
-    write = P.write_rows if s.paged else _write_rows
-    return write(cache, fresh, slot_ids, lengths), tok, logp
-
-
-def _window(cache: KVCache, width: int) -> KVCache:
-    """The first `width` positions of every slot: what a decode chunk attends over."""
-    if width == cache.size:
-        return cache
-    cut = lambda x: x[:, :width]
-    return KVCache(tuple(map(cut, cache.k)), tuple(map(cut, cache.v)), cache.lengths)
-
-
-def _write_back(cache: KVCache, view: KVCache, starts, count, steps: int) -> KVCache:
-    """Copy each slot's new positions starts[b] .. starts[b] + count[b] - 1 from a window view
-    back into the full contiguous cache."""
-    if view.size == cache.size:
-        return view
-    positions = starts[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]  # [B, N]
-    target = jnp.where(jnp.arange(steps)[None, :] < count[:, None], positions, cache.size)
-    index = jnp.minimum(positions, view.size - 1)[:, :, None, None]
-    rows = jnp.arange(positions.shape[0])[:, None]
-
-    def put(full, part):
-        new = jnp.take_along_axis(part, index, axis=1)  # [B, N, K, Dh]
-        return full.at[rows, target].set(new, mode="drop")  # out-of-range targets: dropped
-
-    return KVCache(tuple(map(put, cache.k, view.k)), tuple(map(put, cache.v, view.v)), view.lengths)
+    return s.layout.write_rows(cache, fresh, slot_ids, lengths), tok, logp
 
 
 def decode(graphdef, s: Settings, params, cache, last, index, ids, budget, seed, *, width: int):
@@ -108,7 +70,7 @@ def decode(graphdef, s: Settings, params, cache, last, index, ids, budget, seed,
     (enough for the longest active sequence). last [B] pending tokens, index [B] completion index
     of the next token, budget [B] steps each slot may take. -> tokens, log-probs [B, N]."""
     model = nnx.merge(graphdef, params)
-    view = P.gather_view(cache, width) if s.paged else _window(cache, width)
+    view = s.layout.view(cache, width)
     starts = view.lengths
 
     def one_step(i, carry):
@@ -121,8 +83,7 @@ def decode(graphdef, s: Settings, params, cache, last, index, ids, budget, seed,
     b = last.shape[0]
     init = (view, last, jnp.zeros((b, s.chunk), jnp.int32), jnp.zeros((b, s.chunk), jnp.float32))
     view, _, toks, logps = jax.lax.fori_loop(0, s.chunk, one_step, init)
-    write = P.write_back if s.paged else _write_back
-    return write(cache, view, starts, budget, s.chunk), toks, logps
+    return s.layout.write_back(cache, view, starts, budget, s.chunk), toks, logps
 
 
 @functools.lru_cache(maxsize=32)

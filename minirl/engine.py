@@ -47,12 +47,12 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from minirl import paged_cache as P
+from minirl.cache_layout import layout_of
 from minirl.decoding import Settings, compiled, prepare_params
-from minirl.model import KVCache, ModelConfig
+from minirl.model import ModelConfig
 from minirl.sampling import Sampling, request_ids
 from minirl.scheduler import Request, Scheduler, finish_reason, prefill_groups
 from minirl.types import Rollout
@@ -163,15 +163,9 @@ class Engine:
         self.config = config
         self.model_config = dataclasses.replace(model_config, dtype=dtype, param_dtype=dtype)
         c = config
-        self._static = Settings(self.model_config, c.sampling, c.decode_chunk, c.paged)
+        self._static = Settings(self.model_config, c.sampling, c.decode_chunk, layout_of(c))
         self._sched = Scheduler(config.slots)
-        self._alloc = (
-            P.BlockAllocator(
-                config.pool_blocks, config.block_size, config.slots, config.blocks_per_slot
-            )
-            if config.paged
-            else None
-        )
+        self._kv = layout_of(c)(self.model_config, c)  # where keys and values live
         self._params = None
         self._version: int | None = None
         self._cache = None  # allocated at the first step (no work in the constructor)
@@ -212,7 +206,7 @@ class Engine:
         if self._params is None:
             raise RuntimeError("no weights: call load_weights(version, params) first")
         if self._cache is None:
-            self._cache = self._empty_cache()
+            self._cache = self._kv.empty()
         self._rebuild()
         finished = self._admit()
         if self._sched.active():
@@ -226,7 +220,7 @@ class Engine:
         active = self._sched.active()
         if policy == "discard":
             for b in active:
-                self._release_blocks(b)
+                self._kv.release(b)
             self._sched.requeue(active)
             self.stats["discarded"] += len(active)
         else:
@@ -286,32 +280,15 @@ class Engine:
     def memory_stats(self) -> dict[str, int]:
         """KV-cache bytes: allocated (persistent), used now, peak used, and the per-call
         temporary (the paged cache's gathered view)."""
-        c, a = self.config, self._alloc
         per_token = P.kv_bytes_per_token(self.model_config, self.model_config.compute_dtype)
-        if c.paged:
-            tokens = (c.pool_blocks, a.num_used, a.peak_used)
-            allocated, used, peak = (n * c.block_size * per_token for n in tokens)
-            view = c.cache_len  # worst case: the widest window is gathered
-        else:
-            allocated, peak = c.slots * c.cache_len * per_token, self._peak_tokens * per_token
-            used = sum(self._sched.slots[b].cache_len for b in self._sched.active()) * per_token
-            view = max((w for w in c.windows if w < c.cache_len), default=0)  # a window copy
-        return {"allocated": allocated, "used": used, "peak_used": peak,
-                "transient": c.slots * view * per_token}  # fmt: skip
+        used = sum(self._sched.slots[b].cache_len for b in self._sched.active())
+        positions = self._kv.memory(used, self._peak_tokens)
+        return {k: n * per_token for k, n in positions.items()}
 
     # ---- the work ------------------------------------------------------------------------
 
-    def _empty_cache(self):
-        c, m = self.config, self.model_config
-        if not c.paged:
-            return KVCache.zeros(m, c.slots, c.cache_len)
-        shape = (c.slots, c.pool_blocks, c.block_size, c.blocks_per_slot)
-        return P.PagedKVCache.zeros(m, *shape, m.compute_dtype)
-
     def _device_cache(self):
-        if self.config.paged:  # the host's block table is the truth
-            return self._cache._replace(table=jnp.asarray(self._alloc.table))
-        return self._cache
+        return self._kv.for_device(self._cache)
 
     def _prefill(self, slots: list[int], rows: int, length: int, rebuild: bool):
         """Prefill `slots` (prompts, or prompt + tokens[:-1] when rebuilding) in one call."""
@@ -350,7 +327,7 @@ class Engine:
                 if not self._sched.queue:
                     break
                 first = len(self._sched.queue[0].prompt.tokens) + c.decode_chunk
-                if self._alloc is not None and not self._alloc.ensure(b, min(first, c.cache_len)):
+                if not self._kv.ensure(b, min(first, c.cache_len)):
                     break  # the pool is full: wait for sequences to finish
                 admitted.append((b, len(self._sched.admit(b).request.prompt.tokens)))
             if not admitted:
@@ -362,14 +339,14 @@ class Engine:
                     finished += self._append(b, tok[r : r + 1], logp[r : r + 1])
         return finished
 
-    def _reserve_blocks(self, budget: np.ndarray) -> None:
-        """Paged: give every active slot blocks for this chunk, preempting the youngest
-        sequences (re-queued from scratch) while the pool is short."""
+    def _reserve(self, budget: np.ndarray) -> None:
+        """Make room for this chunk in every active slot, preempting the youngest sequences
+        (re-queued from scratch) while the cache is short (only a paged pool ever is)."""
         for b in sorted(self._sched.active(), key=lambda b: self._sched.slots[b].order):
             seq = self._sched.slots[b]
-            while seq is not None and not self._alloc.ensure(b, seq.cache_len + int(budget[b])):
+            while seq is not None and not self._kv.ensure(b, seq.cache_len + int(budget[b])):
                 victim = self._sched.youngest()
-                self._release_blocks(victim)
+                self._kv.release(victim)
                 self._sched.requeue([victim])
                 budget[victim] = 0
                 self.stats["preempted"] += 1
@@ -380,8 +357,7 @@ class Engine:
         budget = np.zeros(c.slots, np.int32)
         for b in self._sched.active():
             budget[b] = min(c.decode_chunk, slots[b].remaining)
-        if self._alloc is not None:
-            self._reserve_blocks(budget)
+        self._reserve(budget)
         active = self._sched.active()
         last, index = np.zeros(c.slots, np.int32), np.zeros(c.slots, np.int32)
         ids = np.zeros((c.slots, 3), np.uint32)
@@ -411,12 +387,10 @@ class Engine:
             self.stats["tokens"] += 1
             reason = finish_reason(seq, self.config.eos_ids, self.config.stop_sequences)
             if reason is not None:
-                self._release_blocks(b)
+                self._kv.release(b)
                 self._sched.release(b)
                 self.stats["finished"] += 1
                 return [seq.to_rollout(reason)]
         return []
 
-    def _release_blocks(self, b: int) -> None:
-        if self._alloc is not None:
-            self._alloc.release(b)
+
