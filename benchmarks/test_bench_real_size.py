@@ -179,7 +179,7 @@ def _rl_run_peak_rss(checkpoint: Path, remat: str) -> int:
     sets = ["rl.steps=2", "rl.prompts_per_step=2", "rl.group_size=4", "eval.prompts=2",
             "eval.samples=2", "engine.slots=8", "engine.cache_len=96", "engine.prefill_buckets=(64,)",
             "data.max_new_tokens=32", "rl.export_hf=false", f"trainer.remat={remat}"]
-    code = ("import resource, sys; from minirl.cli import main; rc = main(sys.argv[1:]); "
+    code = ("import resource, sys; from minirl.tools.cli import main; rc = main(sys.argv[1:]); "
             "print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
     argv = [sys.executable, "-c", code, "train", "--quiet", "--model", str(checkpoint), "--data",
             str(checkpoint / "data.jsonl"), "--run-dir", str(run_dir)]

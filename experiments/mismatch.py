@@ -29,7 +29,7 @@ On countdown_hard (3.2M parameters, warm-started) an exact-mode training step co
 1.5-2.5 s for the fast trainer (load ~9 on 2 cores), so the exact arm does not fit a few minutes.
 
 Writes <out>/mismatch.json (every number), <out>/mismatch.png (rewards and diagnostics side by
-side), <out>/mismatch_minirl.png (minirl.plots.plot_mismatch of the arms), and prints a table.
+side), <out>/mismatch_minirl.png (minirl.tools.plots.plot_mismatch of the arms), and prints a table.
 Results and how to read them: docs/mismatch.md.
 """
 
@@ -49,8 +49,8 @@ from minirl.controller import Controller
 from minirl.data.mixture import Mixture
 from minirl.losses import get_preset
 from minirl.metrics_log import MetricsWriter, format_table, read_metrics
-from minirl.plots import plot_mismatch
 from minirl.runner import Run
+from minirl.tools.plots import plot_mismatch
 from minirl.trainer import Trainer
 from minirl.warmstart import warm_start
 from minirl.weights import InMemoryWeightStore

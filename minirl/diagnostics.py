@@ -2,7 +2,7 @@
 
 Pure numpy on host arrays, called once per step; each function is a few vectorised passes over
 the [B, T] batch. Nothing here feeds the loss — these numbers exist to be logged and plotted
-(`minirl/plots/`, `docs/diagnostics.md`).
+(`minirl/tools/plots/`, `docs/diagnostics.md`).
 
 Notation (LOSSES.md): log mu = behaviour log-prob reported by the engine, log pi = the trainer's
 recompute (`prox_logp`). Per token, Delta = log pi - log mu and rho = pi / mu = exp(Delta).

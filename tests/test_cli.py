@@ -2,7 +2,7 @@
 
 import pytest
 
-from minirl.cli import main
+from minirl.tools.cli import main
 
 
 def test_config_lists_every_knob_with_its_meaning(capsys):

@@ -1,4 +1,4 @@
-"""minirl.mismatch and exact mode end to end.
+"""minirl.tools.mismatch and exact mode end to end.
 
 Each mismatch source is non-zero where it should be (bf16 engine, bypass) and exactly zero where
 it must be (exact mode); `minirl diagnose --fast` runs in-process; an exact on-policy RL run
@@ -25,7 +25,11 @@ from minirl.config import make_config
 from minirl.data import get_task
 from minirl.engine import Engine
 from minirl.metrics_log import read_metrics
-from minirl.mismatch import (
+from minirl.model import init_model
+from minirl.runner import Run
+from minirl.scheduler import Request
+from minirl.tokenizer import CharTokenizer
+from minirl.tools.mismatch import (
     ENGINE,
     EXTRA_SOURCES,
     Row,
@@ -37,11 +41,7 @@ from minirl.mismatch import (
     register_source,
     source_names,
 )
-from minirl.mismatch.replay import _prompt_lengths
-from minirl.model import init_model
-from minirl.runner import Run
-from minirl.scheduler import Request
-from minirl.tokenizer import CharTokenizer
+from minirl.tools.mismatch.replay import _prompt_lengths
 from minirl.types import Score
 
 # ---------------------------------------------------------------------------------------------

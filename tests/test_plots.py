@@ -1,4 +1,4 @@
-"""Plots (minirl/plots/) from synthetic metrics.jsonl files: PNGs are written, missing keys and
+"""Plots (minirl/tools/plots/) from synthetic metrics.jsonl files: PNGs are written, missing keys and
 empty files give a message PNG and a warning, and the lag table's numbers are the right ones."""
 
 import math
@@ -13,7 +13,7 @@ from minirl.diagnostics import (
     zero_centred_contributions,
 )
 from minirl.metrics_log import MetricsWriter
-from minirl.plots import (
+from minirl.tools.plots import (
     lag_table,
     plot_all,
     plot_compare,
@@ -96,7 +96,7 @@ def test_plot_mismatch_and_compare_several_runs(runs, tmp_path):
 
 
 def test_plot_mismatch_finds_the_fig5_series_and_the_other_families(runs):
-    from minirl.plots.mismatch import _families
+    from minirl.tools.plots.mismatch import _families
 
     fig5, other = _families(list(runs), ["exact", "plain"])
     assert [(label, prefix) for label, _, prefix, _, _ in fig5] == [
@@ -109,7 +109,7 @@ def test_plot_mismatch_finds_the_fig5_series_and_the_other_families(runs):
 
 
 def test_p95_over_steps_is_rlax_summary():
-    from minirl.plots.common import p95_over_steps
+    from minirl.tools.plots.common import p95_over_steps
 
     # numpy's linear interpolation over the finite values 1..5: rank 0.95 * 4 = 3.8 -> 4.8
     assert p95_over_steps(np.array([5.0, math.nan, 1.0, 3.0, 2.0, 4.0])) == pytest.approx(4.8)

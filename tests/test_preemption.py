@@ -26,7 +26,7 @@ STEPS = 8
 
 
 def _cmd(run_dir, extra):
-    return [sys.executable, "-m", "minirl.cli", "train", "--preset", "fixture", "--run-dir", str(run_dir),
+    return [sys.executable, "-m", "minirl.tools.cli", "train", "--preset", "fixture", "--run-dir", str(run_dir),
             "--quiet", "--set", f"rl.steps={STEPS}", "--set", "rl.checkpoint_every=1", *extra]
 
 

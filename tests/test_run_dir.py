@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from minirl.checkpoints import CheckpointManager
-from minirl.cli import main
 from minirl.config import make_config
 from minirl.metrics_log import truncate_metrics
 from minirl.runner import Run, lock_run_dir
+from minirl.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ["--set", "rl.steps=4", "--set", "rl.checkpoint_every=2", "--set", "eval.prompts=16"]
@@ -99,7 +99,7 @@ def test_a_full_disk_says_what_was_kept_and_how_to_resume(tmp_path):
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))\n"
         "sys.argv[0] = 'minirl'\n"
-        "runpy.run_module('minirl.cli', run_name='__main__')\n"
+        "runpy.run_module('minirl.tools.cli', run_name='__main__')\n"
     )
     cmd = [sys.executable, "-c", small_files, "train", "--preset", "fixture", "--run-dir",
            str(run_dir), "--quiet", *SETS, "--set", "sft.cache=false"]  # fmt: skip

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from minirl.checkpoints import CheckpointManager
-from minirl.cli import main
 from minirl.config import make_config
 from minirl.runner import Run
+from minirl.tools.cli import main
 from minirl.tracking import Trackers, _TensorBoard, tensorboard_tag
 
 pytest.importorskip("tensorboardX")
@@ -195,7 +195,7 @@ def test_trackers_off_by_default_write_only_samples(tmp_path):
 def test_sigkill_and_resume_leave_one_point_per_step(tmp_path):
     """The real thing: SIGKILL a run after it logged steps past its last checkpoint, resume."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "minirl.cli", "train", "--preset", "fixture", "--run-dir",
+    cmd = [sys.executable, "-m", "minirl.tools.cli", "train", "--preset", "fixture", "--run-dir",
            str(run_dir), "--quiet", "--set", "rl.steps=12", "--set", "rl.checkpoint_every=5",
            "--set", "log.tensorboard=true"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

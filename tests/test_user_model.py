@@ -20,9 +20,9 @@ import transformers
 from flax import nnx
 from hf_tiny import make_model_dir
 
-from minirl import cli
 from minirl.checkpoints import CheckpointManager
 from minirl.hf import load_hf
+from minirl.tools import cli
 
 pytestmark = pytest.mark.reference
 torch.set_num_threads(1)

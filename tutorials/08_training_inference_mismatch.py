@@ -5,7 +5,7 @@
 
 Writes `mismatch.png` and `results.json` into `--out` (default
 `runs/tutorials/08_training_inference_mismatch`); the three runs are under `--out/<arm>`.
-Uses `minirl/mismatch.py` (`minirl diagnose`), `minirl/exact.py` (exact mode), the loss presets
+Uses `minirl/tools/mismatch.py` (`minirl diagnose`), `minirl/exact.py` (exact mode), the loss presets
 `token_reinforce` and `token_reinforce_tis_mis` (minirl/losses/), and `minirl train`
 (minirl/runner.py). Read `docs/mismatch.md` next: it has the same experiment over three seeds.
 Mirrors, in miniature: RLAX Fig. 5 (the per-step |log π − log μ| of a run) and VeXact's
@@ -56,7 +56,7 @@ without mismatch, and the first place where mismatch damage shows.
 
 WHAT THE SCRIPT DOES
 --------------------
-1. `minirl.mismatch.diagnose`: the table of sources. Full mode on the `countdown_hard` preset's model
+1. `minirl.tools.mismatch.diagnose`: the table of sources. Full mode on the `countdown_hard` preset's model
    (3.2M parameters, the first default) untrained (`--set sft.steps=0`, so the lesson needs no warm start; the
    numerics do not need a trained model), fast mode on the fixture preset. Exact rows must be 0.
 2. The three runs on the fixture preset (a 2-token task, 78k parameters): the same `minirl train`
@@ -181,8 +181,8 @@ from matplotlib.figure import Figure
 from minirl.checkpoints import CheckpointManager
 from minirl.config import make_config
 from minirl.metrics_log import read_metrics
-from minirl.mismatch import diagnose, format_table
 from minirl.runner import Run
+from minirl.tools.mismatch import diagnose, format_table
 
 # ---------------------------------------------------------------------------------------------
 # The settings. The arms are those of experiments/mismatch.py (one seed here; three there).

@@ -3,9 +3,9 @@
     python tutorials/09_lag_diagnostics.py            # full mode (a few minutes on 2 CPU cores)
     python tutorials/09_lag_diagnostics.py --fast     # fast mode (CI)
 
-Writes `lag.png` (minirl.plots.plot_lag: the table and the tails by lag), `lag_per_step.png`
+Writes `lag.png` (minirl.tools.plots.plot_lag: the table and the tails by lag), `lag_per_step.png`
 and `results.json` into `--out` (default `runs/tutorials/09_lag_diagnostics`); the run itself is
-under `--out/run`. Uses `minirl/diagnostics.py` (the numbers, every step) and `minirl/plots.py`
+under `--out/run`. Uses `minirl/diagnostics.py` (the numbers, every step) and `minirl/tools/plots.py`
 (`lag_table`, `plot_lag`); read `docs/diagnostics.md` next.
 Mirrors, in miniature: PipelineRL limits study, Table 3 and §7.3 (per lag bucket: the median of
 the per-step max ratio rises with lag while the median mean ratio stays at 1; forward KL grows;
@@ -61,7 +61,7 @@ WHAT THE SCRIPT DOES
 2. A real run: `minirl train --preset fixture` with a bf16 engine, `rl.reload_every=J`,
    no lag bound, the preset's GRPO loss. Every step's `lag/<bucket>/...` and `snis/...`
    numbers go to metrics.jsonl (the controller calls `batch_diagnostics` on every batch).
-3. `minirl.plots.lag_table` turns them into Table 3, printed next to the paper's rows.
+3. `minirl.tools.plots.lag_table` turns them into Table 3, printed next to the paper's rows.
 4. Checks the lesson's claims on the table and says which of the paper's findings reproduce.
 5. Draws `plot_lag` (the library's figure) and the per-step picture: lag, max ρ and k3 rise as the
    engine's weights age and fall back when it reloads.
@@ -109,7 +109,7 @@ e.g. max ρ 166 at lag 20-49 and 24 at lag 50-199.
     Step 2. minirl train --preset fixture --set engine.dtype=bfloat16 --set trainer.learning_rate=3e-4 --set rl.max_lag=0 --set rl.eta=0 --set rl.steps=192 --set rl.reload_every=64 --set rl.prompts_per_step=32 --set rl.group_size=8 --set rl.checkpoint_every=64
       192 steps in 142 s; held-out pass@1 0.078 -> 0.922
 
-    Step 3. the lag-bucket table (minirl.plots.lag_table of metrics.jsonl)
+    Step 3. the lag-bucket table (minirl.tools.plots.lag_table of metrics.jsonl)
       lag        steps  tokens  median max ρ  p95 max ρ   max ρ  median mean ρ     k3 KL    P(ρ>2)  baseline RMSE
       [0,1)          3    1535         1.033      1.035    1.04        0.99990  6.07e-05  0.00e+00       1.21e-03
       [1,3)          6    3067         1.517      3.357    3.72        0.99850  1.21e-02  3.91e-03       1.95e-02
@@ -152,8 +152,8 @@ from matplotlib.figure import Figure
 from minirl.config import make_config
 from minirl.diagnostics import lag_buckets
 from minirl.metrics_log import read_metrics
-from minirl.plots import lag_table, plot_lag
 from minirl.runner import Run
+from minirl.tools.plots import lag_table, plot_lag
 
 # ---------------------------------------------------------------------------------------------
 # The settings. Fixture preset (2-token answers, a 78k-parameter model): seconds per step.
@@ -310,7 +310,7 @@ def main() -> None:
 
     # Step 3: PipelineRL's Table 3 from the run's metrics.jsonl.
     rows = lag_table(records)
-    print("\nStep 3. the lag-bucket table (minirl.plots.lag_table of metrics.jsonl)")
+    print("\nStep 3. the lag-bucket table (minirl.tools.plots.lag_table of metrics.jsonl)")
     print_table(rows)
     print("  PipelineRL Table 3 (Qwen2.5-0.5B, GSM8K, bf16 engine), for comparison:")
     for lag, p in PAPER.items():

@@ -84,7 +84,7 @@ to the uninterrupted run's, and the same held-out evaluation.
     mode: full   cores: 2   load average: 9.0
 
     Step 1. the reference: 30 steps, a checkpoint every 5, never interrupted
-      $ python -m minirl.cli train --preset fixture --staleness one_step_off --run-dir OUT/reference --quiet --set rl.steps=30 --set rl.checkpoint_every=5 --set rl.prompts_per_step=32 --set rl.group_size=8
+      $ python -m minirl.tools.cli train --preset fixture --staleness one_step_off --run-dir OUT/reference --quiet --set rl.steps=30 --set rl.checkpoint_every=5 --set rl.prompts_per_step=32 --set rl.group_size=8
 
     Step 2. the same command in another directory, SIGKILLed 3 time(s)
       start 1: killed 0.25 s after step 6 was logged -> on disk: 6 steps in metrics.jsonl, checkpoints at steps [5], unfinished saves: none
@@ -158,7 +158,7 @@ TIMING_KEYS = ("wall_time", "time/", "time_", "_per_s", "busy_seconds")
 def train_command(run_dir: Path, s: dict, extra: list[str] = ()) -> list[str]:
     """`minirl train` as a user types it (through this Python, so it works uninstalled)."""
     return [
-        sys.executable, "-m", "minirl.cli", "train", "--preset", "fixture",
+        sys.executable, "-m", "minirl.tools.cli", "train", "--preset", "fixture",
         "--staleness", "one_step_off", "--run-dir", str(run_dir), "--quiet",
         "--set", f"rl.steps={s['steps']}", "--set", f"rl.checkpoint_every={s['checkpoint_every']}",
         *BATCH, *extra,

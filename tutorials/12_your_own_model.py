@@ -146,8 +146,8 @@ def main() -> None:
     files = sorted(f.name for f in base.iterdir() if f.is_file())
     print(f"\nStep 1. {stamp()} the base model directory: {', '.join(files)}")
 
-    from minirl.cli import build_parser
     from minirl.config import config_from_args
+    from minirl.tools.cli import build_parser
 
     data = base / "data"
     argv = ["train", "--model", str(base), "--data", str(data / "train.jsonl"), "--eval-data",

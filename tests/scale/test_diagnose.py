@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from minirl.config import make_config
-from minirl.mismatch import EXTRA_SOURCES, diagnose
+from minirl.tools.mismatch import EXTRA_SOURCES, diagnose
 from scale.mesh import MeshConfig
 
 ROOT = Path(__file__).resolve().parents[2]

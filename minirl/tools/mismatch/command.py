@@ -17,7 +17,7 @@ import time
 import jax
 
 from minirl.config import add_config_arguments, config_from_args
-from minirl.mismatch.table import diagnose, format_table, source_names
+from minirl.tools.mismatch.table import diagnose, format_table, source_names
 
 DESCRIPTION = (
     "Training-inference mismatch, one source at a time, on the same rollouts: mean / p95 / max "

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from minirl.metrics_log import METRICS_FILE, read_metrics
-from minirl.plots.common import (
+from minirl.tools.plots.common import (
     as_runs,
     grid,
     has_key,

@@ -97,13 +97,13 @@ def cmd_export(args) -> int:
 
 
 def _plot(run_dir) -> str:
-    from minirl.plots import plot_all
+    from minirl.tools.plots import plot_all
 
     return str(plot_all(run_dir)[0])
 
 
 def cmd_plot(args) -> int:
-    from minirl.plots import plot_all, plot_compare
+    from minirl.tools.plots import plot_all, plot_compare
 
     if len(args.run_dirs) == 1:
         for path in plot_all(args.run_dirs[0]):
@@ -223,9 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_output_commands(sub)
 
-    from minirl.mismatch import add_diagnose_parser
+    from minirl.tools.mismatch import add_diagnose_parser
 
-    add_diagnose_parser(sub)  # minirl diagnose: |Δlogp| per mismatch source (minirl/mismatch/)
+    add_diagnose_parser(sub)  # minirl diagnose: |Δlogp| per mismatch source (minirl/tools/mismatch/)
 
     p = sub.add_parser("config", help="print every knob with its value and meaning")
     add_config_arguments(p)

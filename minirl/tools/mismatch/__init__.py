@@ -33,9 +33,9 @@ The same two comparisons as the "recompute" rows are logged every training step 
 (train/dlogp_recompute/*, train/dlogp_no_recompute/*; `minirl plot` draws them as RLAX Fig. 5).
 """
 
-from minirl.mismatch.command import add_diagnose_arguments, add_diagnose_parser, cmd_diagnose
-from minirl.mismatch.replay import decode_logprobs, train_forward_logprobs
-from minirl.mismatch.table import (
+from minirl.tools.mismatch.command import add_diagnose_arguments, add_diagnose_parser, cmd_diagnose
+from minirl.tools.mismatch.replay import decode_logprobs, train_forward_logprobs
+from minirl.tools.mismatch.table import (
     BUILTIN_SOURCES,
     ENGINE,
     EXTRA_SOURCES,

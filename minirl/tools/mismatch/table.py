@@ -3,7 +3,7 @@
 `diagnose(cfg)` generates ONE set of rollouts with the engine in its production setting (fast
 reductions, the model's dtype), computes the log-probs of those same tokens every way a source
 needs, and returns one `Row` per comparison: mean / p95 / max of |log p_a - log p_b| over the
-completion tokens (`minirl diagnose` prints them; minirl/mismatch/__init__.py lists the sources).
+completion tokens (`minirl diagnose` prints them; minirl/tools/mismatch/__init__.py lists the sources).
 
 The sides:
 
@@ -40,8 +40,8 @@ from minirl.batching import make_batch
 from minirl.diagnostics import mismatch_metrics
 from minirl.engine import Engine
 from minirl.metrics_log import format_table as text_table
-from minirl.mismatch.replay import decode_logprobs, train_forward_logprobs
 from minirl.scheduler import Request
+from minirl.tools.mismatch.replay import decode_logprobs, train_forward_logprobs
 from minirl.trainer import Trainer
 from minirl.types import Rollout, Score
 

@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from minirl.metrics_log import METRICS_FILE, cell, read_metrics
-from minirl.plots.common import message, num, out_path, run_dir, series, style
+from minirl.tools.plots.common import message, num, out_path, run_dir, series, style
 
 _LAG_KEY = re.compile(r"^lag/(\[[^/]+\))/(\w+)$")
 

@@ -1,6 +1,6 @@
 """Other ways to compute log p of the same tokens: the engine's decode and the training forward.
 
-`minirl diagnose` (minirl/mismatch/) compares the engine's behaviour log-probs with the trainer's
+`minirl diagnose` (minirl/tools/mismatch/) compares the engine's behaviour log-probs with the trainer's
 recompute; to isolate each source of mismatch it also needs two computations that exist in a run
 only in passing:
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minirl.plots.common import series
-from minirl.plots.dashboard import plot_compare, plot_dashboard, time_parts, time_shares
-from minirl.plots.lag import lag_table, plot_lag
-from minirl.plots.mismatch import plot_mismatch, plot_zero_centred
+from minirl.tools.plots.common import series
+from minirl.tools.plots.dashboard import plot_compare, plot_dashboard, time_parts, time_shares
+from minirl.tools.plots.lag import lag_table, plot_lag
+from minirl.tools.plots.mismatch import plot_mismatch, plot_zero_centred
 
 __all__ = [
     "lag_table",

@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from minirl.metrics_log import METRICS_FILE, read_metrics
-from minirl.plots.common import (
+from minirl.tools.plots.common import (
     as_runs,
     grid,
     keys,
