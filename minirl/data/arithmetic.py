@@ -33,6 +33,7 @@ import numpy as np
 from minirl.data import tasks
 from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
+from minirl.verifiers.base import safe_scores
 
 _ANSWER = re.compile(r"####[ ]*(\S*)\s*\Z")
 
@@ -76,7 +77,7 @@ class ArithmeticVerifier:
     """
 
     def score(self, rollouts: list[Rollout]) -> list[Score]:
-        return tasks.safe_scores(self.score_one, rollouts)
+        return safe_scores(self.score_one, rollouts)
 
     def score_one(self, rollout: Rollout) -> Score:
         text = rollout.text

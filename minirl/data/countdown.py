@@ -34,6 +34,7 @@ import numpy as np
 from minirl.data import tasks
 from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
+from minirl.verifiers.base import safe_scores
 
 _OPS = "+-*/"
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
@@ -203,7 +204,7 @@ class CountdownVerifier:
         self.format_reward, self.max_chars, self.max_depth = format_reward, max_chars, max_depth
 
     def score(self, rollouts: list[Rollout]) -> list[Score]:
-        return tasks.safe_scores(self.score_one, rollouts)
+        return safe_scores(self.score_one, rollouts)
 
     def score_one(self, rollout: Rollout) -> Score:
         meta = rollout.prompt.meta

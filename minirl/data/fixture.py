@@ -17,6 +17,7 @@ import dataclasses
 from minirl.data import tasks
 from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
+from minirl.verifiers.base import safe_scores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,7 @@ class FixtureVerifier:
     """1.0 if the completion starts with a digit of the prompt number's parity, else 0.0."""
 
     def score(self, rollouts: list[Rollout]) -> list[Score]:
-        return tasks.safe_scores(self.score_one, rollouts)
+        return safe_scores(self.score_one, rollouts)
 
     def score_one(self, rollout: Rollout) -> Score:
         first = rollout.text.lstrip()[:1]

@@ -37,6 +37,7 @@ import numpy as np
 from minirl.data import tasks
 from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
+from minirl.verifiers.base import safe_scores
 
 FAMILIES = {"linear": "x", "quadratic": "x*x"}
 EXPRESSION_CHARS = frozenset("0123456789x+-*/%() ")
@@ -98,7 +99,7 @@ class ProgramSynthesisVerifier:
         self.charset_check, self.max_chars = charset_check, max_chars
 
     def score(self, rollouts: list[Rollout]) -> list[Score]:
-        return tasks.safe_scores(self.score_one, rollouts)
+        return safe_scores(self.score_one, rollouts)
 
     def score_one(self, rollout: Rollout) -> Score:
         expression = rollout.text.strip()

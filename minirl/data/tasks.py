@@ -138,19 +138,6 @@ def check_fraction(name: str, value: float) -> None:
         raise ValueError(f"{name} must be in (0, 1), got {value}")
 
 
-def safe_scores(score_one: Callable[[Rollout], Score], rollouts: Sequence[Rollout]) -> list[Score]:
-    """Apply a per-rollout scorer; a bug triggered by strange model output becomes a logged
-    zero reward ("verifier error"), never a crash of the run. Tests assert it never fires."""
-    out = []
-    for r in rollouts:
-        try:
-            out.append(score_one(r))
-        except Exception as e:  # noqa: BLE001 - the run must survive any model output
-            log.exception("verifier error on prompt %s", r.prompt.uid)
-            out.append(Score(0.0, f"verifier error: {type(e).__name__}"))
-    return out
-
-
 # ----------------------------------------------------------------------------- registry
 
 _REGISTRY = {

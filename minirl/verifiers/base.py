@@ -16,10 +16,13 @@ bool` with `CallableVerifier`; `get_verifier("math")` (registry.py) builds one b
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from minirl.types import Rollout, Score
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -41,6 +44,22 @@ def as_score(value: Score | float | int | bool) -> Score:
     raise TypeError(f"a verifier function must return Score, bool or float, got {type(value)}")
 
 
+def safe_scores(score_one: Callable[[Rollout], Score], rollouts: Sequence[Rollout],
+                prefix: str = "verifier error") -> list[Score]:
+    """The one rule of every verifier, in one place: apply `score_one` to each rollout, and a
+    bug that strange model output triggers becomes a zero reward whose reason names it
+    ("<prefix>: ValueError: ..."), logged, never an exception that ends the run."""
+    out = []
+    for rollout in rollouts:
+        try:
+            out.append(score_one(rollout))
+        except Exception as e:  # noqa: BLE001 - the run must survive any model output
+            log.warning("%s on prompt %s: %s: %s", prefix, rollout.prompt.uid,
+                        type(e).__name__, e)  # fmt: skip
+            out.append(Score(0.0, f"{prefix}: {type(e).__name__}: {e}"))
+    return out
+
+
 class CallableVerifier:
     """Adapter: a plain function `fn(text, meta) -> Score | float | bool` becomes a Verifier.
 
@@ -53,13 +72,8 @@ class CallableVerifier:
         self.name = name or getattr(fn, "__name__", "callable")
 
     def score(self, rollouts: Sequence[Rollout]) -> list[Score]:
-        scores = []
-        for rollout in rollouts:
-            try:
-                scores.append(as_score(self.fn(rollout.text, dict(rollout.prompt.meta))))
-            except Exception as e:  # the function misjudged model output: zero, with the cause
-                scores.append(Score(0.0, f"verifier error in {self.name}: {type(e).__name__}: {e}"))
-        return scores
+        return safe_scores(lambda r: as_score(self.fn(r.text, dict(r.prompt.meta))), rollouts,
+                           f"verifier error in {self.name}")  # fmt: skip
 
     def __repr__(self) -> str:
         return f"CallableVerifier({self.name})"

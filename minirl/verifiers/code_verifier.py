@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from minirl.types import Rollout, Score
+from minirl.verifiers.base import safe_scores
 from minirl.verifiers.code_runner import COMPARE_MODES, Program, TestCase, run_tests
 from minirl.verifiers.repository import RepositoryError, TestRepository, check_sha
 from minirl.verifiers.sandbox import Limits, SandboxConfig
@@ -221,10 +222,5 @@ class CodeVerifier:
         return Score(response["reward"], response["reason"])
 
     def score(self, rollouts: Sequence[Rollout]) -> list[Score]:
-        scores = []
-        for rollout in rollouts:
-            try:
-                scores.append(self.score_one(rollout.text, rollout.prompt.meta))
-            except Exception as e:  # a verifier bug must not end the run; make it visible
-                scores.append(Score(0.0, f"code verifier error: {type(e).__name__}: {e}"))
-        return scores
+        return safe_scores(lambda r: self.score_one(r.text, r.prompt.meta), rollouts,
+                           "code verifier error")  # fmt: skip

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minirl.types import Rollout, Score
+from minirl.verifiers.base import safe_scores
 from minirl.verifiers.math_equal import math_equal
 from minirl.verifiers.math_extract import EXTRACT_ORDER, extract_answer
 
@@ -117,10 +118,5 @@ class MathVerifier:
         self.config = config
 
     def score(self, rollouts: Sequence[Rollout]) -> list[Score]:
-        scores = []
-        for rollout in rollouts:
-            try:
-                scores.append(score_math(rollout.text, rollout.prompt.meta, self.config))
-            except Exception as e:  # a bug here must not cost the run; make it visible instead
-                scores.append(Score(0.0, f"math verifier error: {type(e).__name__}: {e}"))
-        return scores
+        return safe_scores(lambda r: score_math(r.text, r.prompt.meta, self.config), rollouts,
+                           "math verifier error")  # fmt: skip

@@ -127,11 +127,11 @@ def test_router_scores_a_mixed_batch_in_order(all_tasks, make_rollout):
 def test_a_verifier_bug_becomes_a_zero_reward_not_a_crash(make_rollout):
     class Broken:
         def score(self, rollouts):
-            from minirl.data.tasks import safe_scores
+            from minirl.verifiers.base import safe_scores
 
             return safe_scores(lambda r: 1 / 0, rollouts)
 
     p = get_task("fixture").prompt(0)
     assert Broken().score([make_rollout(p, "1")]) == [
-        Score(0.0, "verifier error: ZeroDivisionError")
+        Score(0.0, "verifier error: ZeroDivisionError: division by zero")
     ]
