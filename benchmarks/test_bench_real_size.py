@@ -62,8 +62,10 @@ def checkpoint(tmp_path_factory):
     2026-11-25: the RL run below peaks at ~23 GB on its own; with a parent holding a few GB more,
     the kernel killed it)."""
     path = tmp_path_factory.mktemp("qwen2.5-0.5b-shaped")
-    code = f"import sys; sys.path[:0] = {[str(ROOT / 'benchmarks'), str(ROOT / 'tests')]!r}; " \
-           f"from test_bench_real_size import build_checkpoint; build_checkpoint({str(path)!r})"
+    code = (
+        f"import sys; sys.path[:0] = {[str(ROOT / 'benchmarks'), str(ROOT / 'tests')]!r}; "
+        f"from test_bench_real_size import build_checkpoint; build_checkpoint({str(path)!r})"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     return path
 
@@ -75,17 +77,30 @@ def build_checkpoint(path) -> None:
 
     path, c = Path(path), PRESET
     config = transformers.Qwen2Config(
-        vocab_size=c.vocab_size, hidden_size=c.dim, num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        intermediate_size=c.mlp_dim, max_position_embeddings=4096, rope_theta=c.rope_theta,
-        rms_norm_eps=c.norm_eps, tie_word_embeddings=True)  # fmt: skip
+        vocab_size=c.vocab_size,
+        hidden_size=c.dim,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        intermediate_size=c.mlp_dim,
+        max_position_embeddings=4096,
+        rope_theta=c.rope_theta,
+        rms_norm_eps=c.norm_eps,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     transformers.Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
     make_tokenizer_dir(path, "qwen")
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "pad_token_id": 0}))
+    (path / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [2, 0], "pad_token_id": 0})
+    )
     data = path / "data.jsonl"
-    data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
-                            for i in range(32)))
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+            for i in range(32)
+        )
+    )
 
 
 def non_embedding_flops_params(cfg: ModelConfig) -> int:
@@ -100,9 +115,12 @@ def test_real_size(checkpoint):
     # run's child did not fit in 24 GiB together and the kernel killed the parent.
     cfg0 = ModelConfig.preset("qwen2.5-0.5b", dtype="float32", param_dtype="float32")
     fp32_bytes = 4 * cfg0.num_params()
-    report = {"memory": {remat: _rl_run_peak_rss(checkpoint, remat) / fp32_bytes
-                         for remat in ("none", "nothing")},
-              "memory_accounting_gb": _accounting(cfg0)}
+    report = {
+        "memory": {
+            remat: _rl_run_peak_rss(checkpoint, remat) / fp32_bytes for remat in ("none", "nothing")
+        },
+        "memory_accounting_gb": _accounting(cfg0),
+    }
     peak = matmul_peak()
     report["matmul_peak_gflops"] = peak / 1e9
 
@@ -110,8 +128,12 @@ def test_real_size(checkpoint):
     files = sorted(checkpoint.glob("*.safetensors"))
     raw = min(_timed(lambda: [f.read_bytes() for f in files])[0] for _ in range(2))
     load_s, (cfg, model) = _timed(lambda: load_hf(checkpoint))
-    report["load"] = {"seconds": load_s, "raw_read_seconds": raw, "raw_over_load": raw / load_s,
-                      "file_gb": sum(f.stat().st_size for f in files) / 1e9}
+    report["load"] = {
+        "seconds": load_s,
+        "raw_read_seconds": raw,
+        "raw_over_load": raw / load_s,
+        "file_gb": sum(f.stat().st_size for f in files) / 1e9,
+    }
     params = nnx.to_pure_dict(nnx.split(model)[1])
     report["decode"] = {slots: _decode(cfg, params, slots, peak, fp32_bytes) for slots in (1, 32)}
     report["train"] = _train(cfg, params, peak)
@@ -129,17 +151,29 @@ def _decode(cfg, params, slots: int, peak: float, fp32_bytes: int) -> dict:
     from minirl.engine import Engine, EngineConfig, Request
     from minirl.types import Prompt
 
-    engine = Engine(cfg, EngineConfig(slots=slots, cache_len=64, prefill_buckets=(16,),
-                                      prefill_rows=min(slots, 8), decode_chunk=8))
+    engine = Engine(
+        cfg,
+        EngineConfig(
+            slots=slots,
+            cache_len=64,
+            prefill_buckets=(16,),
+            prefill_rows=min(slots, 8),
+            decode_chunk=8,
+        ),
+    )
     engine.load_weights(0, params)
     rng = np.random.default_rng(slots)
     requests = lambda seed: [
         Request(Prompt(seed * 1000 + i, "b", "", rng.integers(3, 300, 16).astype(np.int32)), 0, 32)
-        for i in range(slots)]
+        for i in range(slots)
+    ]
     engine.generate(requests(1))  # compiles
     seconds, rollouts = _timed(lambda: engine.generate(requests(2)))
     tps = sum(len(r.tokens) for r in rollouts) / seconds
-    row = {"tokens_per_s": tps, "fraction_of_peak": tps * 2 * non_embedding_flops_params(cfg) / peak}
+    row = {
+        "tokens_per_s": tps,
+        "fraction_of_peak": tps * 2 * non_embedding_flops_params(cfg) / peak,
+    }
     if slots == 1:
         row["weight_bytes_per_s_over_copy_bandwidth"] = tps * fp32_bytes / _copy_bandwidth()
     return row
@@ -154,8 +188,10 @@ def _train(cfg, params, peak: float, rows: int = 4, length: int = 128) -> dict:
     trainer.train_step(batch)  # compiles
     seconds, _ = _timed(lambda: trainer.train_step(batch))
     tokens = rows * length  # every position goes through forward and backward
-    return {"tokens_per_s": tokens / seconds,
-            "fraction_of_peak": tokens * 6 * non_embedding_flops_params(cfg) / seconds / peak}
+    return {
+        "tokens_per_s": tokens / seconds,
+        "fraction_of_peak": tokens * 6 * non_embedding_flops_params(cfg) / seconds / peak,
+    }
 
 
 def _batch(rows, length, vocab):
@@ -167,22 +203,53 @@ def _batch(rows, length, vocab):
     for i in range(rows):
         prompt = Prompt(i // 2, "b", "", rng.integers(3, 300, 16).astype(np.int32))
         c = length - 16
-        out.append(Rollout(prompt, i % 2, rng.integers(3, 300, c).astype(np.int32),
-                           np.full(c, -1.0, np.float32), np.zeros(c, np.int32), "length",
-                           score=Score(float(i % 2))))
+        out.append(
+            Rollout(
+                prompt,
+                i % 2,
+                rng.integers(3, 300, c).astype(np.int32),
+                np.full(c, -1.0, np.float32),
+                np.zeros(c, np.int32),
+                "length",
+                score=Score(float(i % 2)),
+            )
+        )
     return make_batch(out, 0)
 
 
 def _rl_run_peak_rss(checkpoint: Path, remat: str) -> int:
     """Peak RSS (bytes) of a fresh `minirl train` process doing 2 RL steps on the checkpoint."""
     run_dir = checkpoint.parent / f"run-{remat}"
-    sets = ["rl.steps=2", "rl.prompts_per_step=2", "rl.group_size=4", "eval.prompts=2",
-            "eval.samples=2", "engine.slots=8", "engine.cache_len=96", "engine.prefill_buckets=(64,)",
-            "data.max_new_tokens=32", "rl.export_hf=false", f"trainer.remat={remat}"]
-    code = ("import resource, sys; from minirl.tools.cli import main; rc = main(sys.argv[1:]); "
-            "print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
-    argv = [sys.executable, "-c", code, "train", "--quiet", "--model", str(checkpoint), "--data",
-            str(checkpoint / "data.jsonl"), "--run-dir", str(run_dir)]
+    sets = [
+        "rl.steps=2",
+        "rl.prompts_per_step=2",
+        "rl.group_size=4",
+        "eval.prompts=2",
+        "eval.samples=2",
+        "engine.slots=8",
+        "engine.cache_len=96",
+        "engine.prefill_buckets=(64,)",
+        "data.max_new_tokens=32",
+        "rl.export_hf=false",
+        f"trainer.remat={remat}",
+    ]
+    code = (
+        "import resource, sys; from minirl.tools.cli import main; rc = main(sys.argv[1:]); "
+        "print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
+    )
+    argv = [
+        sys.executable,
+        "-c",
+        code,
+        "train",
+        "--quiet",
+        "--model",
+        str(checkpoint),
+        "--data",
+        str(checkpoint / "data.jsonl"),
+        "--run-dir",
+        str(run_dir),
+    ]
     for s in sets:
         argv += ["--set", s]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
@@ -194,10 +261,13 @@ def _accounting(cfg: ModelConfig) -> dict:
     n = cfg.num_params()
     kv = 8 * 96 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4  # the run above
     logits = 8 * 128 * cfg.vocab_size * 4
-    return {"params_fp32": 4 * n / 1e9,  # the trainer's; the in-process engine uses the same arrays
-            "adam_m_and_v": 8 * n / 1e9,
-            "gradients_and_accumulator": 8 * n / 1e9,
-            "update_outputs": 12 * n / 1e9,  # new params, m, v beside the old (nothing donated)
-            "weight_store_host_copy": 4 * n / 1e9,  # one version (released on reload)
-            "checkpoint_host_copy": 12 * n / 1e9,  # params + m + v as numpy, at a save
-            "kv_cache": kv / 1e9, "logits_of_one_micro_batch": logits / 1e9}
+    return {
+        "params_fp32": 4 * n / 1e9,  # the trainer's; the in-process engine uses the same arrays
+        "adam_m_and_v": 8 * n / 1e9,
+        "gradients_and_accumulator": 8 * n / 1e9,
+        "update_outputs": 12 * n / 1e9,  # new params, m, v beside the old (nothing donated)
+        "weight_store_host_copy": 4 * n / 1e9,  # one version (released on reload)
+        "checkpoint_host_copy": 12 * n / 1e9,  # params + m + v as numpy, at a save
+        "kv_cache": kv / 1e9,
+        "logits_of_one_micro_batch": logits / 1e9,
+    }

@@ -66,8 +66,17 @@ def setup_batch(tmp_path_factory):
         sha = put_tests(repo, [(stdin, expected)])
         prompt = Prompt(uid, "code", "", np.zeros(1, np.int32), {"tests": sha})
         zeros = np.zeros(1, np.int32)
-        batch.append(Rollout(prompt, 0, zeros, np.zeros(1, np.float32), zeros, "eos",
-                             text=f"```python\n{code}```"))  # fmt: skip
+        batch.append(
+            Rollout(
+                prompt,
+                0,
+                zeros,
+                np.zeros(1, np.float32),
+                zeros,
+                "eos",
+                text=f"```python\n{code}```",
+            )
+        )
     verifier = CodeVerifier(repo, CodeVerifierConfig(limits=Limits(cpu_s=2.0)))
     return verifier, batch
 
@@ -75,8 +84,12 @@ def setup_batch(tmp_path_factory):
 def bare_loop(python: str) -> int:
     passed = 0
     for code, stdin, expected in programs():
-        r = subprocess.run([python, "-S", "-s", "-B", "-c", code], input=stdin.encode(),
-                           capture_output=True, timeout=10)  # fmt: skip
+        r = subprocess.run(
+            [python, "-S", "-s", "-B", "-c", code],
+            input=stdin.encode(),
+            capture_output=True,
+            timeout=10,
+        )
         passed += r.stdout.split() == expected.encode().split()
     return passed
 
@@ -114,7 +127,7 @@ def test_programs_verified_per_second(benchmark, setup_batch, runner):
             "programs/s": N_PROGRAMS / ours,
             "bare programs/s": N_PROGRAMS / bare,
             "ratio vs bare": bare / ours,
-        }  # fmt: skip
+        }
     )
     print(
         f"\n{runner} [{isolation_mode()} mode]: {N_PROGRAMS / ours:.1f} programs/s | bare "
@@ -143,5 +156,7 @@ def test_sandbox_start_up(benchmark):
     benchmark.pedantic(ours, setup=setup, rounds=ROUNDS, iterations=1)
     ms, bare_ms = (1e3 * benchmark.stats.stats.median / runs, 1e3 * np.median(bare_times) / runs)
     benchmark.extra_info.update({"ms per run": ms, "bare ms per run": bare_ms})
-    print(f"\nsandbox start-up [{isolation_mode()} mode]: {ms:.2f} ms per run | bare "
-          f"subprocess.run {bare_ms:.2f} ms | ratio {bare_ms / ms:.2f}")  # fmt: skip
+    print(
+        f"\nsandbox start-up [{isolation_mode()} mode]: {ms:.2f} ms per run | bare "
+        f"subprocess.run {bare_ms:.2f} ms | ratio {bare_ms / ms:.2f}"
+    )

@@ -47,12 +47,21 @@ SYNC = ["rl.scheduler=lockstep", "rl.reload_every=1", "rl.max_lag=1", "rl.eta=0"
 
 
 def async_arm(eta: int) -> list[str]:
-    return ["rl.scheduler=async", "rl.reload_every=1", f"rl.max_lag={eta + 1}", f"rl.eta={eta}",
-            "rl.reload_policy=continue"]
+    return [
+        "rl.scheduler=async",
+        "rl.reload_every=1",
+        f"rl.max_lag={eta + 1}",
+        f"rl.eta={eta}",
+        "rl.reload_policy=continue",
+    ]
 
 
-ARMS = {"colocated_sync": (SYNC, False), "apart_sync": (SYNC, True),
-        "apart_eta1": (async_arm(1), True), "apart_eta2": (async_arm(2), True)}
+ARMS = {
+    "colocated_sync": (SYNC, False),
+    "apart_sync": (SYNC, True),
+    "apart_eta1": (async_arm(1), True),
+    "apart_eta2": (async_arm(2), True),
+}
 # The workload: the default countdown task (it learns within minutes) scored as DAPO scores it:
 # reward 1 for a right answer and 0 otherwise (no format reward), with DAPO's dynamic filter
 # (groups whose rewards are all equal are dropped and more are generated). Early in training most
@@ -62,14 +71,27 @@ ARMS = {"colocated_sync": (SYNC, False), "apart_sync": (SYNC, True),
 # 0.77 s, without the filter 0.25 s and 0.79 s: on this CPU a generated token costs ~2 FLOPs per
 # parameter and a trained one ~8 (forward, backward, the pi_prox recompute), both at matmul
 # speed, so training is the longer part whenever every generated token is trained on.
-WORKLOAD = ["task.args.format_reward=0.0", "rl.dynamic_filter=true", "rl.time_budget=0",
-            "rl.keep_checkpoints=1000", "eval.prompts=8", "eval.samples=1"]
+WORKLOAD = [
+    "task.args.format_reward=0.0",
+    "rl.dynamic_filter=true",
+    "rl.time_budget=0",
+    "rl.keep_checkpoints=1000",
+    "eval.prompts=8",
+    "eval.samples=1",
+]
 # the smoke run's model solves nothing, so the filter could never fill a batch: off there
-FAST = ["sft.steps=2", "rl.prompts_per_step=4", "rl.group_size=2", "rl.checkpoint_every=2",
-        "rl.dynamic_filter=false", "task.args.format_reward=0.1"]
+FAST = [
+    "sft.steps=2",
+    "rl.prompts_per_step=4",
+    "rl.group_size=2",
+    "rl.checkpoint_every=2",
+    "rl.dynamic_filter=false",
+    "task.args.format_reward=0.1",
+]
 
 
 # ---- one arm, in its own process --------------------------------------------------------------
+
 
 class CoreSampler(threading.Thread):
     """Every `period` s: which core each running thread of each watched process is on."""
@@ -89,7 +111,9 @@ class CoreSampler(threading.Thread):
                     continue
                 for tid in tids:
                     try:
-                        fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+                        fields = (
+                            open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+                        )
                     except OSError:
                         continue
                     if fields[0] == "R":  # running: field 39 of stat is the core it runs on
@@ -111,12 +135,22 @@ def child(spec: dict) -> None:
     if spec["apart"]:
         from scale.ray_workers import RayPlacement
 
-        placement = RayPlacement(1, engine={"num_cpus": 1, "cores": (0,)},
-                                 trainer={"num_cpus": 1, "cores": (1,)}, verifier={"num_cpus": 1})
+        placement = RayPlacement(
+            1,
+            engine={"num_cpus": 1, "cores": (0,)},
+            trainer={"num_cpus": 1, "cores": (1,)},
+            verifier={"num_cpus": 1},
+        )
     load_before, t0, cpu0 = os.getloadavg(), time.perf_counter(), time.process_time()
-    run = Run(make_config(spec["preset"], spec["overrides"]), run_dir, log=lambda *a: None,
-              progress=False, placement=placement)
+    run = Run(
+        make_config(spec["preset"], spec["overrides"]),
+        run_dir,
+        log=lambda *a: None,
+        progress=False,
+        placement=placement,
+    )
     if placement is not None:  # watch the actors' cores once they exist (the first step)
+
         def watch():
             while len(placement.workers) < 3:
                 time.sleep(0.05)
@@ -124,6 +158,7 @@ def child(spec: dict) -> None:
             nonlocal sampler
             sampler = CoreSampler(pids)
             sampler.start()
+
         threading.Thread(target=watch, daemon=True).start()
     else:
         sampler = CoreSampler({"driver": os.getpid()})
@@ -136,14 +171,25 @@ def child(spec: dict) -> None:
         placement.close()
         ray.shutdown()
     sampler.halt.set()
-    (run_dir / "timing.json").write_text(json.dumps({
-        "seconds": seconds, "cpu_seconds": cpu, "cores_seen": sampler.seen,
-        "load_before": load_before, "load_after": os.getloadavg()}, indent=2))
+    (run_dir / "timing.json").write_text(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "cpu_seconds": cpu,
+                "cores_seen": sampler.seen,
+                "load_before": load_before,
+                "load_after": os.getloadavg(),
+            },
+            indent=2,
+        )
+    )
 
 
 def run_arm(name: str, preset: str, overrides: list[str], apart: bool, out: Path) -> Path:
     spec = {"run_dir": str(out / name), "preset": preset, "overrides": overrides, "apart": apart}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     print(f"  {name}: load {_load()} ...", flush=True)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, __file__, "_child", json.dumps(spec)], check=True, env=env)
@@ -156,6 +202,7 @@ def _load() -> str:
 
 
 # ---- reading the arms -------------------------------------------------------------------------
+
 
 def _staleness():
     sys.path.insert(0, str(ROOT / "experiments"))
@@ -180,13 +227,21 @@ def summarize(args, dirs: dict[str, Path]) -> dict:
         recs = st.records_of(run_dir)
         timing = json.loads((run_dir / "timing.json").read_text())
         arm, _ = ARMS[name]
-        evals = st.heldout(run_dir, args.preset, [*WORKLOAD, *args.set, *arm, f"rl.steps={args.steps}"],
-                           args.heldout_prompts, args.heldout_samples)
+        evals = st.heldout(
+            run_dir,
+            args.preset,
+            [*WORKLOAD, *args.set, *arm, f"rl.steps={args.steps}"],
+            args.heldout_prompts,
+            args.heldout_samples,
+        )
         t = np.array([e["time"] for e in evals])
         v = st.trailing_mean([e["pass@1"] for e in evals], 2)
         curves[name] = (t, v)
-        step_s = np.diff(np.concatenate([[0.0], st.elapsed(recs)]))[args.skip:]
-        cores = {p: {str(c): n for c, n in sorted(seen.items())} for p, seen in timing["cores_seen"].items()}
+        step_s = np.diff(np.concatenate([[0.0], st.elapsed(recs)]))[args.skip :]
+        cores = {
+            p: {str(c): n for c, n in sorted(seen.items())}
+            for p, seen in timing["cores_seen"].items()
+        }
         out[name] = {
             "seconds_per_step": float(np.median(step_s)),
             "wall": float(st.elapsed(recs)[-1]),
@@ -245,7 +300,9 @@ def plot(curves, out, args) -> Path:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--preset", default="countdown")
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--checkpoint-every", type=int, default=10)
@@ -253,7 +310,13 @@ def main(argv=None) -> dict:
     p.add_argument("--heldout-prompts", type=int, default=128)
     p.add_argument("--heldout-samples", type=int, default=2)
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (every arm)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override (every arm)",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/apart"))
     p.add_argument("--results", type=Path, default=ROOT / "experiments" / "results" / "apart")
     p.add_argument("--fast", action="store_true", help="a smoke run: tiny batches")
@@ -261,19 +324,28 @@ def main(argv=None) -> dict:
     if "apart_sync" not in args.arms:
         p.error("apart_sync is the baseline: keep it in --arms")
     args.results.mkdir(parents=True, exist_ok=True)
-    common = [*WORKLOAD, *args.set, f"rl.steps={args.steps}", f"rl.checkpoint_every={args.checkpoint_every}",
-              *(FAST if args.fast else [])]
+    common = [
+        *WORKLOAD,
+        *args.set,
+        f"rl.steps={args.steps}",
+        f"rl.checkpoint_every={args.checkpoint_every}",
+        *(FAST if args.fast else []),
+    ]
     if args.fast:
         args.set = [*args.set, *FAST]
-    dirs = {name: run_arm(name, args.preset, common + ARMS[name][0], ARMS[name][1], args.out)
-            for name in args.arms}
+    dirs = {
+        name: run_arm(name, args.preset, common + ARMS[name][0], ARMS[name][1], args.out)
+        for name in args.arms
+    }
     result = summarize(args, dirs)
     (args.results / "apart.json").write_text(json.dumps(result, indent=1, default=float))
     for name in args.arms:
         r = result[name]
-        print(f"{name:15s} {r['seconds_per_step']:.2f} s/step  {r['per_step_vs_apart_sync']:.2f}x "
-              f"({r['of_ideal']:.2f} of ideal {result['ideal_speedup']:.2f}x)  to target "
-              f"{r['time_to_target']}  cpu/wall {json.dumps({k: round(v, 2) for k, v in r['cpu_per_wall'].items()})}")
+        print(
+            f"{name:15s} {r['seconds_per_step']:.2f} s/step  {r['per_step_vs_apart_sync']:.2f}x "
+            f"({r['of_ideal']:.2f} of ideal {result['ideal_speedup']:.2f}x)  to target "
+            f"{r['time_to_target']}  cpu/wall {json.dumps({k: round(v, 2) for k, v in r['cpu_per_wall'].items()})}"
+        )
     return result
 
 

@@ -77,16 +77,35 @@ def train_tokenizer(texts, vocab: int, out: Path) -> HFTokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer)
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
-              "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
-    hf = HFTokenizer(tok, "<|im_end|>", None, "<|endoftext|>", CHATML,
-                     (tok.token_to_id("<|endoftext|>"),), config)
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 512,
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+    }
+    hf = HFTokenizer(
+        tok,
+        "<|im_end|>",
+        None,
+        "<|endoftext|>",
+        CHATML,
+        (tok.token_to_id("<|endoftext|>"),),
+        config,
+    )
     hf.save(out)
     return hf
 
@@ -96,11 +115,15 @@ def examples(rows, tokenizer, start: int, count: int) -> list[Rollout]:
     out = []
     for i in range(start, start + count):
         row = rows[i % len(rows)]
-        text = tokenizer.apply_chat_template([{"role": "user", "content": row["question"] + INSTRUCTION}])
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": row["question"] + INSTRUCTION}]
+        )
         prompt = Prompt(i, "sft", text, tokenizer.encode(text, bos=False))
         tokens = tokenizer.encode(row["solution_text"], bos=False, eos=True)
         zeros = np.zeros(len(tokens), np.float32)
-        out.append(Rollout(prompt, 0, tokens, zeros, zeros.astype(np.int32), "eos", score=Score(0.0)))
+        out.append(
+            Rollout(prompt, 0, tokens, zeros, zeros.astype(np.int32), "eos", score=Score(0.0))
+        )
     return out
 
 
@@ -119,12 +142,26 @@ def build(out: Path, b: Build, log=print) -> Path:
     texts = [r["question"] + INSTRUCTION + "\n" + r["solution_text"] for r in rows]
     tokenizer = train_tokenizer(texts, b.vocab, out)
     vocab = -(-tokenizer.vocab_size // 64) * 64  # padded, as Qwen pads its vocabulary
-    cfg = ModelConfig(vocab_size=vocab, dim=b.dim, num_layers=b.layers, num_heads=4, num_kv_heads=2,
-                      head_dim=b.dim // 4, mlp_dim=3 * b.dim, qkv_bias=True, tie_embeddings=True,
-                      max_seq_len=512, rope_theta=10000.0)
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        dim=b.dim,
+        num_layers=b.layers,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=b.dim // 4,
+        mlp_dim=3 * b.dim,
+        qkv_bias=True,
+        tie_embeddings=True,
+        max_seq_len=512,
+        rope_theta=10000.0,
+    )
     params = nnx.to_pure_dict(nnx.split(init_model(cfg, seed=b.seed))[1])
-    trainer = Trainer(cfg, params, None, TrainerConfig(
-        learning_rate=b.lr, schedule="cosine", warmup_steps=20, total_steps=b.steps))
+    trainer = Trainer(
+        cfg,
+        params,
+        None,
+        TrainerConfig(learning_rate=b.lr, schedule="cosine", warmup_steps=20, total_steps=b.steps),
+    )
     order = np.random.default_rng(b.seed).permutation(len(rows))
     rows = [rows[i] for i in order]
     bar = tqdm(range(b.steps), desc="SFT (the base model's 'pretraining')")
@@ -132,10 +169,15 @@ def build(out: Path, b: Build, log=print) -> Path:
         batch = make_batch(examples(rows, tokenizer, step * b.batch, b.batch), tokenizer.pad_id)
         bar.set_postfix(loss=f"{trainer.sft_step(batch)['loss']:.3f}")
     token_ids = TokenIds(bos=None, eos=tokenizer.eos_ids, pad=tokenizer.pad_id)
-    save_hf(trainer.params(host=True), cfg, out, architecture="Qwen2ForCausalLM", token_ids=token_ids)
+    save_hf(
+        trainer.params(host=True), cfg, out, architecture="Qwen2ForCausalLM", token_ids=token_ids
+    )
     seconds = time.perf_counter() - t0
-    stamp.write_text(json.dumps({"key": key, "args": dataclasses.asdict(b),
-                                 "seconds": round(seconds, 1)}, indent=2))
+    stamp.write_text(
+        json.dumps(
+            {"key": key, "args": dataclasses.asdict(b), "seconds": round(seconds, 1)}, indent=2
+        )
+    )
     log(f"built {out} in {seconds:.0f} s ({cfg.num_params() / 1e6:.2f}M parameters)")
     return out
 
@@ -157,7 +199,9 @@ def check(out: Path) -> dict:
     same_ids = theirs(text, add_special_tokens=False)["input_ids"] == ids.tolist()
     _, model = load_hf(out)
     graphdef, state = nnx.split(model)
-    mine = np.asarray(jax.jit(lambda s, t: nnx.merge(graphdef, s)(t))(state, jnp.asarray(ids[None])))
+    mine = np.asarray(
+        jax.jit(lambda s, t: nnx.merge(graphdef, s)(t))(state, jnp.asarray(ids[None]))
+    )
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     with torch.no_grad():
         ref = hf_model(torch.tensor(ids[None], dtype=torch.long)).logits.numpy()
@@ -165,7 +209,9 @@ def check(out: Path) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", type=Path, default=Path("/tmp/minirl_base"))
     for f in dataclasses.fields(Build):
         p.add_argument(f"--{f.name}", type=type(f.default), default=f.default)

@@ -47,13 +47,29 @@ def cases(seed: int = 0) -> list[tuple[str, str, str, bool]]:
         n = int(rng.integers(1000, 2_000_000))
         add("integer, separators", f"{n:,}", f"{n + 7:,}", str(n), [boxed, hashed, phrase])
         add("integer, dollars/units", f"\\${n}", f"\\${n - 3}", str(n), [boxed])
-        add("integer, units text", f"{n} \\text{{ apples}}", f"{n + 1} \\text{{ apples}}", str(n), [boxed])
+        add(
+            "integer, units text",
+            f"{n} \\text{{ apples}}",
+            f"{n + 1} \\text{{ apples}}",
+            str(n),
+            [boxed],
+        )
         p, q = (int(x) for x in rng.integers(2, 40, 2))
         if p % q:
-            add("fraction vs decimal", f"\\frac{{{p}}}{{{q}}}", f"\\frac{{{p + 1}}}{{{q}}}",
-                f"{p / q:.6g}" if len(f"{p / q:.6g}") < 6 else f"{p}/{q}", [boxed])
-            add("dfrac vs frac", f"\\dfrac{{{p}}}{{{q}}}", f"\\dfrac{{{q}}}{{{p}}}",
-                f"\\frac{{{p}}}{{{q}}}", [boxed])
+            add(
+                "fraction vs decimal",
+                f"\\frac{{{p}}}{{{q}}}",
+                f"\\frac{{{p + 1}}}{{{q}}}",
+                f"{p / q:.6g}" if len(f"{p / q:.6g}") < 6 else f"{p}/{q}",
+                [boxed],
+            )
+            add(
+                "dfrac vs frac",
+                f"\\dfrac{{{p}}}{{{q}}}",
+                f"\\dfrac{{{q}}}{{{p}}}",
+                f"\\frac{{{p}}}{{{q}}}",
+                [boxed],
+            )
         k = int(rng.integers(2, 30))
         add("negative", f"-{k}", f"{k}", f"-{k}", [boxed, hashed])
         add("percent", f"{k}\\%", f"{k + 5}\\%", f"{k}", [boxed])
@@ -62,7 +78,9 @@ def cases(seed: int = 0) -> list[tuple[str, str, str, bool]]:
         add("pi", f"\\frac{{{k}\\pi}}{{2}}", f"\\frac{{{k}\\pi}}{{3}}", f"{k}\\pi/2", [boxed])
         a, b = sorted(int(x) for x in rng.integers(-9, 9, 2))
         add("interval", f"[{a}, {b + 1})", f"({a}, {b + 1}]", f"[{a},{b + 1})", [boxed])
-        add("set", f"\\{{{a}, {b + 1}\\}}", f"\\{{{a}, {b + 2}\\}}", f"\\{{{b + 1},{a}\\}}", [boxed])
+        add(
+            "set", f"\\{{{a}, {b + 1}\\}}", f"\\{{{a}, {b + 2}\\}}", f"\\{{{b + 1},{a}\\}}", [boxed]
+        )
         add("expression", f"{k}x + {k * 2}", f"{k}x + {k * 3}", f"{k}(x + 2)", [boxed])
         add("equation", f"x = {k}", f"x = {k + 1}", f"{k}", [boxed])
         out.append(("no answer", "I am not sure how to solve this.", str(k), False))
@@ -71,14 +89,25 @@ def cases(seed: int = 0) -> list[tuple[str, str, str, bool]]:
 
 def score_all(pairs, backend: str) -> list[bool]:
     verifier = MathVerifier(MathVerifierConfig(backend=backend))
-    rollouts = [Rollout(Prompt(i, "m", "", np.zeros(0, np.int32), {"answer": gold}), 0,
-                        np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.int32),
-                        "eos", text=text) for i, (_, text, gold, _) in enumerate(pairs)]
+    rollouts = [
+        Rollout(
+            Prompt(i, "m", "", np.zeros(0, np.int32), {"answer": gold}),
+            0,
+            np.zeros(0, np.int32),
+            np.zeros(0, np.float32),
+            np.zeros(0, np.int32),
+            "eos",
+            text=text,
+        )
+        for i, (_, text, gold, _) in enumerate(pairs)
+    ]
     return [s.reward >= 1.0 for s in verifier.score(rollouts)]
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show", type=int, default=0, help="print this many disagreements")
     args = p.parse_args(argv)
@@ -90,14 +119,18 @@ def main(argv=None) -> dict:
         seconds[backend] = time.perf_counter() - t0
     rows = defaultdict(lambda: [0, 0, 0, 0])  # pairs, builtin right, math_verify right, disagree
     shown = []
-    for (category, text, gold, truth), a, b in zip(pairs, results["builtin"], results["math_verify"], strict=True):
+    for (category, text, gold, truth), a, b in zip(
+        pairs, results["builtin"], results["math_verify"], strict=True
+    ):
         row = rows[category]
         row[0] += 1
         row[1] += a == truth
         row[2] += b == truth
         row[3] += a != b
         if a != b and len(shown) < args.show:
-            shown.append(f"  [{category}] gold {gold!r}: builtin {a}, math_verify {b} <- {text[-60:]!r}")
+            shown.append(
+                f"  [{category}] gold {gold!r}: builtin {a}, math_verify {b} <- {text[-60:]!r}"
+            )
     total = [sum(r[i] for r in rows.values()) for i in range(4)]
     print(f"{'category':26s} {'pairs':>5s} {'builtin':>8s} {'math_verify':>11s} {'disagree':>8s}")
     for category, r in [*rows.items(), ("ALL", total)]:

@@ -86,8 +86,9 @@ def run_arm(arm: str, cfg, base, evaluator: Run, run_dir: Path, steps: int) -> d
     warm start: every arm starts from the same weights), then the held-out evaluation."""
     run = Run(cfg, run_dir, progress=False, log=lambda *a: None)
     engine = run.engine(0, base)
-    trainer = Trainer(cfg.model, base, get_preset(cfg.rl.loss), cfg.trainer,
-                      sampling=cfg.engine.sampling.scoring)
+    trainer = Trainer(
+        cfg.model, base, get_preset(cfg.rl.loss), cfg.trainer, sampling=cfg.engine.sampling.scoring
+    )
     store = InMemoryWeightStore(keep=max(4, cfg.rl.reload_every + 2))
     controller = Controller(
         cfg,
@@ -133,7 +134,9 @@ def summarize(records: list[dict]) -> dict:
         "dlogp_p95_over_steps": float(np.nanpercentile(col("mismatch/mean_abs_dlogp"), 95)),
         "dlogp_max": float(np.nanmax(col("mismatch/max_abs_dlogp"))),
         # RLAX Fig. 5's summary: p95 over steps of the first update's mean |log pi - log pi_old|
-        "fig5_with_recompute": float(np.nanpercentile(col("train/dlogp_recompute/mean_abs_dlogp"), 95)),
+        "fig5_with_recompute": float(
+            np.nanpercentile(col("train/dlogp_recompute/mean_abs_dlogp"), 95)
+        ),
         "fig5_without_recompute": float(
             np.nanpercentile(col("train/dlogp_no_recompute/mean_abs_dlogp"), 95)
         ),
@@ -246,7 +249,9 @@ def main(argv=None) -> int:
         out=out / "mismatch_minirl.png",
     )
 
-    rows = [{"name": name, "pass@1": r["after"]["pass@1"], **r} for name, r in results["runs"].items()]
+    rows = [
+        {"name": name, "pass@1": r["after"]["pass@1"], **r} for name, r in results["runs"].items()
+    ]
     print("\n" + format_table(rows, TABLE))
     base = ", ".join(f"s{s} {b['pass@1']:.3f}" for s, b in results["base"].items())
     print(f"base held-out pass@1: {base}")

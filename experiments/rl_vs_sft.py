@@ -69,7 +69,14 @@ from minirl.warmstart import demonstration_rollouts, warm_start
 SFT_CONTROL_OFFSET = 10_000_000
 DECOY_SEED = 7  # keys the decoy targets (the same for every seed and arm)
 FAST = ["eval.prompts=32", "eval.samples=4"]  # --fast: a smoke test of the whole script
-RL_KEYS = ("reward/mean", "reward/mixed_groups", "time/generate", "time/verify", "time/train", "time/step")
+RL_KEYS = (
+    "reward/mean",
+    "reward/mixed_groups",
+    "time/generate",
+    "time/verify",
+    "time/train",
+    "time/step",
+)
 
 
 class Clock:
@@ -127,14 +134,22 @@ def sft_arm(run: Run, base, sft_lr: float | None = None) -> Arm:
     """Supervised training on fresh format-only demonstrations: the warm start's optimiser
     (one update per batch of `sft.batch_size`), at a constant learning rate."""
     cfg = run.cfg
-    trainer_cfg = dataclasses.replace(cfg.trainer, learning_rate=sft_lr or cfg.sft.learning_rate,
-                                      schedule="constant", warmup_steps=0, ppo_epochs=1, num_minibatches=1)
+    trainer_cfg = dataclasses.replace(
+        cfg.trainer,
+        learning_rate=sft_lr or cfg.sft.learning_rate,
+        schedule="constant",
+        warmup_steps=0,
+        ppo_epochs=1,
+        num_minibatches=1,
+    )
     trainer = Trainer(cfg.model, base, None, trainer_cfg)
     bs, start = cfg.sft.batch_size, SFT_CONTROL_OFFSET * (cfg.rl.seed + 1)
     log = []
 
     def step():
-        demos = demonstration_rollouts(run.task, run.tokenizer, start + len(log) * bs, bs, seed=cfg.rl.seed + 1)
+        demos = demonstration_rollouts(
+            run.task, run.tokenizer, start + len(log) * bs, bs, seed=cfg.rl.seed + 1
+        )
         log.append({"loss": trainer.sft_step(make_batch(demos, run.tokenizer.pad_id))["loss"]})
 
     return Arm(step, trainer.params, log)
@@ -168,7 +183,11 @@ def decoy_prompts(run: Run) -> list | None:
                 decoy = found[1]
                 break
         text = " ".join(map(str, p.meta["numbers"])) + f" -> {decoy}:"
-        out.append(dataclasses.replace(p, text=text, tokens=np.asarray(run.tokenizer.encode(text), np.int32)))
+        out.append(
+            dataclasses.replace(
+                p, text=text, tokens=np.asarray(run.tokenizer.encode(text), np.int32)
+            )
+        )
     return out
 
 
@@ -176,14 +195,21 @@ def demonstration_pass1(run: Run, samples: int = 64) -> float:
     """pass@1 of the demonstrations themselves on the held-out prompts (`samples` each): where
     supervised training on them leads when it fits them exactly."""
     empty = np.zeros(0, np.int32)
-    rollouts = [Rollout(p, s, empty, empty.astype(np.float32), empty, "eos", text=run.task.demonstration(p, s))
-                for p in heldout_prompts(run.task, run.cfg.eval.prompts) for s in range(samples)]
+    rollouts = [
+        Rollout(
+            p, s, empty, empty.astype(np.float32), empty, "eos", text=run.task.demonstration(p, s)
+        )
+        for p in heldout_prompts(run.task, run.cfg.eval.prompts)
+        for s in range(samples)
+    ]
     return float(np.mean([s.reward >= 1.0 for s in run.task.verifier.score(rollouts)]))
 
 
 def decoy_pass1(run: Run, engine, decoys) -> float:
     """pass@1 on the decoy prompts, scored against each prompt's true target."""
-    requests = [Request(p, i, run.task.max_new_tokens) for p in decoys for i in range(run.cfg.eval.samples)]
+    requests = [
+        Request(p, i, run.task.max_new_tokens) for p in decoys for i in range(run.cfg.eval.samples)
+    ]
     rollouts = engine.generate(requests)
     decode_rollouts(rollouts, run.tokenizer)
     truth = {q.uid: q for q in heldout_prompts(run.task, len(decoys))}  # decoys keep the uid
@@ -202,7 +228,10 @@ def curve(run: Run, arm: Arm, budget: float, eval_every: float, clock: Clock, de
         clock.stop()
         engine.load_weights(len(points), arm.params())
         points.append({"t": clock.spent, "steps": len(arm.log), **run.evaluate(engine)})
-        print(f"    t={clock.spent:6.1f}s step {len(arm.log):4d}  pass@1 {points[-1]['pass@1']:.3f}", flush=True)
+        print(
+            f"    t={clock.spent:6.1f}s step {len(arm.log):4d}  pass@1 {points[-1]['pass@1']:.3f}",
+            flush=True,
+        )
         clock.start()
 
     def done() -> bool:
@@ -218,8 +247,15 @@ def curve(run: Run, arm: Arm, budget: float, eval_every: float, clock: Clock, de
             next_eval += eval_every
     record()
     clock.stop()
-    out = {"curve": points, "final": points[-1], "steps": len(arm.log), "wall_seconds": clock.totals["wall"],
-           "cpu_seconds": clock.totals["cpu"], "load": [load_before[0], os.getloadavg()[0]], "log": arm.log}
+    out = {
+        "curve": points,
+        "final": points[-1],
+        "steps": len(arm.log),
+        "wall_seconds": clock.totals["wall"],
+        "cpu_seconds": clock.totals["cpu"],
+        "load": [load_before[0], os.getloadavg()[0]],
+        "log": arm.log,
+    }
     if decoys is not None:
         out["final"]["decoy_pass@1"] = decoy_pass1(run, engine, decoys)
     return out
@@ -236,23 +272,49 @@ def plot(results: dict, path: Path) -> None:
         for arm, style in (("rl", "-"), ("sft", "--")):
             if arm in r:
                 c = r[arm]["curve"]
-                ax.plot([p["t"] for p in c], [p["pass@1"] for p in c], style, color=f"C{i}", marker="o", ms=3,
-                        label=f"{arm.upper()} seed {seed}")
+                ax.plot(
+                    [p["t"] for p in c],
+                    [p["pass@1"] for p in c],
+                    style,
+                    color=f"C{i}",
+                    marker="o",
+                    ms=3,
+                    label=f"{arm.upper()} seed {seed}",
+                )
                 if "decoy_pass@1" in r[arm]["final"]:
-                    ax.plot([c[-1]["t"]], [r[arm]["final"]["decoy_pass@1"]], "x", color=f"C{i}", ms=7)
+                    ax.plot(
+                        [c[-1]["t"]], [r[arm]["final"]["decoy_pass@1"]], "x", color=f"C{i}", ms=7
+                    )
     # The base is one model, but each seed evaluates it with its own sampling keys: one bar each.
     for i, (seed, r) in enumerate(results["per_seed"].items()):
-        ax.axhline(r["base"][f"pass@{k}"], color=f"C{i}", ls="-.", lw=1.2,
-                   label=f"base pass@{k}, seed {seed} ({r['base'][f'pass@{k}']:.3f}): the bar")
+        ax.axhline(
+            r["base"][f"pass@{k}"],
+            color=f"C{i}",
+            ls="-.",
+            lw=1.2,
+            label=f"base pass@{k}, seed {seed} ({r['base'][f'pass@{k}']:.3f}): the bar",
+        )
     base_p1 = [r["base"]["pass@1"] for r in results["per_seed"].values()]
-    ax.axhline(np.mean(base_p1), color="gray", ls=":", label=f"base pass@1 ({min(base_p1):.3f}-{max(base_p1):.3f})")
-    ax.axhline(results["demonstration_pass@1"], color="gray", ls="--", lw=0.8,
-               label=f"the demonstrations' own pass@1 ({results['demonstration_pass@1']:.3f})")
+    ax.axhline(
+        np.mean(base_p1),
+        color="gray",
+        ls=":",
+        label=f"base pass@1 ({min(base_p1):.3f}-{max(base_p1):.3f})",
+    )
+    ax.axhline(
+        results["demonstration_pass@1"],
+        color="gray",
+        ls="--",
+        lw=0.8,
+        label=f"the demonstrations' own pass@1 ({results['demonstration_pass@1']:.3f})",
+    )
     ax.set_ylim(0, max(0.6, ax.get_ylim()[1]))
     ax.set_xlabel(f"training seconds ({results['clock']} clock, evaluation excluded)")
     ax.set_ylabel(f"held-out pass@1 ({results['eval_prompts']} prompts x {k})")
-    ax.set_title(f"{results['task']}\nRL (solid) vs SFT on the demonstrations (dashed); x = pass@1 on decoys",
-                 fontsize=8)
+    ax.set_title(
+        f"{results['task']}\nRL (solid) vs SFT on the demonstrations (dashed); x = pass@1 on decoys",
+        fontsize=8,
+    )
     ax.legend(fontsize=6.5, loc="lower right", ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -266,32 +328,72 @@ def table(results: dict) -> str:
         rl, sft = r.get("rl"), r.get("sft")
         rl_p = rl["final"]["pass@1"] if rl else None
         sft_p = sft["final"]["pass@1"] if sft else None
-        met = rl_p is not None and rl_p >= r["base"][f"pass@{k}"] and (sft_p is None or rl_p > sft_p)
-        rows.append({
-            "seed": seed, "base1": r["base"]["pass@1"], "basek": r["base"][f"pass@{k}"], "rl": rl_p, "sft": sft_p,
-            "decoy": rl["final"].get("decoy_pass@1") if rl else None,
-            "rl_steps": rl["steps"] if rl else 0, "sft_steps": sft["steps"] if sft else 0,
-            "met": "yes" if met else "no",
-            "load": " / ".join(f"{a['load'][0]:.1f}-{a['load'][1]:.1f}" for a in (rl, sft) if a),
-        })
-    columns = [("seed", "seed", "{}"), ("base p@1", "base1", "{:.3f}"), (f"base p@{k}", "basek", "{:.3f}"),
-               ("RL p@1", "rl", "{:.3f}"), ("SFT p@1", "sft", "{:.3f}"), ("RL decoy", "decoy", "{:.3f}"),
-               ("RL steps", "rl_steps", "{}"), ("SFT steps", "sft_steps", "{}"), ("met", "met", "{}"),
-               ("load (1-min avg, RL / SFT)", "load", "{}")]
+        met = (
+            rl_p is not None and rl_p >= r["base"][f"pass@{k}"] and (sft_p is None or rl_p > sft_p)
+        )
+        rows.append(
+            {
+                "seed": seed,
+                "base1": r["base"]["pass@1"],
+                "basek": r["base"][f"pass@{k}"],
+                "rl": rl_p,
+                "sft": sft_p,
+                "decoy": rl["final"].get("decoy_pass@1") if rl else None,
+                "rl_steps": rl["steps"] if rl else 0,
+                "sft_steps": sft["steps"] if sft else 0,
+                "met": "yes" if met else "no",
+                "load": " / ".join(
+                    f"{a['load'][0]:.1f}-{a['load'][1]:.1f}" for a in (rl, sft) if a
+                ),
+            }
+        )
+    columns = [
+        ("seed", "seed", "{}"),
+        ("base p@1", "base1", "{:.3f}"),
+        (f"base p@{k}", "basek", "{:.3f}"),
+        ("RL p@1", "rl", "{:.3f}"),
+        ("SFT p@1", "sft", "{:.3f}"),
+        ("RL decoy", "decoy", "{:.3f}"),
+        ("RL steps", "rl_steps", "{}"),
+        ("SFT steps", "sft_steps", "{}"),
+        ("met", "met", "{}"),
+        ("load (1-min avg, RL / SFT)", "load", "{}"),
+    ]
     return format_table(rows, columns)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--preset", default="countdown")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--budget", type=float, default=None, help="training seconds per arm (default: rl.time_budget)")
-    p.add_argument("--eval-every", type=float, default=None, help="seconds between evaluations (default: budget/6)")
-    p.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="what a training second is")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="training seconds per arm (default: rl.time_budget)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=float,
+        default=None,
+        help="seconds between evaluations (default: budget/6)",
+    )
+    p.add_argument(
+        "--clock", choices=["wall", "cpu"], default="wall", help="what a training second is"
+    )
     p.add_argument("--arms", nargs="+", default=["rl", "sft"], choices=list(ARMS))
-    p.add_argument("--sft-lr", type=float, default=None, help="SFT control learning rate (default: sft.learning_rate)")
-    p.add_argument("--fast", action="store_true", help="smoke test: 10 s per arm, 32 x 4 evaluation samples")
+    p.add_argument(
+        "--sft-lr",
+        type=float,
+        default=None,
+        help="SFT control learning rate (default: sft.learning_rate)",
+    )
+    p.add_argument(
+        "--fast", action="store_true", help="smoke test: 10 s per arm, 32 x 4 evaluation samples"
+    )
     p.add_argument("--out", default="experiments/results/rl_vs_sft")
     args = p.parse_args(argv)
 
@@ -299,8 +401,14 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     overrides = [*(FAST if args.fast else []), *args.overrides]
     argv = sys.argv[1:] if argv is None else argv
-    results = {"command": " ".join(["python experiments/rl_vs_sft.py", *argv]), "seeds": args.seeds,
-               "clock": args.clock, "machine": platform.platform(), "cpus": os.cpu_count(), "per_seed": {}}
+    results = {
+        "command": " ".join(["python experiments/rl_vs_sft.py", *argv]),
+        "seeds": args.seeds,
+        "clock": args.clock,
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "per_seed": {},
+    }
     for seed in args.seeds:
         cfg = make_config(args.preset, [*overrides, f"rl.seed={seed}"])
         budget = args.budget or (10.0 if args.fast else cfg.rl.time_budget)
@@ -311,9 +419,14 @@ def main(argv=None) -> int:
         base, _ = warm_start(cfg, run.tokenizer, run.task, progress=False)
         if "warmup_seconds" not in results:
             results["warmup_seconds"] = warm_up(run, base, args.sft_lr)
-        results.update(task=f"{cfg.task.name} ({', '.join(f'{k}={v}' for k, v in cfg.task.args.items())})", eval_samples=cfg.eval.samples,
-                       eval_prompts=cfg.eval.prompts, budget=budget, sft_lr=args.sft_lr or cfg.sft.learning_rate,
-                       config=dataclasses.asdict(cfg))
+        results.update(
+            task=f"{cfg.task.name} ({', '.join(f'{k}={v}' for k, v in cfg.task.args.items())})",
+            eval_samples=cfg.eval.samples,
+            eval_prompts=cfg.eval.prompts,
+            budget=budget,
+            sft_lr=args.sft_lr or cfg.sft.learning_rate,
+            config=dataclasses.asdict(cfg),
+        )
         decoys = decoy_prompts(run)
         if "demonstration_pass@1" not in results:
             results["demonstration_pass@1"] = demonstration_pass1(run)
@@ -324,7 +437,14 @@ def main(argv=None) -> int:
         print(f"seed {seed}: base {r['base']}", flush=True)
         for arm in args.arms:
             print(f"  {arm}", flush=True)
-            r[arm] = curve(run, ARMS[arm](run, base, args.sft_lr), budget, eval_every, Clock(args.clock), decoys)
+            r[arm] = curve(
+                run,
+                ARMS[arm](run, base, args.sft_lr),
+                budget,
+                eval_every,
+                Clock(args.clock),
+                decoys,
+            )
         results["per_seed"][str(seed)] = r
         (out / "rl_vs_sft.json").write_text(json.dumps(results, indent=1, default=str))
         plot(results, out / "rl_vs_sft.png")

@@ -32,7 +32,9 @@ def main(argv=None) -> list[dict]:
     lesson = __import__("12_your_own_model")
     import make_base_model
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", type=Path, default=Path("runs/user_path"))
     args = p.parse_args(argv)
@@ -40,28 +42,54 @@ def main(argv=None) -> list[dict]:
     rows = []
     for seed in args.seeds:
         run_dir = args.out / f"seed-{seed}"
-        cmd = ["minirl", "train", "--quiet", "--model", str(base), "--data",
-               str(base / "data/train.jsonl"), "--eval-data", str(base / "data/test.jsonl"),
-               "--verifier", "math", "--run-dir", str(run_dir), "--set", f"rl.seed={seed}"]
+        cmd = [
+            "minirl",
+            "train",
+            "--quiet",
+            "--model",
+            str(base),
+            "--data",
+            str(base / "data/train.jsonl"),
+            "--eval-data",
+            str(base / "data/test.jsonl"),
+            "--verifier",
+            "math",
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            f"rl.seed={seed}",
+        ]
         for item in lesson.COMMON + lesson.FULL["overrides"]:
             cmd += ["--set", item]
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         summary = json.loads((run_dir / "summary.json").read_text())
         exported = run_dir / "exported"
-        subprocess.run(["minirl", "export", str(run_dir), "--out", str(exported), "--force"],
-                       check=True, stdout=subprocess.DEVNULL)
-        row = {"seed": seed, "before": summary["before"], "after": summary["after"],
-               "steps": summary["counters"]["steps"], "rl_seconds": summary["rl_seconds"],
-               "transformers": lesson.compare_with_transformers(exported)}
+        subprocess.run(
+            ["minirl", "export", str(run_dir), "--out", str(exported), "--force"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        row = {
+            "seed": seed,
+            "before": summary["before"],
+            "after": summary["after"],
+            "steps": summary["counters"]["steps"],
+            "rl_seconds": summary["rl_seconds"],
+            "transformers": lesson.compare_with_transformers(exported),
+        }
         rows.append(row)
         print(json.dumps(row, default=float), flush=True)
-    print(f"\n{'seed':>4s} {'base pass@1':>11s} {'bar: base pass@8':>16s} {'RL pass@1':>9s} "
-          f"{'RL pass@8':>9s} {'steps':>5s} {'RL s':>5s}  reached")
+    print(
+        f"\n{'seed':>4s} {'base pass@1':>11s} {'bar: base pass@8':>16s} {'RL pass@1':>9s} "
+        f"{'RL pass@8':>9s} {'steps':>5s} {'RL s':>5s}  reached"
+    )
     for r in rows:
         b, a = r["before"], r["after"]
-        print(f"{r['seed']:4d} {b['pass@1']:11.3f} {b['pass@8']:16.3f} {a['pass@1']:9.3f} "
-              f"{a['pass@8']:9.3f} {r['steps']:5d} {r['rl_seconds']:5.0f}  {a['pass@1'] >= b['pass@8']}")
+        print(
+            f"{r['seed']:4d} {b['pass@1']:11.3f} {b['pass@8']:16.3f} {a['pass@1']:9.3f} "
+            f"{a['pass@8']:9.3f} {r['steps']:5d} {r['rl_seconds']:5.0f}  {a['pass@1'] >= b['pass@8']}"
+        )
     (args.out / "results.json").write_text(json.dumps(rows, indent=2, default=float))
     return rows
 

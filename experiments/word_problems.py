@@ -37,26 +37,36 @@ def _problem(rng: np.random.Generator) -> tuple[str, list[str], int]:
     kind = int(rng.integers(5))
     if kind == 0:
         c = min(c, a + b - 1)
-        q = (f"{name} has {a} {thing}. {name} buys {b} more and then gives {c} away. "
-             f"How many {thing} does {name} have now?")
+        q = (
+            f"{name} has {a} {thing}. {name} buys {b} more and then gives {c} away. "
+            f"How many {thing} does {name} have now?"
+        )
         return q, [f"{a} + {b} = {a + b}", f"{a + b} - {c} = {a + b - c}"], a + b - c
     if kind == 1:
         c = min(c, a * b - 1)
-        q = (f"{name} buys {a} packs of {thing}. Each pack has {b} {thing}. {name} loses {c} of "
-             f"them. How many {thing} are left?")
+        q = (
+            f"{name} buys {a} packs of {thing}. Each pack has {b} {thing}. {name} loses {c} of "
+            f"them. How many {thing} are left?"
+        )
         return q, [f"{a} * {b} = {a * b}", f"{a * b} - {c} = {a * b - c}"], a * b - c
     if kind == 2:
-        q = (f"A box holds {a} {thing}. {name} has {b} full boxes and {c} loose {thing}. "
-             f"How many {thing} does {name} have in all?")
+        q = (
+            f"A box holds {a} {thing}. {name} has {b} full boxes and {c} loose {thing}. "
+            f"How many {thing} does {name} have in all?"
+        )
         return q, [f"{a} * {b} = {a * b}", f"{a * b} + {c} = {a * b + c}"], a * b + c
     if kind == 3:
         c = min(c, a * b - 1)
-        q = (f"{name} earns {a} dollars an hour and works {b} hours. Then {name} spends {c} "
-             f"dollars. How many dollars does {name} have left?")
+        q = (
+            f"{name} earns {a} dollars an hour and works {b} hours. Then {name} spends {c} "
+            f"dollars. How many dollars does {name} have left?"
+        )
         return q, [f"{a} * {b} = {a * b}", f"{a * b} - {c} = {a * b - c}"], a * b - c
     total = a * b
-    q = (f"{name} shares {total} {thing} equally among {b} friends. Then each friend finds {c} "
-         f"more. How many {thing} does each friend have?")
+    q = (
+        f"{name} shares {total} {thing} equally among {b} friends. Then each friend finds {c} "
+        f"more. How many {thing} does each friend have?"
+    )
     return q, [f"{total} / {b} = {a}", f"{a} + {c} = {a + c}"], a + c
 
 
@@ -65,9 +75,11 @@ def problem(seed: int, split: str, index: int) -> dict:
     for attempt in range(1000):
         question, lines, answer = _problem(stream("word-problems", seed, split, index, attempt))
         if split_of("word-problems", question, TEST_FRACTION) == split:
-            return {"question": question,
-                    "answer": "\n".join(lines) + f"\n#### {answer}",
-                    "solution_text": "\n".join(lines) + f"\nThe answer is \\boxed{{{answer}}}."}
+            return {
+                "question": question,
+                "answer": "\n".join(lines) + f"\n#### {answer}",
+                "solution_text": "\n".join(lines) + f"\nThe answer is \\boxed{{{answer}}}.",
+            }
     raise RuntimeError(f"no {split} problem found for index {index}")
 
 
@@ -87,7 +99,9 @@ def write(out: Path, split: str, count: int, seed: int) -> Path:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--train", type=int, default=20000)
     p.add_argument("--test", type=int, default=500)

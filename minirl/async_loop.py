@@ -103,7 +103,9 @@ class RolloutThread(threading.Thread):
             except WorkerDied as e:
                 if attempt == 2:
                     raise
-                self.ctl.log(f"engine worker died ({e}); restarting it and re-submitting its requests")
+                self.ctl.log(
+                    f"engine worker died ({e}); restarting it and re-submitting its requests"
+                )
                 self.restarts += 1
                 self.engine.restart()
                 with self.ctl.cond:
@@ -141,7 +143,7 @@ class RolloutThread(threading.Thread):
         ctl, rl = self.ctl, self.ctl.rl
         with ctl.cond:
             if ctl.reload_due():  # the trainer published since _maybe_reload: reload first, or the
-                return            # new prompts would be sampled by weights the bound k may refuse
+                return  # new prompts would be sampled by weights the bound k may refuse
             allowed = (rl.eta + 1) * rl.prompts_per_step - ctl.unconsumed() - len(self.in_flight)
             prompts = ctl.usable(ctl.mixture.next_prompts(allowed)) if allowed > 0 else []
             # In the same critical section as the mixture's advance: a snapshot (taken under this
@@ -157,7 +159,10 @@ class RolloutThread(threading.Thread):
     def _submit(self, prompts) -> None:
         if prompts:
             g = self.ctl.rl.group_size
-            self._call("submit", [Request(p, i, self.ctl.max_new_tokens) for p in prompts for i in range(g)])
+            self._call(
+                "submit",
+                [Request(p, i, self.ctl.max_new_tokens) for p in prompts for i in range(g)],
+            )
 
     def _collect(self, finished) -> None:
         complete = []

@@ -49,8 +49,12 @@ class ContiguousLayout:
         """Positions allocated, used now and at the peak, and the largest temporary view."""
         c = self.cfg
         view = max((w for w in c.windows if w < c.cache_len), default=0)  # a window copy
-        return {"allocated": c.slots * c.cache_len, "used": used_tokens,
-                "peak_used": peak_tokens, "transient": c.slots * view}  # fmt: skip
+        return {
+            "allocated": c.slots * c.cache_len,
+            "used": used_tokens,
+            "peak_used": peak_tokens,
+            "transient": c.slots * view,
+        }
 
     @staticmethod
     def write_rows(cache: KVCache, rows: KVCache, slot_ids, lengths) -> KVCache:
@@ -86,8 +90,9 @@ class ContiguousLayout:
             new = jnp.take_along_axis(part, index, axis=1)  # [B, N, K, Dh]
             return full.at[rows, target].set(new, mode="drop")  # out-of-range targets: dropped
 
-        return KVCache(tuple(map(put, cache.k, view.k)), tuple(map(put, cache.v, view.v)),
-                       view.lengths)  # fmt: skip
+        return KVCache(
+            tuple(map(put, cache.k, view.k)), tuple(map(put, cache.v, view.v)), view.lengths
+        )
 
 
 class PagedLayout:
@@ -114,9 +119,12 @@ class PagedLayout:
 
     def memory(self, used_tokens: int, peak_tokens: int) -> dict[str, int]:
         c, blocks = self.cfg, self.blocks
-        return {"allocated": c.pool_blocks * c.block_size, "used": blocks.num_used * c.block_size,
-                "peak_used": blocks.peak_used * c.block_size,
-                "transient": c.slots * c.cache_len}  # fmt: skip  (the widest view, gathered)
+        return {
+            "allocated": c.pool_blocks * c.block_size,
+            "used": blocks.num_used * c.block_size,
+            "peak_used": blocks.peak_used * c.block_size,
+            "transient": c.slots * c.cache_len,
+        }  # (the widest view, gathered)
 
     write_rows = staticmethod(P.write_rows)
     view = staticmethod(P.gather_view)

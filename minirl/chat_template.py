@@ -53,22 +53,26 @@ def _raise_exception(message):
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 @functools.lru_cache(maxsize=16)
 def compile_template(source: str) -> jinja2.Template:
     """The template compiled once (cached by its text)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_Generation, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
         return env.from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as e:
-        raise ChatTemplateError(f"the chat template is not valid Jinja: {e} (line {e.lineno})") from None
+        raise ChatTemplateError(
+            f"the chat template is not valid Jinja: {e} (line {e.lineno})"
+        ) from None
 
 
 def check_messages(messages) -> list[dict]:
@@ -90,7 +94,12 @@ def render(source: str, messages, add_generation_prompt: bool = True, **special_
     """`messages` laid out by the template `source`; `special_tokens`: bos_token=..., etc."""
     template = compile_template(source)
     try:
-        return template.render(messages=check_messages(messages), tools=None, documents=None,
-                               add_generation_prompt=add_generation_prompt, **special_tokens)
+        return template.render(
+            messages=check_messages(messages),
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **special_tokens,
+        )
     except jinja2.exceptions.TemplateError as e:  # raise_exception(...) or a sandbox refusal
         raise ChatTemplateError(f"the chat template refused these messages: {e}") from None

@@ -84,20 +84,32 @@ class RLConfig:
     group_size: int = 8  # G: samples per prompt
     reload_every: int = 1  # j: the engine loads every j-th weight version
     max_lag: int = 0  # k: accept a rollout whose oldest token is <= k versions behind the version the step produces; 0 = unbounded
-    eta: int = 0  # AReaL: generation may run at most eta batches ahead of training (0 = synchronous)
+    eta: int = (
+        0  # AReaL: generation may run at most eta batches ahead of training (0 = synchronous)
+    )
     scheduler: str = "lockstep"  # lockstep (bitwise reproducible) | async (free-running threads)
     reload_policy: str = "discard"  # in-flight requests at a reload: discard (re-queue) | continue
-    batch_order: str = "freshest"  # which acceptable groups a step takes: freshest (RLAX) | oldest (AReaL)
+    batch_order: str = (
+        "freshest"  # which acceptable groups a step takes: freshest (RLAX) | oldest (AReaL)
+    )
     workers: str = "inprocess"  # inprocess | process: engine and verifier in their own local processes (Ray: python -m scale.launch ray)
     dynamic_filter: bool = False  # DAPO: drop groups whose rewards are all equal, sample more (on anyway for rl.loss=dapo)
     seed: int = 0  # keys the prompt mixture and every sampling draw
     checkpoint_every: int = 10  # write a checkpoint every N steps (at reload boundaries)
     keep_checkpoints: int = 2  # checkpoints kept on disk
-    export_hf: bool = False  # at the end, also write RUN_DIR/hf: a Hugging Face checkpoint (minirl export)
+    export_hf: bool = (
+        False  # at the end, also write RUN_DIR/hf: a Hugging Face checkpoint (minirl export)
+    )
 
     def __post_init__(self):
-        for name in ("steps", "prompts_per_step", "group_size", "reload_every", "checkpoint_every",
-                     "keep_checkpoints"):
+        for name in (
+            "steps",
+            "prompts_per_step",
+            "group_size",
+            "reload_every",
+            "checkpoint_every",
+            "keep_checkpoints",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_lag < 0 or self.eta < 0 or self.time_budget < 0 or self.seed < 0:
@@ -107,12 +119,18 @@ class RLConfig:
         if self.workers not in ("inprocess", "process"):
             raise ValueError(f"rl.workers must be inprocess or process, got {self.workers!r}")
         if self.reload_policy not in RELOAD_POLICIES:
-            raise ValueError(f"rl.reload_policy must be one of {RELOAD_POLICIES}, got {self.reload_policy!r}")
+            raise ValueError(
+                f"rl.reload_policy must be one of {RELOAD_POLICIES}, got {self.reload_policy!r}"
+            )
         if self.batch_order not in BATCH_ORDERS:
-            raise ValueError(f"rl.batch_order must be one of {BATCH_ORDERS}, got {self.batch_order!r}")
+            raise ValueError(
+                f"rl.batch_order must be one of {BATCH_ORDERS}, got {self.batch_order!r}"
+            )
         if self.max_lag and self.max_lag < self.reload_every:
-            raise ValueError(f"rl.max_lag={self.max_lag} < rl.reload_every={self.reload_every}: "
-                             "every rollout would be too stale to train on")
+            raise ValueError(
+                f"rl.max_lag={self.max_lag} < rl.reload_every={self.reload_every}: "
+                "every rollout would be too stale to train on"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +145,10 @@ class SFTConfig:
 
     def __post_init__(self):
         if self.steps < 0 or self.batch_size < 1 or self.seed < 0:
-            raise ValueError(f"sft: steps >= 0, batch_size >= 1 and seed >= 0, got {self.steps}, "
-                             f"{self.batch_size}, {self.seed}")
+            raise ValueError(
+                f"sft: steps >= 0, batch_size >= 1 and seed >= 0, got {self.steps}, "
+                f"{self.batch_size}, {self.seed}"
+            )
         if not self.learning_rate > 0:
             raise ValueError(f"sft.learning_rate must be > 0, got {self.learning_rate}")
 
@@ -141,8 +161,10 @@ class EvalConfig:
 
     def __post_init__(self):
         if self.prompts < 1 or self.samples < 1 or self.every < 0:
-            raise ValueError(f"eval: prompts >= 1, samples >= 1 and every >= 0, got "
-                             f"{self.prompts}, {self.samples}, {self.every}")
+            raise ValueError(
+                f"eval: prompts >= 1, samples >= 1 and every >= 0, got "
+                f"{self.prompts}, {self.samples}, {self.every}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,13 +174,17 @@ class LogConfig:
 
     tensorboard: bool = False  # TensorBoard event files in RUN_DIR/tensorboard (the `track` extra)
     wandb: str = ""  # a W&B project name ("" = off); offline unless an API key is set up
-    samples_every: int = 10  # every N steps, a few rollouts to samples.jsonl and the trackers (0 = off)
+    samples_every: int = (
+        10  # every N steps, a few rollouts to samples.jsonl and the trackers (0 = off)
+    )
     samples_per_step: int = 4  # how many rollouts of the step's batch
 
     def __post_init__(self):
         if self.samples_every < 0 or self.samples_per_step < 1:
-            raise ValueError(f"log: samples_every >= 0 and samples_per_step >= 1, got "
-                             f"{self.samples_every}, {self.samples_per_step}")
+            raise ValueError(
+                f"log: samples_every >= 0 and samples_per_step >= 1, got "
+                f"{self.samples_every}, {self.samples_per_step}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,8 +192,9 @@ class RunConfig:
     task: TaskSpec = TaskSpec()
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig(vocab_size=VOCAB)
-    engine: EngineConfig = EngineConfig(slots=64, cache_len=64, prefill_buckets=(16, 32),
-                                        prefill_rows=16, decode_chunk=8)
+    engine: EngineConfig = EngineConfig(
+        slots=64, cache_len=64, prefill_buckets=(16, 32), prefill_rows=16, decode_chunk=8
+    )
     trainer: TrainerConfig = TrainerConfig(learning_rate=1e-4)
     rl: RLConfig = RLConfig()
     sft: SFTConfig = SFTConfig()
@@ -181,11 +208,16 @@ class RunConfig:
         if uses_file and not self.data.train:
             raise ConfigError("task.name=file needs a dataset: --data FILE (data.train)")
         if self.data.train and not uses_file:
-            raise ConfigError(f"data.train is set but task.name={self.task.name!r}; the dataset is "
-                              "used with task.name=file (what `minirl train --data` sets)")
+            raise ConfigError(
+                f"data.train is set but task.name={self.task.name!r}; the dataset is "
+                "used with task.name=file (what `minirl train --data` sets)"
+            )
         if not uses_file and self.data != DataConfig():
-            changed = [f.name for f in dataclasses.fields(DataConfig)
-                       if getattr(self.data, f.name) != getattr(DataConfig(), f.name)]
+            changed = [
+                f.name
+                for f in dataclasses.fields(DataConfig)
+                if getattr(self.data, f.name) != getattr(DataConfig(), f.name)
+            ]
             raise ConfigError(f"data.{changed[0]} does nothing without a dataset (--data FILE)")
         return self
 
@@ -195,11 +227,25 @@ def _countdown() -> RunConfig:
     # numbers and + - only, a 0.75M-parameter model, a short warm start (a base that still
     # miscopies numbers: pass@1 well below pass@8), then GRPO for 5 minutes (or rl.steps).
     return RunConfig(
-        task=TaskSpec("countdown", {"min_numbers": 3, "max_numbers": 3, "ops": "+-", "format_reward": 0.1}),
-        model=ModelConfig(vocab_size=VOCAB, dim=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
-                          mlp_dim=512),
-        trainer=TrainerConfig(learning_rate=5e-4, schedule="cosine", total_steps=300, num_minibatches=4,
-                              bucket_minimum=8),
+        task=TaskSpec(
+            "countdown", {"min_numbers": 3, "max_numbers": 3, "ops": "+-", "format_reward": 0.1}
+        ),
+        model=ModelConfig(
+            vocab_size=VOCAB,
+            dim=128,
+            num_layers=3,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
+            mlp_dim=512,
+        ),
+        trainer=TrainerConfig(
+            learning_rate=5e-4,
+            schedule="cosine",
+            total_steps=300,
+            num_minibatches=4,
+            bucket_minimum=8,
+        ),
         rl=RLConfig(steps=600, time_budget=300.0, checkpoint_every=50),
         sft=SFTConfig(steps=40),
     )
@@ -220,23 +266,37 @@ def _arithmetic() -> RunConfig:
     # pass@1 0.00 (no reward signal at all).
     return RunConfig(
         task=TaskSpec("arithmetic", {"max_digits": 1}),
-        engine=EngineConfig(slots=64, cache_len=224, prefill_buckets=(32, 64, 128), prefill_rows=16),
+        engine=EngineConfig(
+            slots=64, cache_len=224, prefill_buckets=(32, 64, 128), prefill_rows=16
+        ),
         sft=SFTConfig(steps=200),
     )
 
 
 def _program_synthesis() -> RunConfig:
     # Prompts carry three examples (up to ~40 characters) and the completion up to 24 tokens.
-    return RunConfig(task=TaskSpec("program_synthesis"),
-                     engine=EngineConfig(slots=64, cache_len=96, prefill_buckets=(32, 64), prefill_rows=16))
+    return RunConfig(
+        task=TaskSpec("program_synthesis"),
+        engine=EngineConfig(slots=64, cache_len=96, prefill_buckets=(32, 64), prefill_rows=16),
+    )
 
 
 def _fixture() -> RunConfig:
     # Seconds-long runs for tests: a 2-token task on a very small model.
     return RunConfig(
         task=TaskSpec("fixture"),
-        model=ModelConfig(vocab_size=VOCAB, dim=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, mlp_dim=128),
-        engine=EngineConfig(slots=32, cache_len=32, prefill_buckets=(16,), prefill_rows=8, decode_chunk=4),
+        model=ModelConfig(
+            vocab_size=VOCAB,
+            dim=64,
+            num_layers=2,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=32,
+            mlp_dim=128,
+        ),
+        engine=EngineConfig(
+            slots=32, cache_len=32, prefill_buckets=(16,), prefill_rows=8, decode_chunk=4
+        ),
         trainer=TrainerConfig(learning_rate=3e-3),
         rl=RLConfig(steps=20, prompts_per_step=8, group_size=4, checkpoint_every=5),
         sft=SFTConfig(steps=0),
@@ -251,8 +311,9 @@ def _custom() -> RunConfig:
     # already solves some problems (tune it with --set trainer.learning_rate=...).
     return RunConfig(
         task=TaskSpec(FILE_TASK),
-        engine=EngineConfig(slots=32, cache_len=512, prefill_buckets=(64, 128, 256), prefill_rows=8,
-                            decode_chunk=8),
+        engine=EngineConfig(
+            slots=32, cache_len=512, prefill_buckets=(64, 128, 256), prefill_rows=8, decode_chunk=8
+        ),
         trainer=TrainerConfig(learning_rate=1e-5, schedule="cosine", total_steps=200),
         rl=RLConfig(steps=200, prompts_per_step=16, checkpoint_every=10, export_hf=True),
         sft=SFTConfig(steps=0),
@@ -279,14 +340,18 @@ STALENESS = {
 }
 
 
-def make_config(preset: str = DEFAULT_PRESET, overrides: list[str] = (), staleness: str | None = None) -> RunConfig:
+def make_config(
+    preset: str = DEFAULT_PRESET, overrides: list[str] = (), staleness: str | None = None
+) -> RunConfig:
     """A preset, then a staleness preset, then `--set key=value` overrides, in that order."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     cfg = PRESETS[preset]()
     if staleness is not None:
         if staleness not in STALENESS:
-            raise ConfigError(f"unknown staleness preset {staleness!r}; known: {', '.join(STALENESS)}")
+            raise ConfigError(
+                f"unknown staleness preset {staleness!r}; known: {', '.join(STALENESS)}"
+            )
         cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, **STALENESS[staleness]))
     for item in overrides:
         cfg = override(cfg, item)
@@ -294,8 +359,11 @@ def make_config(preset: str = DEFAULT_PRESET, overrides: list[str] = (), stalene
 
 
 # What a model directory cannot override: its config.json fixes the shapes.
-_FROM_MODEL_DIR = tuple(f.name for f in dataclasses.fields(ModelConfig)
-                        if f.name not in ("path", "dtype", "param_dtype"))
+_FROM_MODEL_DIR = tuple(
+    f.name
+    for f in dataclasses.fields(ModelConfig)
+    if f.name not in ("path", "dtype", "param_dtype")
+)
 
 
 def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
@@ -306,13 +374,17 @@ def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
         return cfg
     for item in overrides:
         key = item.split("=", 1)[0].strip()
-        if key.startswith("model.") and key[len("model."):] in _FROM_MODEL_DIR:
-            raise ConfigError(f"{key} comes from {cfg.model.path}/config.json; it cannot be set "
-                              "together with model.path")
+        if key.startswith("model.") and key[len("model.") :] in _FROM_MODEL_DIR:
+            raise ConfigError(
+                f"{key} comes from {cfg.model.path}/config.json; it cannot be set "
+                "together with model.path"
+            )
     try:
         from minirl.hf import read_model_config
     except ImportError as e:
-        raise ConfigError(f"model.path needs the 'hf' extra (pip install 'minirl[hf]'): {e}") from None
+        raise ConfigError(
+            f"model.path needs the 'hf' extra (pip install 'minirl[hf]'): {e}"
+        ) from None
     shapes = read_model_config(cfg.model.path, dtype=cfg.model.dtype)
     model = dataclasses.replace(shapes, path=cfg.model.path, param_dtype=cfg.model.param_dtype)
     return dataclasses.replace(cfg, model=model)
@@ -327,29 +399,55 @@ def task_kwargs(cfg: RunConfig) -> dict[str, Any]:
 # directory's config.json
 
 
-def add_config_arguments(p: argparse.ArgumentParser, *, staleness: bool = True,
-                         preset_help: str | None = None) -> None:
+def add_config_arguments(
+    p: argparse.ArgumentParser, *, staleness: bool = True, preset_help: str | None = None
+) -> None:
     """How every command that builds a RunConfig takes it: --preset NAME, --set KEY=VALUE
     (repeatable) and, with `staleness`, --staleness NAME. `config_from_args` builds it."""
-    p.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                   help=preset_help or f"starting configuration (default: {DEFAULT_PRESET})")
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=sorted(PRESETS),
+        help=preset_help or f"starting configuration (default: {DEFAULT_PRESET})",
+    )
     if staleness:
-        p.add_argument("--staleness", choices=sorted(STALENESS),
-                       help="RLAX staleness preset, sets rl.reload_every / rl.max_lag / rl.eta: "
-                            + "; ".join(f"{k}={v}" for k, v in STALENESS.items()))
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one knob, e.g. --set rl.steps=50 (repeatable; "
-                        "`minirl config` lists every key)")
-    p.add_argument("--model", metavar="DIR",
-                   help="start from a Hugging Face checkpoint directory (config.json, *.safetensors, "
-                        "tokenizer.json; sets model.path; the default preset is then `custom`)")
-    p.add_argument("--data", metavar="FILE",
-                   help="train on a .jsonl or .parquet file of problems (sets task.name=file and "
-                        "data.train; its fields: data.prompt_key, data.answer_key)")
-    p.add_argument("--eval-data", metavar="FILE",
-                   help="held-out problems (data.eval); without it, a content-hash split of --data")
-    p.add_argument("--verifier", metavar="NAME",
-                   help="how completions of --data are scored (data.verifier; default: math)")
+        p.add_argument(
+            "--staleness",
+            choices=sorted(STALENESS),
+            help="RLAX staleness preset, sets rl.reload_every / rl.max_lag / rl.eta: "
+            + "; ".join(f"{k}={v}" for k, v in STALENESS.items()),
+        )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one knob, e.g. --set rl.steps=50 (repeatable; "
+        "`minirl config` lists every key)",
+    )
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="start from a Hugging Face checkpoint directory (config.json, *.safetensors, "
+        "tokenizer.json; sets model.path; the default preset is then `custom`)",
+    )
+    p.add_argument(
+        "--data",
+        metavar="FILE",
+        help="train on a .jsonl or .parquet file of problems (sets task.name=file and "
+        "data.train; its fields: data.prompt_key, data.answer_key)",
+    )
+    p.add_argument(
+        "--eval-data",
+        metavar="FILE",
+        help="held-out problems (data.eval); without it, a content-hash split of --data",
+    )
+    p.add_argument(
+        "--verifier",
+        metavar="NAME",
+        help="how completions of --data are scored (data.verifier; default: math)",
+    )
 
 
 def input_overrides(args) -> list[str]:
@@ -390,8 +488,10 @@ def load_config(run_dir) -> RunConfig:
     if data is None:
         raise ConfigError(f"{path} does not exist (not a minirl run directory)")
     if not isinstance(data.get("config"), dict) or not isinstance(data.get("hash"), str):
-        raise ConfigError(f"{path} must hold {{'hash': str, 'config': {{...}}}} as minirl wrote "
-                          "it; it was changed by hand or damaged")
+        raise ConfigError(
+            f"{path} must hold {{'hash': str, 'config': {{...}}}} as minirl wrote "
+            "it; it was changed by hand or damaged"
+        )
     try:
         return from_dict(RunConfig, data["config"]).check()
     except ConfigError as e:

@@ -72,7 +72,9 @@ def _parse(text: str, tp: Any, key: str) -> Any:
         except (ValueError, SyntaxError):
             if tp is Any:
                 return text
-            raise ConfigError(f"{key}: expected a Python literal like (1, 2), got {text!r}") from None
+            raise ConfigError(
+                f"{key}: expected a Python literal like (1, 2), got {text!r}"
+            ) from None
         if origin is tuple or tp is tuple:
             value = _typed(value if isinstance(value, (list, tuple)) else (value,), tp, key)
         return value
@@ -82,7 +84,9 @@ def _parse(text: str, tp: Any, key: str) -> Any:
 def override(cfg, assignment: str):
     """Apply one "a.b.c=value" assignment to a nested frozen dataclass, returning a new one."""
     if "=" not in assignment:
-        raise ConfigError(f"override {assignment!r} must look like key=value (e.g. engine.temperature=0.8)")
+        raise ConfigError(
+            f"override {assignment!r} must look like key=value (e.g. engine.temperature=0.8)"
+        )
     key, text = assignment.split("=", 1)
     return _set(cfg, key.strip().split("."), text, key.strip())  # str values keep their spaces
 
@@ -104,7 +108,9 @@ def _set(cfg, path: list[str], text: str, full_key: str):
         else:
             value = _set(current, path[1:], text, full_key)
     elif dataclasses.is_dataclass(current):
-        raise ConfigError(f"{full_key} is a group of settings; set one of its keys, e.g. {full_key}.<name>=...")
+        raise ConfigError(
+            f"{full_key} is a group of settings; set one of its keys, e.g. {full_key}.<name>=..."
+        )
     else:
         value = _parse(text, _hints(type(cfg))[head], full_key)
     try:
@@ -152,8 +158,9 @@ def from_dict(cls, data: dict[str, Any], prefix: str = ""):
     field's declared type (a hand-edited file may hold "ten" for an int): a wrong type or an
     unknown key is a ConfigError naming the dotted key."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: expected a JSON object, "
-                          f"got {data!r}")
+        raise ConfigError(
+            f"{prefix.rstrip('.') or cls.__name__}: expected a JSON object, got {data!r}"
+        )
     hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names

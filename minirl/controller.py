@@ -87,8 +87,20 @@ class Counters:
 class Controller:
     """Drives engine, verifier, trainer and weight store through worker futures."""
 
-    def __init__(self, cfg, *, engine, trainer, verifier, store, mixture: Mixture, tokenizer,
-                 max_new_tokens: int, clock: Callable[[], float] = time.perf_counter, log=print):
+    def __init__(
+        self,
+        cfg,
+        *,
+        engine,
+        trainer,
+        verifier,
+        store,
+        mixture: Mixture,
+        tokenizer,
+        max_new_tokens: int,
+        clock: Callable[[], float] = time.perf_counter,
+        log=print,
+    ):
         self.cfg, self.rl = cfg, cfg.rl
         # DAPO's dynamic sampling is part of its preset (Objective.dynamic_filtering), so
         # `rl.loss=dapo` filters without also setting rl.dynamic_filter.
@@ -127,16 +139,26 @@ class Controller:
         t_publish = self.clock()
         published = self._publish(metrics, reload_engine=True)
         t_end = self.clock()
-        metrics.update({
-            "time/generate": self.times["generate"], "time/verify": self.times["verify"],
-            "time/train": t_trained - t_train, "time/publish": t_end - t_publish,
-            "time/step": t_end - t_start, "published": float(published),
-            "generate/tokens": float(self.times["tokens"]),
-            "generate/tokens_per_s": self.times["tokens"] / max(self.times["generate"], 1e-9),
-        })
+        metrics.update(
+            {
+                "time/generate": self.times["generate"],
+                "time/verify": self.times["verify"],
+                "time/train": t_trained - t_train,
+                "time/publish": t_end - t_publish,
+                "time/step": t_end - t_start,
+                "published": float(published),
+                "generate/tokens": float(self.times["tokens"]),
+                "generate/tokens_per_s": self.times["tokens"] / max(self.times["generate"], 1e-9),
+            }
+        )
         # The controller's own overhead: batching decisions, diagnostics, publishing, bookkeeping.
-        metrics["time/other"] = max(0.0, metrics["time/step"] - self.times["generate"]
-                                    - self.times["verify"] - metrics["time/train"])
+        metrics["time/other"] = max(
+            0.0,
+            metrics["time/step"]
+            - self.times["generate"]
+            - self.times["verify"]
+            - metrics["time/train"],
+        )
         metrics.update(self._engine_work(self._call_engine("work_stats")))
         return self._with_counters(metrics)
 
@@ -145,15 +167,20 @@ class Controller:
         ratio is the slot occupancy, minirl.engine.Engine.occupancy). Per step, not cumulative,
         so a resumed run logs the same numbers as an uninterrupted one (the engine restarts at 0;
         so does an engine process that died and was replaced: then its counters are this step's)."""
-        out = {f"engine/{k}": float(stats[k] - seen if stats[k] >= seen else stats[k])
-               for k, seen in self._engine_seen.items()}
+        out = {
+            f"engine/{k}": float(stats[k] - seen if stats[k] >= seen else stats[k])
+            for k, seen in self._engine_seen.items()
+        }
         self._engine_seen = {k: stats[k] for k in self._engine_seen}
         return out
 
     def _train(self, groups: list[Group]):
         """One trainer step on `groups`: batch, recompute log pi_prox, update."""
-        batch = make_batch([r for g in groups for r in g.rollouts], self.tokenizer.pad_id,
-                           self.cfg.trainer.bucket_minimum)
+        batch = make_batch(
+            [r for g in groups for r in g.rollouts],
+            self.tokenizer.pad_id,
+            self.cfg.trainer.bucket_minimum,
+        )
         prox = self.trainer.call("recompute_logprobs", batch).result()
         metrics = self.trainer.call("train_step", batch, prox).result()
         return {f"train/{k}": v for k, v in metrics.items()}, batch, prox
@@ -161,7 +188,9 @@ class Controller:
     def _count_trained(self, groups: list[Group]) -> None:
         k = self.rl.max_lag
         if k and max(self._lag(g) for g in groups) > k:  # the bound is a promise: check it
-            raise AssertionError(f"a batch holds a group of lag {max(self._lag(g) for g in groups)} > k={k}")
+            raise AssertionError(
+                f"a batch holds a group of lag {max(self._lag(g) for g in groups)} > k={k}"
+            )
         self.counters.steps += 1
         self.counters.groups_trained += len(groups)
         self.last_trained = groups
@@ -169,7 +198,9 @@ class Controller:
 
     def _with_counters(self, metrics: dict) -> dict:
         metrics["version"] = self.counters.version
-        metrics.update({f"count/{k}": float(v) for k, v in dataclasses.asdict(self.counters).items()})
+        metrics.update(
+            {f"count/{k}": float(v) for k, v in dataclasses.asdict(self.counters).items()}
+        )
         return metrics
 
     # ---- the parts of a step -----------------------------------------------------------------
@@ -187,18 +218,24 @@ class Controller:
         while self.unconsumed() < upto:
             need = upto - self.unconsumed()
             prompts = self.usable(self.mixture.next_prompts(need))
-            requests = [Request(p, i, self.max_new_tokens) for p in prompts for i in range(rl.group_size)]
+            requests = [
+                Request(p, i, self.max_new_tokens) for p in prompts for i in range(rl.group_size)
+            ]
             t0 = self.clock()
             rollouts = self._call_engine("generate", requests)
             self.times["generate"] += self.clock() - t0
             self.times["tokens"] += sum(len(r.tokens) for r in rollouts)
-            groups = [rollouts[i:i + rl.group_size] for i in range(0, len(rollouts), rl.group_size)]
+            groups = [
+                rollouts[i : i + rl.group_size] for i in range(0, len(rollouts), rl.group_size)
+            ]
             self._add_groups(groups)
             rounds += 1
             if self.dynamic_filter and rounds >= 32 and self.unconsumed() < upto:
-                raise RuntimeError(f"dynamic filtering dropped {c.groups_filtered} groups and could not "
-                                   "fill a batch in 32 rounds: every group has equal rewards (the task is "
-                                   "too easy or too hard for the current model)")
+                raise RuntimeError(
+                    f"dynamic filtering dropped {c.groups_filtered} groups and could not "
+                    "fill a batch in 32 rounds: every group has equal rewards (the task is "
+                    "too easy or too hard for the current model)"
+                )
 
     def step_async(self, rollouts) -> dict[str, float]:
         """One train step of the `async` scheduler (minirl/async_loop.py): wait for a batch the
@@ -216,13 +253,17 @@ class Controller:
             published = self._publish(metrics, reload_engine=False)
             self.cond.notify_all()
         t_end = self.clock()
-        metrics.update({
-            "time/wait": t_train - t_start, "time/train": t_publish - t_train,
-            "time/step": t_end - t_start, "published": float(published),
-            "engine/in_flight": float(len(rollouts.in_flight)),
-            **{f"engine/{part}_seconds": s for part, s in rollouts.seconds.items()},
-            **self._engine_work(rollouts.work_stats()),
-        })
+        metrics.update(
+            {
+                "time/wait": t_train - t_start,
+                "time/train": t_publish - t_train,
+                "time/step": t_end - t_start,
+                "published": float(published),
+                "engine/in_flight": float(len(rollouts.in_flight)),
+                **{f"engine/{part}_seconds": s for part, s in rollouts.seconds.items()},
+                **self._engine_work(rollouts.work_stats()),
+            }
+        )
         with self.cond:
             return self._with_counters(metrics)
 
@@ -232,8 +273,10 @@ class Controller:
         fits = [p for p in prompts if len(p.tokens) + self.max_new_tokens <= e.cache_len]
         if len(fits) < len(prompts):
             self.counters.prompts_skipped += len(prompts) - len(fits)
-            self.log(f"skipped {len(prompts) - len(fits)} prompts: prompt + {self.max_new_tokens} new "
-                     f"tokens exceed engine.cache_len={e.cache_len}")
+            self.log(
+                f"skipped {len(prompts) - len(fits)} prompts: prompt + {self.max_new_tokens} new "
+                f"tokens exceed engine.cache_len={e.cache_len}"
+            )
         return fits
 
     def _call_engine(self, method: str, *args):
@@ -312,7 +355,9 @@ class Controller:
         order = sorted(self.buffer, key=lambda g: (sign * g.version, g.produced))
         taken = order[: self.rl.prompts_per_step]
         if len(taken) < self.rl.prompts_per_step:
-            raise RuntimeError("not enough acceptable groups in the buffer: check rl.max_lag / rl.eta")
+            raise RuntimeError(
+                "not enough acceptable groups in the buffer: check rl.max_lag / rl.eta"
+            )
         ids = {id(g) for g in taken}
         self.buffer = [g for g in self.buffer if id(g) not in ids]
         return sorted(taken, key=lambda g: g.produced)
@@ -345,11 +390,14 @@ class Controller:
         out = {
             "reward/mean": float(rewards.mean()),
             "reward/mixed_groups": float(np.mean(rewards.std(axis=1) > 0)),
-            "length/mean": float(lens.mean()), "length/max": float(lens.max()),
+            "length/mean": float(lens.mean()),
+            "length/max": float(lens.max()),
             "lag/mean": float(np.mean([self._lag(g) - 1 for g in groups])),
             "buffer/groups": float(len(self.buffer)),
         }
-        out.update(flatten_metrics(batch_diagnostics(batch, np.asarray(prox), self.counters.version)))
+        out.update(
+            flatten_metrics(batch_diagnostics(batch, np.asarray(prox), self.counters.version))
+        )
         return out
 
     # ---- snapshot / restore (RLAX §3.2 preemption) ---------------------------------------------
@@ -371,4 +419,3 @@ class Controller:
         self.buffer = [Group(list(g["rollouts"]), int(g["produced"])) for g in snap["buffer"]]
         self.trained_uids = [int(u) for u in snap["trained_uids"]]
         self.pending_on_restore = list(snap.get("in_flight", []))
-

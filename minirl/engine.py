@@ -75,7 +75,9 @@ class EngineConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # token-id sequences that end a completion
-    eos_ids: tuple[int, ...] = ()  # token ids that end a completion (kept in it); () = a run uses its tokenizer's
+    eos_ids: tuple[
+        int, ...
+    ] = ()  # token ids that end a completion (kept in it); () = a run uses its tokenizer's
     exact: bool = False  # fixed-order reductions: log-probs bitwise equal to the trainer's
     paged: bool = False  # paged KV cache instead of slots x cache_len
     block_size: int = 16  # paged: positions per block
@@ -91,20 +93,33 @@ class EngineConfig:
             (t < 0, f"temperature must be >= 0 (0 = greedy), got {t}"),
             (not 0.0 < p <= 1.0, f"top_p must be in (0, 1], got {p}"),
             (k < 0, f"top_k must be >= 0 (0 = off), got {k}"),
-            (any(i < 0 for i in self.eos_ids), f"eos_ids must be token ids >= 0, got {self.eos_ids}"),
+            (
+                any(i < 0 for i in self.eos_ids),
+                f"eos_ids must be token ids >= 0, got {self.eos_ids}",
+            ),
             (blocks is not None and blocks < 2, f"num_blocks must be None or >= 2, got {blocks}"),
             (t == 0 and (k or p < 1.0), "greedy decoding (temperature 0) takes no top_k / top_p"),
-            (not self.prefill_buckets or min(self.prefill_buckets) < 1,
-             f"prefill_buckets must be positive lengths, got {self.prefill_buckets}"),
-            (any(not s or not isinstance(s, tuple) for s in self.stop_sequences),
-             "stop_sequences must be non-empty tuples of token ids"),
-            (self.dtype not in (None, "float32", "bfloat16"),
-             f"dtype must be None, 'float32' or 'bfloat16', got {self.dtype!r}"),
-            (self.paged and self.cache_len % self.block_size,
-             f"paged: cache_len {self.cache_len} must be a multiple of block_size {self.block_size}"),
-            (self.paged and blocks is not None and blocks - 1 < self.blocks_per_slot,
-             f"paged: num_blocks={blocks} cannot hold one full sequence plus the null block"),
-        ]  # fmt: skip
+            (
+                not self.prefill_buckets or min(self.prefill_buckets) < 1,
+                f"prefill_buckets must be positive lengths, got {self.prefill_buckets}",
+            ),
+            (
+                any(not s or not isinstance(s, tuple) for s in self.stop_sequences),
+                "stop_sequences must be non-empty tuples of token ids",
+            ),
+            (
+                self.dtype not in (None, "float32", "bfloat16"),
+                f"dtype must be None, 'float32' or 'bfloat16', got {self.dtype!r}",
+            ),
+            (
+                self.paged and self.cache_len % self.block_size,
+                f"paged: cache_len {self.cache_len} must be a multiple of block_size {self.block_size}",
+            ),
+            (
+                self.paged and blocks is not None and blocks - 1 < self.blocks_per_slot,
+                f"paged: num_blocks={blocks} cannot hold one full sequence plus the null block",
+            ),
+        ]
         for bad, message in problems:
             if bad:
                 raise ValueError(message)
@@ -144,7 +159,9 @@ class EngineConfig:
 class Engine:
     """Continuous-batching rollout engine over `config.slots` slots (see the module docstring)."""
 
-    def __init__(self, model_config: ModelConfig, config: EngineConfig | None = None, seed: int = 0):
+    def __init__(
+        self, model_config: ModelConfig, config: EngineConfig | None = None, seed: int = 0
+    ):
         """`seed` keys every sampling draw (a run passes rl.seed): with the request's ids it
         makes each token's key (minirl/sampling.py)."""
         config = config or EngineConfig()
@@ -170,8 +187,18 @@ class Engine:
         self._version: int | None = None
         self._cache = None  # allocated at the first step (no work in the constructor)
         self._peak_tokens = 0
-        counters = ("prefill_calls", "prefill_rows", "decode_calls", "tokens", "finished",
-                    "discarded", "preempted", "rebuilt", "slot_steps", "decode_tokens")  # fmt: skip
+        counters = (
+            "prefill_calls",
+            "prefill_rows",
+            "decode_calls",
+            "tokens",
+            "finished",
+            "discarded",
+            "preempted",
+            "rebuilt",
+            "slot_steps",
+            "decode_tokens",
+        )
         self.stats = dict.fromkeys(counters, 0)
 
     # ---- the interface -------------------------------------------------------------------
@@ -392,5 +419,3 @@ class Engine:
                 self.stats["finished"] += 1
                 return [seq.to_rollout(reason)]
         return []
-
-

@@ -63,7 +63,9 @@ def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
     x = _pad_axis(fusion_barrier(x), axis, _next_pow2(x.shape[axis]))
     while x.shape[axis] > 1:
         half = x.shape[axis] // 2
-        x = jax.lax.slice_in_dim(x, 0, half, axis=axis) + jax.lax.slice_in_dim(x, half, 2 * half, axis=axis)
+        x = jax.lax.slice_in_dim(x, 0, half, axis=axis) + jax.lax.slice_in_dim(
+            x, half, 2 * half, axis=axis
+        )
     return jnp.squeeze(x, axis)
 
 
@@ -143,9 +145,14 @@ def attention(q, k, v, visible, exact: bool = False):
     # Exact: small-axis dot products on XLA CPU are NOT shape-invariant (a [1, S] query row takes
     # a different kernel than a [T, S] block), so attention multiplies elementwise and sums with
     # the fixed tree: over Dh for the scores, over S for the weighted values.
-    scores = tree_sum(q.transpose(0, 2, 3, 1, 4)[:, :, :, :, None].astype(jnp.float32)
-                      * k.transpose(0, 2, 1, 3)[:, :, None, None].astype(jnp.float32), -1)
-    scores = jnp.where(visible[:, None, None], fusion_barrier(scores * scale), _NEG)  # [B, K, G, T, S]
+    scores = tree_sum(
+        q.transpose(0, 2, 3, 1, 4)[:, :, :, :, None].astype(jnp.float32)
+        * k.transpose(0, 2, 1, 3)[:, :, None, None].astype(jnp.float32),
+        -1,
+    )
+    scores = jnp.where(
+        visible[:, None, None], fusion_barrier(scores * scale), _NEG
+    )  # [B, K, G, T, S]
     m = jnp.max(scores, axis=-1, keepdims=True)
     e = jnp.exp(fusion_barrier(scores - m))
     probs = (e / tree_sum(e, -1)[..., None]).astype(v.dtype)

@@ -28,8 +28,9 @@ from minirl.config import RunConfig
 from minirl.configlib import ConfigError
 
 
-def export_run(run_dir, out, step: int | None = None, dtype: str | None = None,
-               force: bool = False) -> Path:
+def export_run(
+    run_dir, out, step: int | None = None, dtype: str | None = None, force: bool = False
+) -> Path:
     """Write the checkpoint of `step` (default: the latest) of the run in `run_dir` to `out`."""
     from minirl.config import load_config
     from minirl.inputs import load_tokenizer
@@ -48,8 +49,15 @@ def export_run(run_dir, out, step: int | None = None, dtype: str | None = None,
     return export_params(ckpt.params, cfg, load_tokenizer(cfg), out, dtype, force, source)
 
 
-def export_params(params, cfg: RunConfig, tokenizer, out, dtype: str | None = None,
-                  force: bool = False, source: dict | None = None) -> Path:
+def export_params(
+    params,
+    cfg: RunConfig,
+    tokenizer,
+    out,
+    dtype: str | None = None,
+    force: bool = False,
+    source: dict | None = None,
+) -> Path:
     """Write `params` (a pure dict) of a run with config `cfg` and its tokenizer to `out`."""
     from minirl.hf import TokenIds, architecture_of, read_config, save_hf
 
@@ -57,8 +65,9 @@ def export_params(params, cfg: RunConfig, tokenizer, out, dtype: str | None = No
     inputs = [cfg.model.path, cfg.data.train, cfg.data.eval, (source or {}).get("run_dir")]
     for kept in (Path(p).resolve() for p in inputs if p):
         if out.resolve() == kept or out.resolve() in kept.parents:  # --force would delete it
-            raise ConfigError(f"--out {out} is or holds {kept}, which the export reads; "
-                              "choose another directory")
+            raise ConfigError(
+                f"--out {out} is or holds {kept}, which the export reads; choose another directory"
+            )
     if out.exists() and any(out.iterdir()) and not force:
         raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --force")
     model_cfg = cfg.model

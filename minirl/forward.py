@@ -109,8 +109,11 @@ def accumulate(s: ForwardSpec, loss, params, acc, tokens, targets, part):
 @functools.lru_cache(maxsize=32)
 def forward_fn(s: ForwardSpec):
     """jit of (params, tokens [R, Tb], targets [R, Tb]) -> log-probs [R, Tb], no remat."""
-    return jax.jit(lambda params, tokens, targets: logprobs_and_logits(
-        s, params, tokens, targets, remat=False)[0])
+    return jax.jit(
+        lambda params, tokens, targets: logprobs_and_logits(
+            s, params, tokens, targets, remat=False
+        )[0]
+    )
 
 
 @functools.lru_cache(maxsize=32)

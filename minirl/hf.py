@@ -130,8 +130,9 @@ def _open(file: Path):
     try:
         return safe_open(file, framework="numpy")
     except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{file} is not a readable safetensors file "
-                              f"(truncated or damaged?): {e}") from None
+        raise CheckpointError(
+            f"{file} is not a readable safetensors file (truncated or damaged?): {e}"
+        ) from None
 
 
 def _tensor_files(path: Path) -> dict[str, Path]:
@@ -144,8 +145,10 @@ def _tensor_files(path: Path) -> dict[str, Path]:
             weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
             return {name: path / file for name, file in weight_map.items()}
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"{path / INDEX_FILE} is not a safetensors index "
-                                  f"(a JSON object with a 'weight_map'): {e!r}") from None
+            raise CheckpointError(
+                f"{path / INDEX_FILE} is not a safetensors index "
+                f"(a JSON object with a 'weight_map'): {e!r}"
+            ) from None
     raise CheckpointError(f"{path} has neither {SINGLE_FILE} nor {INDEX_FILE}")
 
 
@@ -159,7 +162,9 @@ def _read(files: dict[str, Path], name: str) -> np.ndarray:
 
 def _untie_if_needed(cfg: ModelConfig, files: dict[str, Path]) -> ModelConfig:
     """A tied config whose files hold a different lm_head.weight: untied, as transformers does."""
-    if not (cfg.tie_embeddings and "lm_head.weight" in files and "model.embed_tokens.weight" in files):
+    if not (
+        cfg.tie_embeddings and "lm_head.weight" in files and "model.embed_tokens.weight" in files
+    ):
         return cfg
     if np.array_equal(_read(files, "lm_head.weight"), _read(files, "model.embed_tokens.weight")):
         return cfg
@@ -193,7 +198,9 @@ class TensorSource:
             try:
                 block = f.get_slice(self.name)[index[::-1] if self.transposed else index]
             except (SafetensorError, OSError) as e:
-                raise CheckpointError(f"{self.file}: tensor {self.name} cannot be read: {e}") from None
+                raise CheckpointError(
+                    f"{self.file}: tensor {self.name} cannot be read: {e}"
+                ) from None
         return block.T if self.transposed else block
 
 
@@ -228,8 +235,9 @@ def open_checkpoint(path, dtype=None) -> tuple[ModelConfig, dict[tuple, TensorSo
         want = _get(shapes, where).shape
         if stored != (want[::-1] if transposed else want):
             flip = (lambda s: s[::-1]) if transposed else (lambda s: s)
-            raise CheckpointError(f"{files[name]}: tensor {name} has shape {stored}, "
-                                  f"config.json implies {flip(want)}")
+            raise CheckpointError(
+                f"{files[name]}: tensor {name} has shape {stored}, config.json implies {flip(want)}"
+            )
         sources[where] = TensorSource(files[name], name, want, transposed)
     return cfg, sources
 
@@ -249,7 +257,9 @@ def load_hf(path, dtype=None) -> tuple[ModelConfig, Transformer]:
     at a time (peak memory ~ one copy of the parameters). scale/mesh.py's `load_checkpoint`
     reads the same sources straight into a mesh's layout, each process only its own blocks."""
     cfg, sources = open_checkpoint(path, dtype)
-    params = build_params(cfg, sources, lambda _, s: jnp.asarray(s.read().astype(cfg.storage_dtype)))
+    params = build_params(
+        cfg, sources, lambda _, s: jnp.asarray(s.read().astype(cfg.storage_dtype))
+    )
     return cfg, nnx.merge(abstract_model(cfg)[0], params)
 
 
@@ -281,9 +291,11 @@ def save_hf(
     hf_config = config_to_hf(cfg, architecture)
     path.mkdir(parents=True, exist_ok=True)
     if token_ids is not None:
-        ids = {"bos_token_id": token_ids.bos,
-               "eos_token_id": token_ids.eos[0] if len(token_ids.eos) == 1 else list(token_ids.eos),
-               "pad_token_id": token_ids.pad}
+        ids = {
+            "bos_token_id": token_ids.bos,
+            "eos_token_id": token_ids.eos[0] if len(token_ids.eos) == 1 else list(token_ids.eos),
+            "pad_token_id": token_ids.pad,
+        }
         hf_config.update(ids)
         generation = {**ids, "do_sample": True}
         (path / GENERATION_FILE).write_text(json.dumps(generation, indent=2) + "\n")

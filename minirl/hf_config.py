@@ -27,8 +27,13 @@ ARCHITECTURES = {
 }
 GENERATION_FILE = "generation_config.json"
 # config.json fields that mean mixture-of-experts layers (Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek)
-MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size",
-              "num_experts_per_tok")
+MOE_FIELDS = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "moe_intermediate_size",
+    "num_experts_per_tok",
+)
 
 
 class CheckpointError(ValueError):
@@ -84,8 +89,13 @@ def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelCo
     for field in MOE_FIELDS:
         if hf.get(field):
             raise refuse(field, "mixture-of-experts layers are not implemented")
-    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "vocab_size")
+    required = (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "vocab_size",
+    )
     for field in required:
         if isinstance(hf.get(field), bool) or not isinstance(hf.get(field), int) or hf[field] < 1:
             raise refuse(field, "a positive integer is required")
@@ -211,8 +221,10 @@ def _ids(value, field: str, file: Path, vocab: int) -> list[int]:
     values = value if isinstance(value, list) else [] if value is None else [value]
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
-            raise CheckpointError(f"{file}: {field} = {value!r}: token ids must be integers in "
-                                  f"[0, vocab_size={vocab})")
+            raise CheckpointError(
+                f"{file}: {field} = {value!r}: token ids must be integers in "
+                f"[0, vocab_size={vocab})"
+            )
     return values
 
 
@@ -231,5 +243,8 @@ def read_token_ids(path) -> TokenIds:
         for field, ids in found.items():
             ids += _ids(data.get(field), field, file, vocab)
     first = lambda ids: ids[0] if ids else None
-    return TokenIds(bos=first(found["bos_token_id"]), eos=tuple(dict.fromkeys(found["eos_token_id"])),
-                    pad=first(found["pad_token_id"]))
+    return TokenIds(
+        bos=first(found["bos_token_id"]),
+        eos=tuple(dict.fromkeys(found["eos_token_id"])),
+        pad=first(found["pad_token_id"]),
+    )

@@ -30,8 +30,11 @@ from minirl.tokenizer import CharTokenizer
 def make_engine(cfg, tokenizer) -> Engine:
     """The rollout engine of a run: `cfg.engine`, its EOS ids (engine.eos_ids, or the
     tokenizer's when that is empty), sampling keyed by rl.seed."""
-    ecfg = cfg.engine if cfg.engine.eos_ids else dataclasses.replace(
-        cfg.engine, eos_ids=tuple(tokenizer.eos_ids))  # fmt: skip
+    ecfg = (
+        cfg.engine
+        if cfg.engine.eos_ids
+        else dataclasses.replace(cfg.engine, eos_ids=tuple(tokenizer.eos_ids))
+    )
     return Engine(cfg.model, ecfg, seed=cfg.rl.seed)
 
 
@@ -56,8 +59,9 @@ def make_verifier(cfg: RunConfig):
     name = cfg.data.verifier
     if name not in verifier_names() or name == "code":
         answers = [n for n in verifier_names() if n != "code"]
-        raise ConfigError(f"data.verifier={name!r}: a dataset file's answers are scored by one of "
-                          f"{answers}")
+        raise ConfigError(
+            f"data.verifier={name!r}: a dataset file's answers are scored by one of {answers}"
+        )
     shaping = {"format_reward": cfg.data.format_reward} if cfg.data.format_reward else {}
     return get_verifier(name, **shaping)
 
@@ -72,13 +76,20 @@ def make_task(cfg: RunConfig, tokenizer):
 
     d = cfg.data
     return FileTask.load(
-        d.train, tokenizer, make_verifier(cfg), eval_path=d.eval or None,
-        test_fraction=d.test_fraction, max_new_tokens=d.max_new_tokens,
-        prompt_key=d.prompt_key, answer_key=d.answer_key, messages_key=d.messages_key,
-        system_prompt=d.system_prompt, instruction=d.instruction,
+        d.train,
+        tokenizer,
+        make_verifier(cfg),
+        eval_path=d.eval or None,
+        test_fraction=d.test_fraction,
+        max_new_tokens=d.max_new_tokens,
+        prompt_key=d.prompt_key,
+        answer_key=d.answer_key,
+        messages_key=d.messages_key,
+        system_prompt=d.system_prompt,
+        instruction=d.instruction,
         use_chat_template=d.chat_template,
         max_prompt_tokens=cfg.engine.cache_len - d.max_new_tokens,
-    )  # fmt: skip
+    )
 
 
 def train_prompts(task):
@@ -107,8 +118,10 @@ def checked_params(cfg: RunConfig, loaded, params: dict) -> dict:
     The params may be host arrays or sharded ones (scale.mesh.load_checkpoint)."""
     mine = dataclasses.replace(cfg.model, path="", param_dtype=loaded.param_dtype)
     if dataclasses.replace(loaded, path="") != mine:
-        raise ConfigError(f"{cfg.model.path} no longer matches this run's model config (was the "
-                          "directory changed since the run started?)")
+        raise ConfigError(
+            f"{cfg.model.path} no longer matches this run's model config (was the "
+            "directory changed since the run started?)"
+        )
     if cfg.model.param_dtype != loaded.param_dtype:
         import jax
 
@@ -124,8 +137,11 @@ def describe_inputs(cfg: RunConfig) -> dict:
         out["model"] = {"path": cfg.model.path, "config_sha256": _sha256(config)}
     if cfg.task.name == FILE_TASK:
         files = {"train": cfg.data.train, "eval": cfg.data.eval}
-        out["data"] = {split: {"path": p, "bytes": Path(p).stat().st_size, "sha256": _sha256(p)}
-                       for split, p in files.items() if p}
+        out["data"] = {
+            split: {"path": p, "bytes": Path(p).stat().st_size, "sha256": _sha256(p)}
+            for split, p in files.items()
+            if p
+        }
     return out
 
 

@@ -63,20 +63,33 @@ class ModelConfig:
     max_seq_len: int = 512
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"  # storage dtype
-    path: str = ""  # a Hugging Face checkpoint directory: the shapes above come from its config.json
+    path: str = (
+        ""  # a Hugging Face checkpoint directory: the shapes above come from its config.json
+    )
 
     def __post_init__(self):
-        for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                     "mlp_dim", "max_seq_len"):  # fmt: skip
+        for name in (
+            "vocab_size",
+            "dim",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "mlp_dim",
+            "max_seq_len",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not (self.rope_theta > 0 and self.norm_eps > 0):
-            raise ValueError(f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, "
-                             f"{self.norm_eps}")  # fmt: skip
+            raise ValueError(
+                f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, {self.norm_eps}"
+            )
         scaling = self.rope_scaling
         if scaling is not None and not (len(scaling) == 4 and all(x > 0 for x in scaling)):
-            raise ValueError("rope_scaling must be None or four positive numbers (factor, "
-                             f"low_freq, high_freq, original_max_len), got {scaling}")
+            raise ValueError(
+                "rope_scaling must be None or four positive numbers (factor, "
+                f"low_freq, high_freq, original_max_len), got {scaling}"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
@@ -84,7 +97,9 @@ class ModelConfig:
             )
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
-                raise ValueError(f"{name} must be one of {sorted(_DTYPES)}, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"{name} must be one of {sorted(_DTYPES)}, got {getattr(self, name)!r}"
+                )
         if self.head_dim % 2:
             raise ValueError("head_dim must be even (RoPE rotates pairs)")
 
@@ -114,22 +129,65 @@ PRESETS: dict[str, ModelConfig] = {
     # ~3.2M parameters: fast on a 2-core CPU, the default for built-in tasks.
     "tiny": ModelConfig(),
     # ~25M parameters: the mid-size model for benchmarks.
-    "small": ModelConfig(dim=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
-                         mlp_dim=1536, vocab_size=512, max_seq_len=1024),
+    "small": ModelConfig(
+        dim=512,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=64,
+        mlp_dim=1536,
+        vocab_size=512,
+        max_seq_len=1024,
+    ),
     # Exact shapes of public checkpoints (their config.json values).
-    "qwen2.5-0.5b": ModelConfig(vocab_size=151936, dim=896, num_layers=24, num_heads=14,
-                                num_kv_heads=2, head_dim=64, mlp_dim=4864, rope_theta=1e6,
-                                norm_eps=1e-6, qkv_bias=True, tie_embeddings=True,
-                                max_seq_len=32768, dtype="bfloat16", param_dtype="bfloat16"),
-    "qwen3-0.6b": ModelConfig(vocab_size=151936, dim=1024, num_layers=28, num_heads=16,
-                              num_kv_heads=8, head_dim=128, mlp_dim=3072, rope_theta=1e6,
-                              norm_eps=1e-6, qk_norm=True, tie_embeddings=True,
-                              max_seq_len=40960, dtype="bfloat16", param_dtype="bfloat16"),
-    "llama-3.2-1b": ModelConfig(vocab_size=128256, dim=2048, num_layers=16, num_heads=32,
-                                num_kv_heads=8, head_dim=64, mlp_dim=8192, rope_theta=5e5,
-                                rope_scaling=(32.0, 1.0, 4.0, 8192), norm_eps=1e-5,
-                                tie_embeddings=True, max_seq_len=131072,
-                                dtype="bfloat16", param_dtype="bfloat16"),
+    "qwen2.5-0.5b": ModelConfig(
+        vocab_size=151936,
+        dim=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        mlp_dim=4864,
+        rope_theta=1e6,
+        norm_eps=1e-6,
+        qkv_bias=True,
+        tie_embeddings=True,
+        max_seq_len=32768,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    ),
+    "qwen3-0.6b": ModelConfig(
+        vocab_size=151936,
+        dim=1024,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=3072,
+        rope_theta=1e6,
+        norm_eps=1e-6,
+        qk_norm=True,
+        tie_embeddings=True,
+        max_seq_len=40960,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    ),
+    "llama-3.2-1b": ModelConfig(
+        vocab_size=128256,
+        dim=2048,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        mlp_dim=8192,
+        rope_theta=5e5,
+        rope_scaling=(32.0, 1.0, 4.0, 8192),
+        norm_eps=1e-5,
+        tie_embeddings=True,
+        max_seq_len=131072,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    ),
 }
 
 
@@ -146,8 +204,11 @@ class KVCache(NamedTuple):
         shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
         dt = dtype or cfg.compute_dtype
         zeros = tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers))
-        return KVCache(zeros, tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
-                       jnp.zeros((batch,), jnp.int32))
+        return KVCache(
+            zeros,
+            tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
+            jnp.zeros((batch,), jnp.int32),
+        )
 
     @property
     def size(self) -> int:  # S
@@ -156,7 +217,9 @@ class KVCache(NamedTuple):
 
 def rope_frequencies(cfg: ModelConfig) -> jax.Array:
     """Inverse frequencies [Dh/2] (with Llama-3 scaling when configured)."""
-    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim))
+    inv = 1.0 / (
+        cfg.rope_theta ** (jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim)
+    )
     if cfg.rope_scaling is None:
         return inv
     factor, low, high, original = cfg.rope_scaling
@@ -169,7 +232,9 @@ def rope_frequencies(cfg: ModelConfig) -> jax.Array:
     return jnp.where(is_mid, mid, scaled)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array, exact: bool = False) -> jax.Array:
+def apply_rope(
+    x: jax.Array, positions: jax.Array, inv_freq: jax.Array, exact: bool = False
+) -> jax.Array:
     """Rotate-half RoPE (the Hugging Face convention). x [B, T, N, Dh], positions [B, T]."""
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, Dh/2]
     cos = jnp.concatenate([jnp.cos(angles)] * 2, -1)[:, :, None, :]
@@ -183,7 +248,9 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array, exact: b
 
 
 def _param(rngs: nnx.Rngs, shape, std: float, cfg: ModelConfig) -> nnx.Param:
-    return nnx.Param((jax.random.normal(rngs.params(), shape, jnp.float32) * std).astype(cfg.storage_dtype))
+    return nnx.Param(
+        (jax.random.normal(rngs.params(), shape, jnp.float32) * std).astype(cfg.storage_dtype)
+    )
 
 
 def _ones(shape, cfg: ModelConfig) -> nnx.Param:
@@ -239,7 +306,9 @@ class Attention(nnx.Module):
         if layer_cache is None:
             keys, values, key_index = k, v, jnp.arange(t)
         else:
-            write = jax.vmap(lambda c, new, s: jax.lax.dynamic_update_slice(c, new.astype(c.dtype), (s, 0, 0)))
+            write = jax.vmap(
+                lambda c, new, s: jax.lax.dynamic_update_slice(c, new.astype(c.dtype), (s, 0, 0))
+            )
             keys = write(layer_cache[0], k, starts)
             values = write(layer_cache[1], v, starts)
             key_index = jnp.arange(keys.shape[1])
@@ -258,11 +327,15 @@ class MLP(nnx.Module):
         std = 1.0 / math.sqrt(cfg.dim)
         self.gate_proj = _param(rngs, (cfg.dim, cfg.mlp_dim), std, cfg)
         self.up_proj = _param(rngs, (cfg.dim, cfg.mlp_dim), std, cfg)
-        self.down_proj = _param(rngs, (cfg.mlp_dim, cfg.dim), 1.0 / math.sqrt(cfg.mlp_dim * 2 * cfg.num_layers), cfg)
+        self.down_proj = _param(
+            rngs, (cfg.mlp_dim, cfg.dim), 1.0 / math.sqrt(cfg.mlp_dim * 2 * cfg.num_layers), cfg
+        )
 
     def __call__(self, x, exact=False):
         dt = x.dtype
-        h = jax.nn.silu(X.dense(x, self.gate_proj[...].astype(dt), exact)) * X.dense(x, self.up_proj[...].astype(dt), exact)
+        h = jax.nn.silu(X.dense(x, self.gate_proj[...].astype(dt), exact)) * X.dense(
+            x, self.up_proj[...].astype(dt), exact
+        )
         return X.dense(h, self.down_proj[...].astype(dt), exact)
 
 
@@ -274,7 +347,9 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, rngs)
 
     def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False):
-        h, new_cache = self.attn(self.attn_norm(x, exact), positions, inv_freq, layer_cache, starts, exact)
+        h, new_cache = self.attn(
+            self.attn_norm(x, exact), positions, inv_freq, layer_cache, starts, exact
+        )
         x = x + h
         x = x + self.mlp(self.mlp_norm(x, exact), exact)
         return x, new_cache

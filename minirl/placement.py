@@ -40,8 +40,11 @@ def place_like(value: Any, like: Any) -> jax.Array:
     """A host value laid out like the device array `like` it replaces (same sharding, also
     across processes: each process fills its own shards from `value`). A device array already
     laid out that way (a sharded checkpoint restored in place) is used as it is."""
-    if (isinstance(value, jax.Array) and isinstance(like, jax.Array)
-            and value.sharding.is_equivalent_to(like.sharding, like.ndim)):
+    if (
+        isinstance(value, jax.Array)
+        and isinstance(like, jax.Array)
+        and value.sharding.is_equivalent_to(like.sharding, like.ndim)
+    ):
         return value
     host = np.asarray(value)
     if not isinstance(like, jax.Array):
@@ -59,10 +62,14 @@ def shardings_like_params(state: Any, params: Any) -> Any:
     hold its whole optimizer state on one device until the first update."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    by_path = {tuple(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
-               if isinstance(x, jax.Array)}  # fmt: skip
-    mesh = next((x.sharding.mesh for x in by_path.values() if isinstance(x.sharding, NamedSharding)),
-                None)  # fmt: skip
+    by_path = {
+        tuple(p): x
+        for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+        if isinstance(x, jax.Array)
+    }
+    mesh = next(
+        (x.sharding.mesh for x in by_path.values() if isinstance(x.sharding, NamedSharding)), None
+    )
     if mesh is None:
         return None
 

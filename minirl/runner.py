@@ -48,7 +48,7 @@ from minirl.inputs import (
     make_engine,
     make_task,
     make_verifier,
-    train_prompts,  # fmt: skip
+    train_prompts,
 )
 from minirl.losses import get_preset
 from minirl.metrics_log import MetricsWriter, truncate_metrics
@@ -68,8 +68,14 @@ def _versions() -> dict[str, str]:
     import jax
     import optax
 
-    return {"python": sys.version.split()[0], "jax": jax.__version__, "flax": flax.__version__,
-            "optax": optax.__version__, "numpy": np.__version__, "machine": platform.platform()}
+    return {
+        "python": sys.version.split()[0],
+        "jax": jax.__version__,
+        "flax": flax.__version__,
+        "optax": optax.__version__,
+        "numpy": np.__version__,
+        "machine": platform.platform(),
+    }
 
 
 class Run:
@@ -84,11 +90,12 @@ class Run:
         self.placement = placement if placement is not None else LocalPlacement(cfg.rl.workers)
         self.tokenizer = load_tokenizer(cfg)
         if cfg.model.vocab_size < self.tokenizer.vocab_size:
-            raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
-                              f"{self.tokenizer.vocab_size}")
+            raise ConfigError(
+                f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
+                f"{self.tokenizer.vocab_size}"
+            )
         self.task = make_task(cfg, self.tokenizer)
         check_available(cfg)  # a tracker asked for and not installed: before any work
-
 
     def engine(self, version: int, params) -> Engine:
         engine = make_engine(self.cfg, self.tokenizer)
@@ -115,8 +122,10 @@ class Run:
         if restored is not None:
             restore_run(restored, controller, self.run_dir)
             record_config(self.cfg, self.run_dir)  # only now: the checkpoint fit
-            self.log(f"resumed {self.run_dir} at step {controller.counters.steps} "
-                     f"(version {controller.counters.version})")
+            self.log(
+                f"resumed {self.run_dir} at step {controller.counters.steps} "
+                f"(version {controller.counters.version})"
+            )
         self._start_engine(controller)
         t0 = time.perf_counter()
         self._loop(controller, ckpts, fresh, summary, resumed=restored is not None)
@@ -151,8 +160,9 @@ class Run:
         if not resumed:
             record.trackers.log({f"eval/{k}": v for k, v in summary["before"].items()}, 0)
         t0 = time.perf_counter()
-        bar = tqdm(total=rl.steps, initial=controller.counters.steps, desc="RL",
-                   disable=not self.progress)  # fmt: skip
+        bar = tqdm(
+            total=rl.steps, initial=controller.counters.steps, desc="RL", disable=not self.progress
+        )
         while controller.counters.steps < rl.steps:
             try:
                 m = controller.step() if rollouts is None else controller.step_async(rollouts)
@@ -172,8 +182,11 @@ class Run:
                 m.update({f"eval/{k}": v for k, v in self.evaluate(judge).items()})
             record.step(m)
             bar.update(1)
-            bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step']:.2f}",
-                            lag=f"{m['lag/mean']:.1f}")
+            bar.set_postfix(
+                reward=f"{m['reward/mean']:.3f}",
+                step_s=f"{m['time/step']:.2f}",
+                lag=f"{m['lag/mean']:.1f}",
+            )
             if rl.time_budget and time.perf_counter() - t0 > rl.time_budget:
                 self.log(f"time budget of {rl.time_budget:.0f}s reached after {c.steps} steps")
                 break
@@ -200,8 +213,14 @@ class Run:
             from minirl.export import export_params
 
             source = {"run_dir": str(self.run_dir.resolve()), "step": controller.counters.steps}
-            out = export_params(controller.params(), self.cfg, self.tokenizer,
-                                self.run_dir / "hf", force=True, source=source)  # fmt: skip
+            out = export_params(
+                controller.params(),
+                self.cfg,
+                self.tokenizer,
+                self.run_dir / "hf",
+                force=True,
+                source=source,
+            )
             self.log(f"exported the final weights as a Hugging Face checkpoint: {out}")
         return summary
 
@@ -243,13 +262,17 @@ class Run:
         loss, scoring = get_preset(rl.loss), cfg.engine.sampling.scoring
         place = self.placement
         make_trainer = lambda: Trainer(model_cfg, base, loss, trainer_cfg, sampling=scoring)  # noqa: E731
-        controller = Controller(cfg, engine=place.engine(lambda: make_engine(cfg, tokenizer), engine),
-                                trainer=place.trainer(make_trainer),
-                                verifier=place.verifier(lambda: make_verifier(cfg), self.task.verifier),
-                                store=InMemoryWeightStore(keep=max(4, rl.reload_every + 2)),
-                                mixture=Mixture({self.task.name: train_prompts(self.task)}, seed=rl.seed),
-                                tokenizer=self.tokenizer, max_new_tokens=self.task.max_new_tokens,
-                                log=self.log if log is None else log)
+        controller = Controller(
+            cfg,
+            engine=place.engine(lambda: make_engine(cfg, tokenizer), engine),
+            trainer=place.trainer(make_trainer),
+            verifier=place.verifier(lambda: make_verifier(cfg), self.task.verifier),
+            store=InMemoryWeightStore(keep=max(4, rl.reload_every + 2)),
+            mixture=Mixture({self.task.name: train_prompts(self.task)}, seed=rl.seed),
+            tokenizer=self.tokenizer,
+            max_new_tokens=self.task.max_new_tokens,
+            log=self.log if log is None else log,
+        )
         return controller
 
 
@@ -257,8 +280,9 @@ class Run:
 # The run directory's life cycle (also scale/launch.py's)
 
 
-def open_run_dir(cfg: RunConfig, run_dir, resume: bool = True, force: bool = False
-                 ) -> tuple[CheckpointManager, Checkpoint | None]:
+def open_run_dir(
+    cfg: RunConfig, run_dir, resume: bool = True, force: bool = False
+) -> tuple[CheckpointManager, Checkpoint | None]:
     """Check `run_dir` against `cfg`. Returns the checkpoint manager and the checkpoint to
     resume from. Everything is checked before anything is written: a fresh start writes
     config.json and meta.json here (and drops metrics.jsonl lines of an earlier attempt that
@@ -273,25 +297,39 @@ def open_run_dir(cfg: RunConfig, run_dir, resume: bool = True, force: bool = Fal
     try:
         restored = ckpts.restore() if resume and ckpts.all_steps() else None
     except CorruptCheckpointError as e:
-        raise ConfigError(f"{e}. Nothing of it can be resumed: start afresh in another directory "
-                          "(the damaged files stay for inspection)") from None
+        raise ConfigError(
+            f"{e}. Nothing of it can be resumed: start afresh in another directory "
+            "(the damaged files stay for inspection)"
+        ) from None
     if restored is not None:
         load_config(run_dir)  # a damaged or hand-edited config.json is named here
         started = read_json_object(run_dir / "config.json")["hash"]
         if started != chash and not force:
-            raise ConfigError(f"{run_dir} was started with another configuration (hash "
-                              f"{started}, now {chash}); use a new run directory, or --force "
-                              "to continue anyway")
+            raise ConfigError(
+                f"{run_dir} was started with another configuration (hash "
+                f"{started}, now {chash}); use a new run directory, or --force "
+                "to continue anyway"
+            )
         inputs = _read_json(run_dir, "meta.json").get("inputs")
         if inputs is not None and inputs != describe_inputs(cfg) and not force:
-            raise ConfigError(f"{run_dir} was started on other data or model files (their sha256 in "
-                              "meta.json differ from the files now); restore them, or --force")
+            raise ConfigError(
+                f"{run_dir} was started on other data or model files (their sha256 in "
+                "meta.json differ from the files now); restore them, or --force"
+            )
         _check_fits(restored, cfg, ckpts)
     ckpts.tidy(restored.step if restored is not None else None)
     if restored is None:
         record_config(cfg, run_dir)
-        write_json(run_dir, "meta.json", {"seed": cfg.rl.seed, "started": time.time(),
-                                          "versions": _versions(), "inputs": describe_inputs(cfg)})
+        write_json(
+            run_dir,
+            "meta.json",
+            {
+                "seed": cfg.rl.seed,
+                "started": time.time(),
+                "versions": _versions(),
+                "inputs": describe_inputs(cfg),
+            },
+        )
         truncate_metrics(run_dir, 0)
         truncate_metrics(run_dir, 0, SAMPLES_FILE)
     return ckpts, restored
@@ -312,8 +350,11 @@ def _check_fits(restored: Checkpoint, cfg: RunConfig, ckpts: CheckpointManager) 
 
 def record_config(cfg: RunConfig, run_dir) -> None:
     """Write run_dir/config.json: the config and its hash (what a resume is checked against)."""
-    write_json(run_dir, "config.json", {"hash": config_hash(cfg, ignore=RESUMABLE_CHANGES),
-                                        "config": to_dict(cfg)})
+    write_json(
+        run_dir,
+        "config.json",
+        {"hash": config_hash(cfg, ignore=RESUMABLE_CHANGES), "config": to_dict(cfg)},
+    )
 
 
 class RunStopped(OSError):
@@ -321,11 +362,17 @@ class RunStopped(OSError):
 
     def __init__(self, run_dir, error: OSError):
         steps = CheckpointManager(run_dir).all_steps()
-        kept = (f"its last checkpoint is step {steps[-1]} ({Path(run_dir) / 'checkpoints'})"
-                if steps else "no checkpoint was written yet")
+        kept = (
+            f"its last checkpoint is step {steps[-1]} ({Path(run_dir) / 'checkpoints'})"
+            if steps
+            else "no checkpoint was written yet"
+        )
         where = f" ({error.filename})" if error.filename else ""
-        super().__init__(error.errno, f"the run stopped: {error.strerror or error}{where}; "
-                         f"{kept}. Fix the cause, then: minirl train --resume {run_dir}")
+        super().__init__(
+            error.errno,
+            f"the run stopped: {error.strerror or error}{where}; "
+            f"{kept}. Fix the cause, then: minirl train --resume {run_dir}",
+        )
 
 
 @contextlib.contextmanager
@@ -341,8 +388,10 @@ def lock_run_dir(run_dir):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            raise ConfigError(f"{run_dir} is in use by another minirl process ({holder}); "
-                              "wait for it to end, or use another run directory") from None
+            raise ConfigError(
+                f"{run_dir} is in use by another minirl process ({holder}); "
+                "wait for it to end, or use another run directory"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {platform.node()}\n".encode(), 0)
         yield
@@ -357,7 +406,11 @@ def restore_run(restored: Checkpoint, controller: Controller, run_dir) -> None:
     if "trainer_checkpoint" in state:  # the trainer wrote its own (save_checkpoint, trainer_side)
         controller.trainer.call("restore_checkpoint", state["trainer_checkpoint"]["step"]).result()
     else:
-        trainer_state = {"params": restored.params, "opt_state": restored.opt_state, **state["trainer"]}
+        trainer_state = {
+            "params": restored.params,
+            "opt_state": restored.opt_state,
+            **state["trainer"],
+        }
         controller.trainer.call("load_state_dict", trainer_state).result()
     controller.restore(state["controller"])
     truncate_metrics(run_dir, controller.counters.steps)
@@ -369,12 +422,14 @@ def checkpoint_due(cfg: RunConfig, counters, async_scheduler: bool = False) -> b
     so one set of weights is the whole state), every rl.checkpoint_every steps and at the last;
     async ones between any two steps."""
     at_boundary = async_scheduler or counters.engine_version == counters.version
-    return at_boundary and (counters.steps % cfg.rl.checkpoint_every == 0
-                            or counters.steps == cfg.rl.steps)
+    return at_boundary and (
+        counters.steps % cfg.rl.checkpoint_every == 0 or counters.steps == cfg.rl.steps
+    )
 
 
-def save_checkpoint(ckpts: CheckpointManager, controller: Controller, in_flight=None,
-                    trainer_side: bool = False) -> None:
+def save_checkpoint(
+    ckpts: CheckpointManager, controller: Controller, in_flight=None, trainer_side: bool = False
+) -> None:
     """One checkpoint: the trainer's state (fetched through the controller's worker) and the
     controller's snapshot; `in_flight()`: the prompts in flight (async), read under the same
     lock as the snapshot. `trainer_side`: the trainer writes its own state (a `save_checkpoint`
@@ -390,10 +445,17 @@ def save_checkpoint(ckpts: CheckpointManager, controller: Controller, in_flight=
         controller.trainer.call("keep_checkpoints", ckpts.all_steps()).result()
         return
     state = controller.trainer.call("state_dict").result()
-    ckpts.save(step, state["params"], state["opt_state"], to_plain({
-        "controller": snap,
-        "trainer": {"step": state["step"], "skipped_nonfinite": state["skipped_nonfinite"]},
-    }))
+    ckpts.save(
+        step,
+        state["params"],
+        state["opt_state"],
+        to_plain(
+            {
+                "controller": snap,
+                "trainer": {"step": state["step"], "skipped_nonfinite": state["skipped_nonfinite"]},
+            }
+        ),
+    )
 
 
 class StepRecorder:
@@ -403,8 +465,16 @@ class StepRecorder:
     rollout thread (its in-flight prompts go into each checkpoint); `trainer_side`: the trainer
     writes its own checkpoints (`save_checkpoint`)."""
 
-    def __init__(self, cfg: RunConfig, run_dir, ckpts: CheckpointManager, controller: Controller,
-                 log=print, rollouts=None, trainer_side: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir,
+        ckpts: CheckpointManager,
+        controller: Controller,
+        log=print,
+        rollouts=None,
+        trainer_side: bool = False,
+    ):
         self.cfg, self.run_dir, self.ckpts, self.controller = cfg, Path(run_dir), ckpts, controller
         self.log, self.rollouts, self.trainer_side = log, rollouts, trainer_side
         self.writer = MetricsWriter(run_dir)
@@ -425,8 +495,9 @@ class StepRecorder:
         """After a rewind: metrics.jsonl was cut back, the trackers must drop the redone steps."""
         self.writer.close()
         self.trackers.close()
-        self.trackers = Trackers.open(self.cfg, self.run_dir, self.controller.counters.steps,
-                                      self.log)  # fmt: skip
+        self.trackers = Trackers.open(
+            self.cfg, self.run_dir, self.controller.counters.steps, self.log
+        )
 
     def close(self) -> None:
         self.writer.close()

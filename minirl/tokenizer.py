@@ -53,7 +53,9 @@ class CharTokenizer:
         self.chat_template = None
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
-        raise ValueError("the character tokenizer has no chat template; set data.chat_template=false")
+        raise ValueError(
+            "the character tokenizer has no chat template; set data.chat_template=false"
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -63,7 +65,9 @@ class CharTokenizer:
         try:
             ids = [self._id[ch] for ch in text]
         except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in the tokenizer's alphabet") from None
+            raise ValueError(
+                f"character {e.args[0]!r} is not in the tokenizer's alphabet"
+            ) from None
         return np.asarray(([BOS] if bos else []) + ids + ([EOS] if eos else []), np.int32)
 
     def decode(self, ids, skip_special: bool = True) -> str:
@@ -88,7 +92,8 @@ class CharTokenizer:
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tok.decoder = decoders.Fuse()
         tok.post_processor = processors.TemplateProcessing(
-            single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", BOS)])
+            single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", BOS)]
+        )
         special = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
         _write_files(directory, tok, {"tokenizer_class": "PreTrainedTokenizerFast", **special})
 
@@ -101,9 +106,16 @@ class HFTokenizer:
     and Llama, which define no separate padding token). `config` is the tokenizer_config.json
     it came from (written back by `save`)."""
 
-    def __init__(self, tokenizer, eos_token: str, bos_token: str | None = None,
-                 pad_token: str | None = None, chat_template: str | None = None,
-                 extra_eos_ids: tuple[int, ...] = (), config: dict | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        eos_token: str,
+        bos_token: str | None = None,
+        pad_token: str | None = None,
+        chat_template: str | None = None,
+        extra_eos_ids: tuple[int, ...] = (),
+        config: dict | None = None,
+    ):
         self._tok = tokenizer
         self.eos_id = self._id(eos_token, "eos_token")
         self.bos_id = None if bos_token is None else self._id(bos_token, "bos_token")
@@ -113,8 +125,11 @@ class HFTokenizer:
             raise ValueError(f"eos ids {outside} are outside the tokenizer's vocabulary")
         self.eos_ids = tuple(dict.fromkeys((self.eos_id, *extra_eos_ids)))
         self.chat_template = chat_template
-        self.special_tokens = {"eos_token": eos_token, "bos_token": bos_token,
-                               "pad_token": pad_token or eos_token}
+        self.special_tokens = {
+            "eos_token": eos_token,
+            "bos_token": bos_token,
+            "pad_token": pad_token or eos_token,
+        }
         self.config = dict(config or {"tokenizer_class": "PreTrainedTokenizerFast"})
 
     def _id(self, token: str, role: str) -> int:
@@ -146,11 +161,20 @@ class HFTokenizer:
         if eos is None and extra_eos_ids:  # no eos_token in the config: the model's first EOS id
             eos = tok.id_to_token(extra_eos_ids[0])
         if eos is None:
-            raise ValueError(f"no EOS token for {file}: neither tokenizer_config.json nor "
-                             "generation_config.json names one")
+            raise ValueError(
+                f"no EOS token for {file}: neither tokenizer_config.json nor "
+                "generation_config.json names one"
+            )
         try:
-            return cls(tok, eos, special.get("bos_token"), special.get("pad_token"),
-                       _chat_template(config, file.parent), tuple(extra_eos_ids), config)
+            return cls(
+                tok,
+                eos,
+                special.get("bos_token"),
+                special.get("pad_token"),
+                _chat_template(config, file.parent),
+                tuple(extra_eos_ids),
+                config,
+            )
         except ValueError as e:
             raise ValueError(f"{file.parent}: {e}") from None
 

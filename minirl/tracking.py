@@ -58,15 +58,22 @@ def sample_rows(groups: Sequence, n: int, version: int) -> list[dict[str, Any]]:
             continue
         r = group.rollouts[i // len(groups)]
         score = r.score
-        rows.append({
-            "uid": int(r.prompt.uid), "sample": int(r.sample_index), "task": r.prompt.task,
-            "prompt": r.prompt.text, "completion": r.text,
-            "reward": float(score.reward) if score else None,
-            "reason": score.reason if score else "", "length": int(len(r.tokens)),
-            "finish": r.finish_reason, "oldest_version": r.oldest_version,
-            "newest_version": int(r.versions.max()) if len(r.versions) else -1,
-            "lag": version - 1 - r.oldest_version,
-        })  # fmt: skip
+        rows.append(
+            {
+                "uid": int(r.prompt.uid),
+                "sample": int(r.sample_index),
+                "task": r.prompt.task,
+                "prompt": r.prompt.text,
+                "completion": r.text,
+                "reward": float(score.reward) if score else None,
+                "reason": score.reason if score else "",
+                "length": int(len(r.tokens)),
+                "finish": r.finish_reason,
+                "oldest_version": r.oldest_version,
+                "newest_version": int(r.versions.max()) if len(r.versions) else -1,
+                "lag": version - 1 - r.oldest_version,
+            }
+        )
     return rows
 
 
@@ -79,16 +86,22 @@ class _TensorBoard:
         # purge_step: events of steps >= step+1 written by an earlier attempt are dropped
         # a random suffix: a resume within the same second must not reuse (overwrite) the
         # file of the attempt before it, whose name has the same time and host
-        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=step + 1,
-                                    flush_secs=10, filename_suffix="." + secrets.token_hex(4))  # fmt: skip
+        self.writer = SummaryWriter(
+            str(run_dir / "tensorboard"),
+            purge_step=step + 1,
+            flush_secs=10,
+            filename_suffix="." + secrets.token_hex(4),
+        )
         if step == 0:
             self._config(cfg)
 
     def _config(self, cfg) -> None:
         from tensorboardX.summary import hparams
 
-        flat = {k: v if isinstance(v, int | float | str | bool) else json.dumps(v)
-                for k, v in flatten_config(to_dict(cfg)).items()}  # fmt: skip
+        flat = {
+            k: v if isinstance(v, int | float | str | bool) else json.dumps(v)
+            for k, v in flatten_config(to_dict(cfg)).items()
+        }
         for summary in hparams(flat, {"reward/mean": 0.0}):
             self.writer.file_writer.add_summary(summary)
         text = json.dumps(to_dict(cfg), indent=2)
@@ -101,9 +114,11 @@ class _TensorBoard:
         self.writer.flush()  # a killed run keeps every step it logged
 
     def samples(self, rows: Sequence[dict], step: int) -> None:
-        blocks = [f"**reward {r['reward']}** ({r['reason']}), {r['length']} tokens, lag "
-                  f"{r['lag']}\n\n```\n{r['prompt']}\n```\n```\n{r['completion']}\n```"
-                  for r in rows]  # fmt: skip
+        blocks = [
+            f"**reward {r['reward']}** ({r['reason']}), {r['length']} tokens, lag "
+            f"{r['lag']}\n\n```\n{r['prompt']}\n```\n```\n{r['completion']}\n```"
+            for r in rows
+        ]
         self.writer.add_text("samples", "\n\n---\n\n".join(blocks), step)
 
     def close(self) -> None:
@@ -120,13 +135,23 @@ class _WandB:
         run_id = link.get("id") or secrets.token_hex(6)
         mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_key() else "offline")
         self.wandb = wandb
-        self.run = wandb.init(project=cfg.log.wandb, id=run_id, resume="allow", mode=mode,
-                              dir=str(run_dir), config={**to_dict(cfg),
-                                                        "run_dir": str(run_dir.resolve())},
-                              settings=wandb.Settings(silent=True))  # fmt: skip
+        self.run = wandb.init(
+            project=cfg.log.wandb,
+            id=run_id,
+            resume="allow",
+            mode=mode,
+            dir=str(run_dir),
+            config={**to_dict(cfg), "run_dir": str(run_dir.resolve())},
+            settings=wandb.Settings(silent=True),
+        )
         url = self.run.get_url() if mode == "online" else None
-        link = {"id": run_id, "project": cfg.log.wandb, "mode": mode, "url": url,
-                "dir": str(Path(self.run.dir).parent)}  # fmt: skip
+        link = {
+            "id": run_id,
+            "project": cfg.log.wandb,
+            "mode": mode,
+            "url": url,
+            "dir": str(Path(self.run.dir).parent),
+        }
         atomic_write(run_dir / WANDB_FILE, json.dumps(link, indent=2).encode())
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
@@ -169,8 +194,10 @@ def flatten_config(d: Mapping, prefix: str = "") -> dict[str, Any]:
 
 def check_available(cfg) -> None:
     """ConfigError (naming the extra) if `log.*` asks for a tracker that is not installed."""
-    wanted = {"tensorboard": ("tensorboardX", cfg.log.tensorboard),
-              "wandb": ("wandb", bool(cfg.log.wandb))}  # fmt: skip
+    wanted = {
+        "tensorboard": ("tensorboardX", cfg.log.tensorboard),
+        "wandb": ("wandb", bool(cfg.log.wandb)),
+    }
     for setting, (module, on) in wanted.items():
         if not on:
             continue
@@ -228,5 +255,7 @@ class Trackers:
                 self.parts.remove(part)
 
     def _report(self, name: str, error: Exception) -> None:
-        self._log(f"{name} logging failed ({type(error).__name__}: {error}); the run goes on "
-                  f"without {name}")  # fmt: skip
+        self._log(
+            f"{name} logging failed ({type(error).__name__}: {error}); the run goes on "
+            f"without {name}"
+        )

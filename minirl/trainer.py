@@ -88,6 +88,7 @@ from minirl.types import Batch
 
 __all__ = ["Trainer", "TrainerConfig", "learning_rate"]
 
+
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
     """Optimisation and numerics of the trainer. Defaults run the `tiny` model on a laptop CPU."""
@@ -196,8 +197,10 @@ class Trainer:
     ):
         cfg = cfg or TrainerConfig()
         if not sampling.temperature > 0:
-            raise ValueError("the trainer scores under a temperature > 0: pass the engine's "
-                             "`sampling.scoring` (greedy reports log-probs at temperature 1)")
+            raise ValueError(
+                "the trainer scores under a temperature > 0: pass the engine's "
+                "`sampling.scoring` (greedy reports log-probs at temperature 1)"
+            )
         self._placement = placement if placement is not None else HostPlacement()
         if objective is not None and objective.needs_values:
             raise ValueError(

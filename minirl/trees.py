@@ -94,8 +94,9 @@ def _describe(x: Any) -> str:
     return f"{type(x).__name__} {x!r}"
 
 
-def match_template(tree: Any, template: Any, what: str = "parameter",
-                   check_dtype: bool = True) -> Any:
+def match_template(
+    tree: Any, template: Any, what: str = "parameter", check_dtype: bool = True
+) -> Any:
     """Return the leaves of `tree` arranged in `template`'s structure (e.g. optax namedtuples).
 
     Leaves are matched by path; every template leaf with a shape/dtype (arrays,

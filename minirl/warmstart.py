@@ -41,7 +41,9 @@ def demonstration_rollouts(task, tokenizer, start: int, count: int, seed: int) -
         prompt = task.prompt(i, "train")
         tokens = tokenizer.encode(task.demonstration(prompt, sample=seed), bos=False, eos=True)
         zeros = np.zeros(len(tokens), np.float32)
-        out.append(Rollout(prompt, 0, tokens, zeros, zeros.astype(np.int32), "eos", score=Score(0.0)))
+        out.append(
+            Rollout(prompt, 0, tokens, zeros, zeros.astype(np.int32), "eos", score=Score(0.0))
+        )
     return out
 
 
@@ -57,7 +59,9 @@ class _Key:  # what determines a warm start (hashed for the cache file name)
 
 def _input_files(cfg) -> tuple:
     """What the warm start reads from disk, by name, size and time: an edit misses the cache."""
-    paths = sorted(p for p in Path(cfg.model.path).iterdir() if p.is_file()) if cfg.model.path else []
+    paths = (
+        sorted(p for p in Path(cfg.model.path).iterdir() if p.is_file()) if cfg.model.path else []
+    )
     paths += [Path(p) for p in (cfg.data.train, cfg.data.eval) if p]
     return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
 
@@ -70,10 +74,16 @@ def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[
     # truncation, fast reductions) whatever the RL run's sampling settings, so one warm start
     # serves every RL configuration of the same task and model. The RL-only knobs (PPO epochs,
     # mini-batches and their shuffle) do not touch an SFT step, so they are not part of the key.
-    trainer_cfg = dataclasses.replace(cfg.trainer, learning_rate=sft.learning_rate,
-                                      schedule="cosine", warmup_steps=min(20, sft.steps // 10),
-                                      total_steps=max(sft.steps, 1), ppo_epochs=1,
-                                      num_minibatches=1, seed=0)
+    trainer_cfg = dataclasses.replace(
+        cfg.trainer,
+        learning_rate=sft.learning_rate,
+        schedule="cosine",
+        warmup_steps=min(20, sft.steps // 10),
+        total_steps=max(sft.steps, 1),
+        ppo_epochs=1,
+        num_minibatches=1,
+        seed=0,
+    )
     key = config_hash(_Key(cfg.task, cfg.model, sft, trainer_cfg, cfg.data, _input_files(cfg)))
     path = cache_dir() / "warmstart" / f"{key}.mrl"
     if sft.cache and path.exists():
@@ -92,15 +102,23 @@ def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[
     t0, losses = time.perf_counter(), []
     bar = tqdm(range(sft.steps), desc="warm start (SFT)", disable=not progress, leave=False)
     for step in bar:
-        demos = demonstration_rollouts(task, tokenizer, step * sft.batch_size, sft.batch_size, sft.seed)
+        demos = demonstration_rollouts(
+            task, tokenizer, step * sft.batch_size, sft.batch_size, sft.seed
+        )
         m = trainer.sft_step(make_batch(demos, tokenizer.pad_id))
         losses.append(m["loss"])
         bar.set_postfix(loss=f"{m['loss']:.3f}")
     params = trainer.params(host=True)
-    report = {"cached": False, "steps": sft.steps, "seconds": time.perf_counter() - t0,
-              "final_loss": float(np.mean(losses[-10:]))}
+    report = {
+        "cached": False,
+        "steps": sft.steps,
+        "seconds": time.perf_counter() - t0,
+        "final_loss": float(np.mean(losses[-10:])),
+    }
     if sft.cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda f: serialization.write_tree(f, params))
-    log(f"warm start: {sft.steps} SFT steps in {report['seconds']:.0f}s, loss {report['final_loss']:.3f}")
+    log(
+        f"warm start: {sft.steps} SFT steps in {report['seconds']:.0f}s, loss {report['final_loss']:.3f}"
+    )
     return params, report

@@ -66,7 +66,9 @@ def to_plain(x: Any) -> Any:
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         name = type(x).__name__
         if _TYPES.get(name) is not type(x):
-            raise TypeError(f"{name} cannot be sent to a worker: register it with register_message_type")
+            raise TypeError(
+                f"{name} cannot be sent to a worker: register it with register_message_type"
+            )
         return {_TAG: name, **{f.name: to_plain(getattr(x, f.name)) for f in dataclasses.fields(x)}}
     if isinstance(x, dict):
         return {k: to_plain(v) for k, v in x.items()}
@@ -171,8 +173,12 @@ class ProcessWorker:
 
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(dill.dumps(self.factory), child),
-                                 name=f"minirl-{self.name}", daemon=True)
+        self._proc = ctx.Process(
+            target=_serve,
+            args=(dill.dumps(self.factory), child),
+            name=f"minirl-{self.name}",
+            daemon=True,
+        )
         self._proc.start()
         child.close()
         self._conn = parent
@@ -277,7 +283,6 @@ class LocalPlacement:
         return InProcessWorker(factory())
 
 
-
 def _gather(futures: list[Future], combine: Callable[[list], Any]) -> Future:
     """One future for several: `combine(results)` once all succeed; the first failure otherwise
     (a WorkerDied before any other error, so the caller's restart path sees it)."""
@@ -336,7 +341,7 @@ class Replicas:
             (requests,) = args
             requests = list(requests)
             bounds = [len(requests) * i // n for i in range(n + 1)]
-            shares = [requests[bounds[i]:bounds[i + 1]] for i in range(n)]
+            shares = [requests[bounds[i] : bounds[i + 1]] for i in range(n)]
             futures = [w.call("generate", s) for w, s in zip(ws, shares, strict=True) if s]
             return _gather(futures, lambda parts: [r for part in parts for r in part])
         if method == "submit":
@@ -345,8 +350,11 @@ class Replicas:
             for i, request in enumerate(requests):
                 shares[(self._next + i) % n].append(request)
             self._next = (self._next + len(requests)) % n
-            return _gather([w.call("submit", s) for w, s in zip(ws, shares, strict=True) if s] or
-                           [_done(None)], lambda _: None)
+            return _gather(
+                [w.call("submit", s) for w, s in zip(ws, shares, strict=True) if s]
+                or [_done(None)],
+                lambda _: None,
+            )
         futures = [w.call(method, *args, **kwargs) for w in ws]
         if method == "step":
             return _gather(futures, lambda parts: [r for part in parts for r in part])

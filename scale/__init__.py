@@ -27,8 +27,17 @@ from typing import Any
 
 _EXPORTS = {
     "mesh": (
-        "DistributedConfig", "MeshConfig", "ShardingRules", "initialize", "make_mesh",
-        "no_sharding", "fsdp", "tensor_parallel", "place_params", "publish", "load",
+        "DistributedConfig",
+        "MeshConfig",
+        "ShardingRules",
+        "initialize",
+        "make_mesh",
+        "no_sharding",
+        "fsdp",
+        "tensor_parallel",
+        "place_params",
+        "publish",
+        "load",
         "RowPlacement",
     ),
     "tensorstore_weights": ("TensorStoreWeightStore", "StoredWeights"),
@@ -36,7 +45,7 @@ _EXPORTS = {
     "remote_verifier": ("RemoteVerifier", "ClientConfig", "RemoteVerifierError"),
     "ray_workers": ("RayWorker", "RayJob", "RayPlacement"),
     "orbax_checkpoints": ("TrainerCheckpoints",),
-}  # fmt: skip
+}
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted([*_WHERE, "use_cpu_devices"])
 

@@ -66,8 +66,10 @@ def sharding_rows(ctx, train_mesh: str = "fsdp=2,tensor=2", engine_mesh: str = "
 
     out = []
     if not ctx.fast:  # each layout alone
-        alone = ((f"recompute on {t_name}", recompute, Recompute(d)),
-                 (f"decode on {e_name}", decode, Decode(d)))  # fmt: skip
+        alone = (
+            (f"recompute on {t_name}", recompute, Recompute(d)),
+            (f"decode on {e_name}", decode, Decode(d)),
+        )
         for name, sharded, one_device in alone:
             a, b = sharded(False), ctx.logprobs(one_device)
             out.append(ctx.compare_arrays("sharding", f"{name} vs one device", a, b))

@@ -57,12 +57,24 @@ def run_verifier(args) -> None:
     from scale import verifier_service as RV
 
     os.environ[RV.TOKEN_ENV] = shared_token()
-    argv = ["--host", args.host, "--port", str(args.port), "--repository", args.repository,
-            "--verifier", args.verifier, "--workers", str(args.workers)]  # fmt: skip
+    argv = [
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--repository",
+        args.repository,
+        "--verifier",
+        args.verifier,
+        "--workers",
+        str(args.workers),
+    ]
     RV.main(argv)
 
 
-def wait_for_output(proc: subprocess.Popen, pattern: str, timeout: float = 300.0) -> tuple[str, str]:
+def wait_for_output(
+    proc: subprocess.Popen, pattern: str, timeout: float = 300.0
+) -> tuple[str, str]:
     """Read `proc`'s stdout (a pipe) until the regex `pattern` matches; return (its group 1, the
     output so far). If the process closes its output or the time runs out first, kill it (only
     it: a caller that started a process group kills the group) and raise RuntimeError with the
@@ -78,8 +90,10 @@ def wait_for_output(proc: subprocess.Popen, pattern: str, timeout: float = 300.0
             if match:
                 return match.group(1).decode(), out.decode(errors="replace")
     proc.kill()
-    raise RuntimeError(f"no {pattern!r} within {timeout:.0f} s from {proc.args!r}: "
-                       f"{out.decode(errors='replace')[-3000:]}")
+    raise RuntimeError(
+        f"no {pattern!r} within {timeout:.0f} s from {proc.args!r}: "
+        f"{out.decode(errors='replace')[-3000:]}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -87,8 +101,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m scale.launch", description=__doc__.split("\n\n")[0])
     roles = p.add_subparsers(dest="role", required=True)
-    r = roles.add_parser("ray", help="a run with engine(s), trainer and verifier as Ray actors",
-                         description=ray_run.__doc__.split("\n\n")[0])
+    r = roles.add_parser(
+        "ray",
+        help="a run with engine(s), trainer and verifier as Ray actors",
+        description=ray_run.__doc__.split("\n\n")[0],
+    )
     ray_run.add_arguments(r)
     v = roles.add_parser("verifier", help="serve a verifier pool over HTTP")
     v.add_argument("--host", default="0.0.0.0")
@@ -102,7 +119,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     try:
         {"verifier": run_verifier, "ray": ray_run.run}[args.role](args)
-    except (ConfigError, CheckpointError, OSError, ValueError) as e:  # a user's mistake: one line, no traceback
+    except (
+        ConfigError,
+        CheckpointError,
+        OSError,
+        ValueError,
+    ) as e:  # a user's mistake: one line, no traceback
         p.exit(2, f"python -m scale.launch {args.role}: error: {e}\n")
 
 

@@ -230,8 +230,10 @@ class MeshConfig:
                 )
             sizes[sizes.index(-1)] = num_devices // known
         if math.prod(sizes) != num_devices:
-            raise ValueError(f"mesh {dict(zip(AXES, sizes, strict=True))} needs "
-                             f"{math.prod(sizes)} devices, got {num_devices}")  # fmt: skip
+            raise ValueError(
+                f"mesh {dict(zip(AXES, sizes, strict=True))} needs "
+                f"{math.prod(sizes)} devices, got {num_devices}"
+            )
         return tuple(sizes)  # type: ignore[return-value]
 
 
@@ -265,8 +267,11 @@ def param_sharding(
 
 def param_shardings(params: Any, mesh: Mesh, rules: ShardingRules) -> dict[str, NamedSharding]:
     """{leaf path: NamedSharding} for every array leaf of `params`."""
-    return {path: param_sharding(path, np.shape(x), mesh, rules)
-            for path, x in flatten_tree(params).items() if hasattr(x, "shape")}  # fmt: skip
+    return {
+        path: param_sharding(path, np.shape(x), mesh, rules)
+        for path, x in flatten_tree(params).items()
+        if hasattr(x, "shape")
+    }
 
 
 def activation_sharding(
@@ -292,8 +297,10 @@ def place_params(params: Any, mesh: Mesh, rules: ShardingRules) -> Any:
     """`params` (a pure dict, host or device arrays) laid out on `mesh` by `rules`."""
     paths = list(flatten_tree(params))
     leaves, treedef = jax.tree_util.tree_flatten(params)
-    placed = [place(x, param_sharding(p, np.shape(x), mesh, rules)) if hasattr(x, "shape") else x
-              for p, x in zip(paths, leaves, strict=True)]  # fmt: skip
+    placed = [
+        place(x, param_sharding(p, np.shape(x), mesh, rules)) if hasattr(x, "shape") else x
+        for p, x in zip(paths, leaves, strict=True)
+    ]
     return jax.tree_util.tree_unflatten(treedef, placed)
 
 
@@ -370,8 +377,11 @@ class RowPlacement:
 
 def describe(params: Any) -> dict[str, str]:
     """{leaf path: "P('fsdp', None)"} — for logs and tests."""
-    return {p: str(x.sharding.spec) if isinstance(x.sharding, NamedSharding) else str(x.sharding)
-            for p, x in flatten_tree(params).items() if isinstance(x, jax.Array)}  # fmt: skip
+    return {
+        p: str(x.sharding.spec) if isinstance(x.sharding, NamedSharding) else str(x.sharding)
+        for p, x in flatten_tree(params).items()
+        if isinstance(x, jax.Array)
+    }
 
 
 # -------------------------------------------------------------------------------------------

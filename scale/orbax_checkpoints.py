@@ -44,7 +44,9 @@ class TrainerCheckpoints:
 
         self.directory = directory
         options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=True)
-        self._manager = ocp.CheckpointManager(directory, options=options, item_names=("state", "meta"))
+        self._manager = ocp.CheckpointManager(
+            directory, options=options, item_names=("state", "meta")
+        )
 
     def steps(self) -> list[int]:
         self._manager.reload()  # another process may have written or deleted steps
@@ -59,10 +61,17 @@ class TrainerCheckpoints:
         state = trainer.state_dict(host=False)
         if step in self.steps():
             self._manager.delete(step)
-        self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave({"params": state["params"], "opt_state": state["opt_state"]}),
-            meta=ocp.args.JsonSave({"step": state["step"], "skipped_nonfinite": state["skipped_nonfinite"]}),
-        ))  # fmt: skip
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(
+                    {"params": state["params"], "opt_state": state["opt_state"]}
+                ),
+                meta=ocp.args.JsonSave(
+                    {"step": state["step"], "skipped_nonfinite": state["skipped_nonfinite"]}
+                ),
+            ),
+        )
         self._manager.wait_until_finished()
         return step
 
@@ -71,12 +80,18 @@ class TrainerCheckpoints:
         import orbax.checkpoint as ocp
 
         if step not in self.steps():
-            raise LookupError(f"{self.directory} has no trainer checkpoint for step {step} "
-                              f"(it has {self.steps()})")  # fmt: skip
+            raise LookupError(
+                f"{self.directory} has no trainer checkpoint for step {step} "
+                f"(it has {self.steps()})"
+            )
         now = trainer.state_dict(host=False)
         target = _abstract({"params": now["params"], "opt_state": now["opt_state"]})
-        got = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))  # fmt: skip
+        got = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+            ),
+        )
         trainer.load_state_dict({**got["state"], **got["meta"]})
 
     def discard_after(self, step: int) -> list[int]:

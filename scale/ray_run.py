@@ -38,49 +38,84 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from minirl.config import add_config_arguments
 
     add_config_arguments(p)
-    p.add_argument("--run-dir", help="where to write the run (default: runs/<task>); an existing one resumes")
+    p.add_argument(
+        "--run-dir", help="where to write the run (default: runs/<task>); an existing one resumes"
+    )
     p.add_argument("--force", action="store_true", help="resume even if the run's config changed")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--address", default=None,
-                   help="Ray cluster to join ('auto': the one `ray start` began on this machine); "
-                        "default: start a local one for this run")  # fmt: skip
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to join ('auto': the one `ray start` began on this machine); "
+        "default: start a local one for this run",
+    )
     p.add_argument("--engines", type=int, default=1, help="engine replicas (data-parallel rollout)")
     for role, cpus in (("engine", 1.0), ("trainer", 1.0), ("verifier", 1.0)):
-        p.add_argument(f"--{role}-cpus", type=float, default=cpus, help=f"Ray CPUs per {role} actor")
+        p.add_argument(
+            f"--{role}-cpus", type=float, default=cpus, help=f"Ray CPUs per {role} actor"
+        )
     for role in ("engine", "trainer"):
         p.add_argument(f"--{role}-gpus", type=float, default=0.0, help=f"Ray GPUs per {role} actor")
     for role in ("engine", "trainer", "verifier"):
-        p.add_argument(f"--{role}-cores", default="", metavar="0,1",
-                       help=f"pin the {role} actor(s) to these CPU cores (one machine, Linux)")
+        p.add_argument(
+            f"--{role}-cores",
+            default="",
+            metavar="0,1",
+            help=f"pin the {role} actor(s) to these CPU cores (one machine, Linux)",
+        )
     j = p.add_argument_group(
         "multi-host jobs (weights by reference)",
         "With --weights, the trainer and each engine replica are JAX jobs of --ROLE-hosts Ray "
         "actors (one per host, joined by jax.distributed; scale.launch's trainer and engine "
         "roles), the trainer on an FSDP mesh publishing to the TensorStore store, the engines "
         "reading from it on tensor-parallel meshes; --checkpoints adds the trainer job's own "
-        "Orbax checkpoints.")  # fmt: skip
-    j.add_argument("--weights", default=None, metavar="URL", help="TensorStore store of the weights")
+        "Orbax checkpoints.",
+    )
+    j.add_argument(
+        "--weights", default=None, metavar="URL", help="TensorStore store of the weights"
+    )
     j.add_argument("--keep", type=int, default=8, help="weight versions kept in the store")
-    j.add_argument("--checkpoints", default=None, metavar="URL",
-                   help="the trainer job's Orbax checkpoints (a directory, gs://...)")
-    j.add_argument("--trainer-hosts", type=int, default=1, help="processes (hosts) of the trainer job")
-    j.add_argument("--engine-hosts", type=int, default=1, help="processes (hosts) of each engine job")
+    j.add_argument(
+        "--checkpoints",
+        default=None,
+        metavar="URL",
+        help="the trainer job's Orbax checkpoints (a directory, gs://...)",
+    )
+    j.add_argument(
+        "--trainer-hosts", type=int, default=1, help="processes (hosts) of the trainer job"
+    )
+    j.add_argument(
+        "--engine-hosts", type=int, default=1, help="processes (hosts) of each engine job"
+    )
     j.add_argument("--trainer-mesh", default="fsdp=-1", help="the trainer job's mesh axes")
     j.add_argument("--engine-mesh", default="tensor=-1", help="each engine job's mesh axes")
-    j.add_argument("--cpu-devices", type=int, default=0, help="fake N CPU devices per process (testing)")
-    p.add_argument("--verifier-url", default=None, metavar="URL",
-                   help="score with the HTTP verifier service there (python -m scale.launch "
-                        "verifier; shared secret in $MINIRL_TOKEN) instead of a verifier actor")  # fmt: skip
-    p.add_argument("--resource", action="append", default=[], metavar="ROLE:NAME=N",
-                   help="a custom Ray resource for a role's actors, e.g. engine:TPU=4 (repeatable)")
+    j.add_argument(
+        "--cpu-devices", type=int, default=0, help="fake N CPU devices per process (testing)"
+    )
+    p.add_argument(
+        "--verifier-url",
+        default=None,
+        metavar="URL",
+        help="score with the HTTP verifier service there (python -m scale.launch "
+        "verifier; shared secret in $MINIRL_TOKEN) instead of a verifier actor",
+    )
+    p.add_argument(
+        "--resource",
+        action="append",
+        default=[],
+        metavar="ROLE:NAME=N",
+        help="a custom Ray resource for a role's actors, e.g. engine:TPU=4 (repeatable)",
+    )
 
 
 def placement_from_args(args):
     """The RayPlacement the flags describe (ValueError naming a malformed --resource)."""
     from scale.ray_workers import RayPlacement
 
-    options = {role: {"num_cpus": getattr(args, f"{role}_cpus"), "resources": {}}
-               for role in ("engine", "trainer", "verifier")}  # fmt: skip
+    options = {
+        role: {"num_cpus": getattr(args, f"{role}_cpus"), "resources": {}}
+        for role in ("engine", "trainer", "verifier")
+    }
     for role in ("engine", "trainer"):
         options[role]["num_gpus"] = getattr(args, f"{role}_gpus")
     for role in options:
@@ -90,8 +125,10 @@ def placement_from_args(args):
         except ValueError:
             cores = (-1,)
         if any(c < 0 or c >= (os.cpu_count() or 1) for c in cores):
-            raise ValueError(f"--{role}-cores {text!r}: expected comma-separated core numbers "
-                             f"0..{(os.cpu_count() or 1) - 1}")
+            raise ValueError(
+                f"--{role}-cores {text!r}: expected comma-separated core numbers "
+                f"0..{(os.cpu_count() or 1) - 1}"
+            )
         options[role]["cores"] = cores
     for item in args.resource:
         role, _, rest = item.partition(":")
@@ -101,12 +138,16 @@ def placement_from_args(args):
         except ValueError:
             value = -1.0
         if role not in options or not name or value <= 0:
-            raise ValueError(f"--resource {item!r}: expected ROLE:NAME=N with ROLE one of "
-                             f"engine, trainer, verifier and N > 0 (e.g. engine:TPU=4)")
+            raise ValueError(
+                f"--resource {item!r}: expected ROLE:NAME=N with ROLE one of "
+                f"engine, trainer, verifier and N > 0 (e.g. engine:TPU=4)"
+            )
         options[role]["resources"][name] = value
     if args.checkpoints and not args.weights:
-        raise ValueError("--checkpoints is the trainer job's own checkpoints: it needs --weights "
-                         "(without it the run directory holds the checkpoints)")  # fmt: skip
+        raise ValueError(
+            "--checkpoints is the trainer job's own checkpoints: it needs --weights "
+            "(without it the run directory holds the checkpoints)"
+        )
     if min(args.trainer_hosts, args.engine_hosts) < 1:
         raise ValueError("--trainer-hosts and --engine-hosts must be >= 1")
     hosts = {"trainer": args.trainer_hosts, "engine": args.engine_hosts} if args.weights else {}
@@ -126,8 +167,11 @@ def remote_verifier(args):
     from scale.roles import shared_token
 
     cfg = config_from_args(args)
-    repository = getattr(get_task(cfg.task.name, **cfg.task.args), "repository", None) \
-        if cfg.task.name != "file" else None
+    repository = (
+        getattr(get_task(cfg.task.name, **cfg.task.args), "repository", None)
+        if cfg.task.name != "file"
+        else None
+    )
     return InProcessWorker(RemoteVerifier(args.verifier_url, shared_token(), repository=repository))
 
 
@@ -155,8 +199,12 @@ def run(args) -> None:
         # check then names what this machine lacks)
         cpus = placement.needs().get("CPU", 0)
         # address="local": a new cluster even if $RAY_ADDRESS names another one
-        ray.init(address="local", num_cpus=max(1, int(-(-cpus // 1))), include_dashboard=False,
-                 log_to_driver=not args.quiet)  # fmt: skip
+        ray.init(
+            address="local",
+            num_cpus=max(1, int(-(-cpus // 1))),
+            include_dashboard=False,
+            log_to_driver=not args.quiet,
+        )
     try:
         placement.check()  # before the warm start: a cluster that can never hold it fails now
         if args.weights:
@@ -166,8 +214,17 @@ def run(args) -> None:
     finally:
         placement.close()
         ray.shutdown()
-    print(json.dumps({"run_dir": str(run_dir), "before": summary["before"], "after": summary["after"],
-                      "rl_seconds": round(summary["rl_seconds"], 1)}, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "run_dir": str(run_dir),
+                "before": summary["before"],
+                "after": summary["after"],
+                "rl_seconds": round(summary["rl_seconds"], 1),
+            },
+            indent=2,
+        )
+    )
 
 
 def _reachable(address: str, timeout_s: float = 10.0) -> None:
@@ -178,13 +235,17 @@ def _reachable(address: str, timeout_s: float = 10.0) -> None:
         return
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"--address {address!r}: expected host:port (the head's GCS port, 6379 "
-                         "by default), 'auto' or ray://host:port")  # fmt: skip
+        raise ValueError(
+            f"--address {address!r}: expected host:port (the head's GCS port, 6379 "
+            "by default), 'auto' or ray://host:port"
+        )
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as e:
-        raise ConnectionError(f"no Ray cluster answers at {address} ({e}); start one there with "
-                              "`ray start --head`, or leave out --address for a local one") from None
+        raise ConnectionError(
+            f"no Ray cluster answers at {address} ({e}); start one there with "
+            "`ray start --head`, or leave out --address for a local one"
+        ) from None
 
 
 def run_jobs(args, cfg, run_dir: Path, placement, tokenizer, task) -> dict:
@@ -196,26 +257,42 @@ def run_jobs(args, cfg, run_dir: Path, placement, tokenizer, task) -> dict:
 
     env = {}
     if args.cpu_devices:
-        env = {"JAX_PLATFORMS": "cpu",
-               "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.cpu_devices}"}  # fmt: skip
+        env = {
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.cpu_devices}",
+        }
     role_args = dict(vars(args), steps=0, run_dir=str(run_dir))
     t_args = argparse.Namespace(**{**role_args, "mesh": args.trainer_mesh})
     e_args = argparse.Namespace(**{**role_args, "mesh": args.engine_mesh})
     opts = placement.options
-    trainer = RayJob(lambda i: trainer_role(t_args), args.trainer_hosts, name="trainer",
-                     options=[opts["trainer"]] * args.trainer_hosts, env=env)  # fmt: skip
-    engines = [RayJob(lambda i: engine_role(e_args), args.engine_hosts, name=f"engine{k}",
-                      options=[opts["engine"]] * args.engine_hosts, env=env)
-               for k in range(args.engines)]  # fmt: skip
-    verifier = placement.verifier_worker or RayWorker(lambda: make_verifier(cfg), "verifier",
-                                                      **opts["verifier"])  # fmt: skip
+    trainer = RayJob(
+        lambda i: trainer_role(t_args),
+        args.trainer_hosts,
+        name="trainer",
+        options=[opts["trainer"]] * args.trainer_hosts,
+        env=env,
+    )
+    engines = [
+        RayJob(
+            lambda i: engine_role(e_args),
+            args.engine_hosts,
+            name=f"engine{k}",
+            options=[opts["engine"]] * args.engine_hosts,
+            env=env,
+        )
+        for k in range(args.engines)
+    ]
+    verifier = placement.verifier_worker or RayWorker(
+        lambda: make_verifier(cfg), "verifier", **opts["verifier"]
+    )
     jobs = [trainer, *engines] + ([] if placement.verifier_worker else [verifier])
     try:
         for job in jobs:
             job.start()
         engine = engines[0] if len(engines) == 1 else Replicas(engines)
-        return drive(argparse.Namespace(**role_args), cfg, tokenizer, task, engine, trainer, verifier)
+        return drive(
+            argparse.Namespace(**role_args), cfg, tokenizer, task, engine, trainer, verifier
+        )
     finally:
         for job in jobs:
             job.close()
-

@@ -113,8 +113,12 @@ def _outcome(name: str, ray_future: Future) -> tuple[Any, BaseException | None]:
         if isinstance(cause, RuntimeError) and str(cause).startswith("could not be built"):
             return None, WorkerError(f"{name}: {cause}")  # the factory raised: no retry helps
         return None, WorkerError(f"{name}: {type(cause).__name__}: {cause}")
-    except (rx.RayActorError, rx.ActorUnavailableError, rx.WorkerCrashedError,
-            rx.ObjectLostError) as e:  # fmt: skip
+    except (
+        rx.RayActorError,
+        rx.ActorUnavailableError,
+        rx.WorkerCrashedError,
+        rx.ObjectLostError,
+    ) as e:
         return None, WorkerDied(f"{name}: actor died ({type(e).__name__})")
     except BaseException as e:  # noqa: BLE001 - e.g. a cancelled call: the caller sees it
         return None, e
@@ -124,10 +128,18 @@ class RayWorker:
     """A minirl worker (`call`, `alive`, `restart`, `close`) whose object lives in a Ray actor
     built by `factory()`. Ray must be initialised (`ray.init`) before the first call."""
 
-    def __init__(self, factory: Callable[[], Any], name: str = "worker", *, num_cpus: float = 1,
-                 num_gpus: float = 0, resources: dict[str, float] | None = None,
-                 env: dict[str, str] | None = None, cores: tuple[int, ...] = (),
-                 scheduling_strategy: Any = None):
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        name: str = "worker",
+        *,
+        num_cpus: float = 1,
+        num_gpus: float = 0,
+        resources: dict[str, float] | None = None,
+        env: dict[str, str] | None = None,
+        cores: tuple[int, ...] = (),
+        scheduling_strategy: Any = None,
+    ):
         self.factory, self.name, self.env, self.cores = factory, name, dict(env or {}), tuple(cores)
         self._options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": resources or {}}
         if scheduling_strategy is not None:
@@ -223,9 +235,17 @@ class RayJob:
     "STRICT_SPREAD" insists on one host each); a job the cluster cannot hold within
     `place_timeout_s` is refused, naming what it asked for."""
 
-    def __init__(self, factory: Callable[[int], Any], n: int, name: str = "job", *,
-                 options: Sequence[dict] | None = None, env: dict[str, str] | None = None,
-                 strategy: str = "SPREAD", place_timeout_s: float = 300.0):
+    def __init__(
+        self,
+        factory: Callable[[int], Any],
+        n: int,
+        name: str = "job",
+        *,
+        options: Sequence[dict] | None = None,
+        env: dict[str, str] | None = None,
+        strategy: str = "SPREAD",
+        place_timeout_s: float = 300.0,
+    ):
         if n < 1:
             raise ValueError(f"a job needs >= 1 process, got {n}")
         self.factory, self.n, self.name = factory, n, name
@@ -244,8 +264,10 @@ class RayJob:
 
         if self.n == 1:
             return self.options
-        bundles = [{"CPU": o.get("num_cpus", 1), "GPU": o.get("num_gpus", 0), **o.get("resources", {})}
-                   for o in self.options]  # fmt: skip
+        bundles = [
+            {"CPU": o.get("num_cpus", 1), "GPU": o.get("num_gpus", 0), **o.get("resources", {})}
+            for o in self.options
+        ]
         bundles = [{k: v for k, v in b.items() if v} or {"CPU": 0.01} for b in bundles]
         self._group = placement_group(bundles, strategy=self.strategy, name=f"minirl-{self.name}")
         try:
@@ -253,17 +275,22 @@ class RayJob:
         except ray.exceptions.GetTimeoutError:
             ray.util.remove_placement_group(self._group)
             self._group = None
-            raise ValueError(f"{self.name}: the cluster could not place {self.n} processes "
-                             f"({bundles}, {self.strategy}) within {self.place_timeout_s:.0f} s") from None
-        return [{**o, "scheduling_strategy": PlacementGroupSchedulingStrategy(self._group, i)}
-                for i, o in enumerate(self.options)]  # fmt: skip
+            raise ValueError(
+                f"{self.name}: the cluster could not place {self.n} processes "
+                f"({bundles}, {self.strategy}) within {self.place_timeout_s:.0f} s"
+            ) from None
+        return [
+            {**o, "scheduling_strategy": PlacementGroupSchedulingStrategy(self._group, i)}
+            for i, o in enumerate(self.options)
+        ]
 
     def start(self) -> RayJob:
         import ray
 
         options = self._reserve()
-        self.workers = [RayWorker(None, f"{self.name}[{i}]", env=self.env, **options[i])
-                        for i in range(self.n)]  # fmt: skip
+        self.workers = [
+            RayWorker(None, f"{self.name}[{i}]", env=self.env, **options[i]) for i in range(self.n)
+        ]
         for w in self.workers:
             w._create()
         coordinator = ray.get(self.workers[0]._actor.address.remote())
@@ -328,25 +355,44 @@ class RayPlacement:
     `{"num_cpus": 1}` on a laptop or `{"resources": {"TPU": 4}}` on a pod. Evaluation and the
     warm start stay in the driver. `env` is set in every actor before its part is built."""
 
-    def __init__(self, engines: int = 1, *, engine: dict | None = None, trainer: dict | None = None,
-                 verifier: dict | None = None, env: dict[str, str] | None = None,
-                 hosts: dict[str, int] | None = None, verifier_worker: Any = None):
+    def __init__(
+        self,
+        engines: int = 1,
+        *,
+        engine: dict | None = None,
+        trainer: dict | None = None,
+        verifier: dict | None = None,
+        env: dict[str, str] | None = None,
+        hosts: dict[str, int] | None = None,
+        verifier_worker: Any = None,
+    ):
         if engines < 1:
             raise ValueError(f"engines must be >= 1, got {engines}")
         self.engines, self.env = engines, dict(env or {})
         self.hosts = {"engine": 1, "trainer": 1, **(hosts or {})}  # actors per job (RayJob)
         self.verifier_worker = verifier_worker  # e.g. a RemoteVerifier service: no actor then
-        self.options = {"engine": engine or {}, "trainer": trainer or {}, "verifier": verifier or {}}
+        self.options = {
+            "engine": engine or {},
+            "trainer": trainer or {},
+            "verifier": verifier or {},
+        }
         self.workers: list[RayWorker] = []  # every actor started, for close()
 
     def needs(self) -> dict[str, float]:
         """The Ray resources all the run's actors ask for together."""
         total: dict[str, float] = {}
-        counts = (("engine", self.engines * self.hosts["engine"]), ("trainer", self.hosts["trainer"]),
-                  ("verifier", 0 if self.verifier_worker is not None else 1))  # fmt: skip
+        counts = (
+            ("engine", self.engines * self.hosts["engine"]),
+            ("trainer", self.hosts["trainer"]),
+            ("verifier", 0 if self.verifier_worker is not None else 1),
+        )
         for role, count in counts:
             o = self.options[role]
-            asks = {"CPU": o.get("num_cpus", 1), "GPU": o.get("num_gpus", 0), **o.get("resources", {})}
+            asks = {
+                "CPU": o.get("num_cpus", 1),
+                "GPU": o.get("num_gpus", 0),
+                **o.get("resources", {}),
+            }
             for name, amount in asks.items():
                 if amount:
                     total[name] = total.get(name, 0) + count * amount
@@ -360,10 +406,13 @@ class RayPlacement:
         have = ray.cluster_resources()
         short = {k: (v, have.get(k, 0)) for k, v in self.needs().items() if v > have.get(k, 0)}
         if short:
-            detail = ", ".join(f"{k}: {need:g} needed, {got:g} in the cluster"
-                               for k, (need, got) in short.items())
-            raise ValueError(f"the Ray cluster cannot hold this run's actors ({detail}); "
-                             "start it with more (ray start --num-cpus N) or ask for less per role")
+            detail = ", ".join(
+                f"{k}: {need:g} needed, {got:g} in the cluster" for k, (need, got) in short.items()
+            )
+            raise ValueError(
+                f"the Ray cluster cannot hold this run's actors ({detail}); "
+                "start it with more (ray start --num-cpus N) or ask for less per role"
+            )
 
     def _start(self, role: str, factory: Callable[[], Any], name: str) -> RayWorker:
         if not self.workers:

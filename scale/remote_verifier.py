@@ -72,8 +72,13 @@ def nested_references(data: bytes) -> list[str]:
     try:
         obj = json.loads(data)
         cases = obj.get("cases", []) if isinstance(obj, dict) else []
-        return [c[k] for c in cases if isinstance(c, dict) for k in CASE_REFERENCE_KEYS
-                if is_sha(c.get(k))]  # fmt: skip
+        return [
+            c[k]
+            for c in cases
+            if isinstance(c, dict)
+            for k in CASE_REFERENCE_KEYS
+            if is_sha(c.get(k))
+        ]
     except (ValueError, AttributeError):
         return []
 
@@ -147,8 +152,17 @@ class RemoteVerifier:
         self.token, self.repository, self.config = token, repository, config
         self._rng = random.Random()  # backoff jitter only: no effect on results
         self.stats = dict.fromkeys(
-            ("requests", "retries", "bytes_sent", "bytes_received", "uploads", "upload_bytes",
-             "unscored"), 0)  # fmt: skip
+            (
+                "requests",
+                "retries",
+                "bytes_sent",
+                "bytes_received",
+                "uploads",
+                "upload_bytes",
+                "unscored",
+            ),
+            0,
+        )
 
     # ---- the Verifier interface
 
@@ -316,9 +330,13 @@ class RemoteVerifier:
             data = body
         else:
             data = json.dumps(body, default=plain_json).encode()
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Length": str(len(data)),
-                   "Content-Type": "application/octet-stream" if isinstance(body, bytes)
-                   else "application/json"}  # fmt: skip
+        headers = {
+            "Authorization": f"Bearer {self.token}",
+            "Content-Length": str(len(data)),
+            "Content-Type": "application/octet-stream"
+            if isinstance(body, bytes)
+            else "application/json",
+        }
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.config.timeout_s)
         try:
             conn.request(method, path, body=data, headers=headers)

@@ -191,7 +191,9 @@ def first_params(cfg, tokenizer, task, mesh):
 
     if cfg.model.path and not cfg.sft.steps:
         loaded, params, read = M.load_checkpoint(cfg.model.path, mesh, M.fsdp(), cfg.model.dtype)
-        print(f"read {read:,} bytes of {cfg.model.path} (the blocks this process holds)", flush=True)
+        print(
+            f"read {read:,} bytes of {cfg.model.path} (the blocks this process holds)", flush=True
+        )
         return checked_params(cfg, loaded, params)
     base, _ = warm_start(cfg, tokenizer, task, progress=False)
     return M.place_params(base, mesh, M.fsdp())
@@ -212,9 +214,14 @@ def trainer_role(args) -> TrainerRole:
     start = first_params(cfg, tokenizer, task, mesh)  # jax arrays: a Trainer never mutates them
 
     def make_trainer() -> Trainer:
-        return Trainer(cfg.model, start, get_preset(cfg.rl.loss), cfg.trainer,
-                       placement=M.RowPlacement(mesh, M.fsdp()),
-                       sampling=cfg.engine.sampling.scoring)  # fmt: skip
+        return Trainer(
+            cfg.model,
+            start,
+            get_preset(cfg.rl.loss),
+            cfg.trainer,
+            placement=M.RowPlacement(mesh, M.fsdp()),
+            sampling=cfg.engine.sampling.scoring,
+        )
 
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
     checkpoints = None
@@ -258,15 +265,27 @@ def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
 
     ckpts, restored = runner.open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
     store = ReferenceStore(TensorStoreWeightStore(args.weights, keep=args.keep))
-    controller = Controller(cfg, engine=engine, trainer=trainer, verifier=verifier,
-                            store=store, mixture=Mixture({task.name: train_prompts(task)}, seed=cfg.rl.seed),
-                            tokenizer=tokenizer, max_new_tokens=task.max_new_tokens)  # fmt: skip
+    controller = Controller(
+        cfg,
+        engine=engine,
+        trainer=trainer,
+        verifier=verifier,
+        store=store,
+        mixture=Mixture({task.name: train_prompts(task)}, seed=cfg.rl.seed),
+        tokenizer=tokenizer,
+        max_new_tokens=task.max_new_tokens,
+    )
     trainer_side = trainer.call("checkpoint_directory").result() is not None
     if restored is not None:
-        runner.restore_run(restored, controller, args.run_dir)  # the trainer job loads the checkpoint
+        runner.restore_run(
+            restored, controller, args.run_dir
+        )  # the trainer job loads the checkpoint
         runner.record_config(cfg, args.run_dir)
-        print(f"resumed {args.run_dir} at step {controller.counters.steps} "
-              f"(version {controller.counters.version})", flush=True)  # fmt: skip
+        print(
+            f"resumed {args.run_dir} at step {controller.counters.steps} "
+            f"(version {controller.counters.version})",
+            flush=True,
+        )
     c = controller.counters
     trainer.call("publish_from", c.version).result()
     first = trainer.call("params", True).result()  # the trainer job publishes c.version
@@ -278,12 +297,20 @@ def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
     while c.steps < cfg.rl.steps:
         m = controller.step()
         record.step(m)  # metrics.jsonl, trackers, samples, a checkpoint when due
-        print(f"step {c.steps} version {c.version} reward {m['reward/mean']:.3f} "
-              f"step_s {m['time/step']:.2f}", flush=True)  # fmt: skip
+        print(
+            f"step {c.steps} version {c.version} reward {m['reward/mean']:.3f} "
+            f"step_s {m['time/step']:.2f}",
+            flush=True,
+        )
     record.close()
     scored = getattr(getattr(verifier, "obj", None), "stats", {})  # a RemoteVerifier's counts
-    summary = {"steps": c.steps, "version": c.version, "seconds": time.perf_counter() - t0,
-               "weights": store.versions(), "verifier": scored}  # fmt: skip
+    summary = {
+        "steps": c.steps,
+        "version": c.version,
+        "seconds": time.perf_counter() - t0,
+        "weights": store.versions(),
+        "verifier": scored,
+    }
     runner.write_json(args.run_dir, "summary.json", summary)
     print(f"done: {json.dumps(summary)}", flush=True)
     return summary

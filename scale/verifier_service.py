@@ -187,8 +187,11 @@ class VerifierService:
                 out.add(sha)
                 continue
             try:
-                nested = [s for s in nested_references(self.repository.get(sha))
-                          if not self.repository.has(s)]  # fmt: skip
+                nested = [
+                    s
+                    for s in nested_references(self.repository.get(sha))
+                    if not self.repository.has(s)
+                ]
             except RepositoryError:
                 nested = []  # corrupt: the verifier reports it as the reason of a zero reward
             out.update(nested)
@@ -268,8 +271,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             s = self.service.stats
-            self._reply(200, {"status": "ok", "objects_uploaded": s["objects_uploaded"],
-                              "batches": s["batches"]})  # fmt: skip
+            self._reply(
+                200,
+                {
+                    "status": "ok",
+                    "objects_uploaded": s["objects_uploaded"],
+                    "batches": s["batches"],
+                },
+            )
         else:
             self._reply(404, {"error": f"no such endpoint: GET {self.path}"})
 

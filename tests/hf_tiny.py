@@ -43,14 +43,25 @@ LLAMA_TEMPLATE = (
 )
 STYLES = {
     # specials (in id order), config's special tokens, extra EOS of generation_config, template
-    "qwen": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-             {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None},
-             "<|endoftext|>", QWEN_TEMPLATE),
-    "llama": (["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-               "<|eot_id|>"],
-              {"eos_token": "<|eot_id|>", "bos_token": "<|begin_of_text|>", "pad_token": None},
-              "<|end_of_text|>", LLAMA_TEMPLATE),
-}  # fmt: skip
+    "qwen": (
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None},
+        "<|endoftext|>",
+        QWEN_TEMPLATE,
+    ),
+    "llama": (
+        [
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+        ],
+        {"eos_token": "<|eot_id|>", "bos_token": "<|begin_of_text|>", "pad_token": None},
+        "<|end_of_text|>",
+        LLAMA_TEMPLATE,
+    ),
+}
 
 
 def corpus(n: int = 400) -> list[str]:
@@ -61,8 +72,10 @@ def corpus(n: int = 400) -> list[str]:
     for _ in range(n):
         a, b = (int(x) for x in rng.integers(1, 50, 2))
         name, thing = names[rng.integers(4)], things[rng.integers(4)]
-        out.append(f"{name} has {a} {thing} and buys {b} more. How many {thing} now? "
-                   f"{a} + {b} = {a + b}. The answer is \\boxed{{{a + b}}}.")
+        out.append(
+            f"{name} has {a} {thing} and buys {b} more. How many {thing} now? "
+            f"{a} + {b} = {a + b}. The answer is \\boxed{{{a + b}}}."
+        )
     return out
 
 
@@ -74,18 +87,26 @@ def make_tokenizer_dir(path, style: str = "qwen", vocab_size: int = 320) -> Path
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus(), trainer)
     if style == "llama":
         bos = config["bos_token"]
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tok.token_to_id(bos))])
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
-    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template,
-                        "model_max_length": 256, **config}
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": template,
+        "model_max_length": 256,
+        **config,
+    }
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     return path
 
@@ -103,10 +124,21 @@ def make_model_dir(path, arch: str = "qwen2", style: str = "qwen", seed: int = 0
     pad = tok.token_to_id(config["pad_token"] or extra_eos)
     bos = tok.token_to_id(config["bos_token"]) if config["bos_token"] else None
     vocab = -(-tok.get_vocab_size() // 64) * 64
-    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, vocab_size=vocab, max_position_embeddings=256,
-                 tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-6,
-                 bos_token_id=bos, eos_token_id=eos[0], pad_token_id=pad)
+    sizes = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=vocab,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=bos,
+        eos_token_id=eos[0],
+        pad_token_id=pad,
+    )
     if arch == "qwen2":
         model_cfg = transformers.Qwen2Config(**sizes)
         model_cls = transformers.Qwen2ForCausalLM

@@ -17,7 +17,9 @@ class StubController:
         self.cond = threading.Condition()
         self.rl = RLConfig(prompts_per_step=2, group_size=2, eta=0, max_lag=1)
         self.counters = Counters(
-            version=version, engine_version=engine_version, groups_produced=2 * version,
+            version=version,
+            engine_version=engine_version,
+            groups_produced=2 * version,
             groups_trained=2 * version,
         )
         self.max_new_tokens = 4
@@ -60,7 +62,6 @@ def test_no_prompt_is_admitted_while_a_reload_is_due():
     fresh = RolloutThread(StubController(version=3, engine_version=3), engine)
     fresh._admit()  # the engine holds the newest weights: one batch (2 prompts x 2 samples)
     assert len(engine.requests) == 4 and len(fresh.in_flight) == 2
-
 
 
 class CheckedLock:

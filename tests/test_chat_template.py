@@ -20,27 +20,37 @@ pytestmark = pytest.mark.reference
 
 CHATS = [
     [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many now?"}],
-    [{"role": "system", "content": "Answer in \\boxed{}."},
-     {"role": "user", "content": "What is 12 + 7?"}],
-    [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"},
-     {"role": "user", "content": "  And 3 + 3?  "}],
+    [
+        {"role": "system", "content": "Answer in \\boxed{}."},
+        {"role": "user", "content": "What is 12 + 7?"},
+    ],
+    [
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "  And 3 + 3?  "},
+    ],
     [{"role": "user", "content": "ünïcödé → 漢字 🙂\nline two\ttab"}],
-]  # fmt: skip
+]
 TEXTS = ["Tom has 3 apples.", "  spaces\tand\nnewlines ", "ünïcödé → 漢字 🙂", "", "\\boxed{12}"]
 
 
 @pytest.fixture(scope="module", params=["qwen", "llama"])
 def tokenizers(request, tmp_path_factory):
     path = make_tokenizer_dir(tmp_path_factory.mktemp(request.param), style=request.param)
-    return request.param, HFTokenizer.from_dir(path), transformers.AutoTokenizer.from_pretrained(path)
+    return (
+        request.param,
+        HFTokenizer.from_dir(path),
+        transformers.AutoTokenizer.from_pretrained(path),
+    )
 
 
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_rendering_equals_transformers(tokenizers, add_generation_prompt):
     _, mine, theirs = tokenizers
     for chat in CHATS:
-        want = theirs.apply_chat_template(chat, tokenize=False,
-                                          add_generation_prompt=add_generation_prompt)
+        want = theirs.apply_chat_template(
+            chat, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
         assert mine.apply_chat_template(chat, add_generation_prompt) == want
 
 
@@ -48,7 +58,10 @@ def test_ids_equal_transformers(tokenizers):
     style, mine, theirs = tokenizers
     for text in TEXTS:
         assert mine.encode(text).tolist() == theirs(text)["input_ids"]  # BOS as the file adds it
-        assert mine.encode(text, bos=False).tolist() == theirs(text, add_special_tokens=False)["input_ids"]
+        assert (
+            mine.encode(text, bos=False).tolist()
+            == theirs(text, add_special_tokens=False)["input_ids"]
+        )
     for chat in CHATS:
         want = theirs.apply_chat_template(chat, tokenize=True, add_generation_prompt=True)
         want = want["input_ids"] if isinstance(want, dict | transformers.BatchEncoding) else want
@@ -73,7 +86,10 @@ def test_decode_drops_special_tokens(tokenizers):
 def test_save_round_trips_through_transformers(tokenizers, tmp_path):
     _, mine, _ = tokenizers
     mine.save(tmp_path)
-    again, theirs = HFTokenizer.from_dir(tmp_path), transformers.AutoTokenizer.from_pretrained(tmp_path)
+    again, theirs = (
+        HFTokenizer.from_dir(tmp_path),
+        transformers.AutoTokenizer.from_pretrained(tmp_path),
+    )
     for chat in CHATS:
         text = mine.apply_chat_template(chat)
         assert again.apply_chat_template(chat) == text
@@ -97,8 +113,13 @@ def test_eos_ids_and_chat_template_file(tmp_path):
 
 def test_bad_input_is_a_clear_error(tmp_path):
     tok = HFTokenizer.from_dir(make_tokenizer_dir(tmp_path, "qwen"))
-    for bad, why in [([], "non-empty list"), ("hi", "non-empty list"), ([{"role": "user"}], "'content'"),
-                     ([{"role": 1, "content": "x"}], "'role'"), (["x"], "not a dict")]:
+    for bad, why in [
+        ([], "non-empty list"),
+        ("hi", "non-empty list"),
+        ([{"role": "user"}], "'content'"),
+        ([{"role": 1, "content": "x"}], "'role'"),
+        (["x"], "not a dict"),
+    ]:
         with pytest.raises(ChatTemplateError, match=why):
             tok.apply_chat_template(bad)
     with pytest.raises(ChatTemplateError, match="refused these messages: no system"):

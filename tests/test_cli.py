@@ -13,13 +13,16 @@ def test_config_lists_every_knob_with_its_meaning(capsys):
     assert "engine.temperature" in out and "model.dim" in out
 
 
-@pytest.mark.parametrize("assignment, message", [
-    ("rl.stepz=3", "unknown key 'rl.stepz'"),
-    ("rl.steps=many", "rl.steps: expected int"),
-    ("rl.scheduler=fast", "rl.scheduler must be one of"),
-    ("trainer.exact=true", "unknown key 'trainer.exact'"),  # how tokens are scored: engine.*
-    ("rl", "must look like key=value"),
-])
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("rl.stepz=3", "unknown key 'rl.stepz'"),
+        ("rl.steps=many", "rl.steps: expected int"),
+        ("rl.scheduler=fast", "rl.scheduler must be one of"),
+        ("trainer.exact=true", "unknown key 'trainer.exact'"),  # how tokens are scored: engine.*
+        ("rl", "must look like key=value"),
+    ],
+)
 def test_bad_overrides_are_clear_errors(capsys, assignment, message):
     assert main(["config", "--set", assignment]) == 2
     err = capsys.readouterr().err

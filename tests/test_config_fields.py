@@ -25,18 +25,45 @@ from minirl.trainer import TrainerConfig
 
 pytestmark = pytest.mark.reference  # the Hugging Face model directory is made with transformers
 
-CLASSES = {"task": C.TaskSpec, "data": C.DataConfig, "model": ModelConfig, "engine": EngineConfig,
-           "trainer": TrainerConfig, "rl": C.RLConfig, "sft": C.SFTConfig, "eval": C.EvalConfig,
-           "log": C.LogConfig}  # fmt: skip
-NOT_READS = {"__post_init__", "__eq__", "__hash__", "__repr__", "__init__", "__setattr__",
-             "__delattr__", "__getstate__", "__reduce__", "__copy__", "__deepcopy__"}  # fmt: skip
+CLASSES = {
+    "task": C.TaskSpec,
+    "data": C.DataConfig,
+    "model": ModelConfig,
+    "engine": EngineConfig,
+    "trainer": TrainerConfig,
+    "rl": C.RLConfig,
+    "sft": C.SFTConfig,
+    "eval": C.EvalConfig,
+    "log": C.LogConfig,
+}
+NOT_READS = {
+    "__post_init__",
+    "__eq__",
+    "__hash__",
+    "__repr__",
+    "__init__",
+    "__setattr__",
+    "__delattr__",
+    "__getstate__",
+    "__reduce__",
+    "__copy__",
+    "__deepcopy__",
+}
 NOT_READERS = ("dataclasses", "copy", "pickle", "minirl.configlib", "inspect", "reprlib")
 
 # Keys with no effect inside the training process, and where their effect is checked.
 ELSEWHERE: dict[str, str] = {}  # none today
 
-SHORT = ["rl.steps=2", "rl.prompts_per_step=4", "rl.group_size=2", "eval.prompts=4",
-         "eval.samples=2", "sft.steps=2", "sft.batch_size=4", "sft.cache=false"]  # fmt: skip
+SHORT = [
+    "rl.steps=2",
+    "rl.prompts_per_step=4",
+    "rl.group_size=2",
+    "eval.prompts=4",
+    "eval.samples=2",
+    "sft.steps=2",
+    "sft.batch_size=4",
+    "sft.cache=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -67,36 +94,80 @@ def reads():
 
 
 def _train(run_dir, preset, sets):
-    Run(C.make_config(preset, [*SHORT, *sets]), run_dir, progress=False, log=lambda *a: None).train()
+    Run(
+        C.make_config(preset, [*SHORT, *sets]), run_dir, progress=False, log=lambda *a: None
+    ).train()
 
 
 def test_every_setting_is_read_by_the_part_it_configures(reads, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    _train(tmp_path / "lockstep", "fixture", ["eval.every=1", "rl.checkpoint_every=1",
-                                              "rl.time_budget=1000", "rl.export_hf=true"])  # fmt: skip
-    _train(tmp_path / "async", "fixture", [
-        "rl.scheduler=async", "rl.eta=1", "rl.max_lag=2", "rl.reload_every=2",
-        "rl.reload_policy=continue", "rl.batch_order=oldest", "rl.dynamic_filter=true",
-        "engine.paged=true", "engine.block_size=8", "engine.num_blocks=40",
-        "engine.temperature=0.9", "engine.top_k=20", "engine.top_p=0.95", "engine.exact=true",
-        "engine.stop_sequences=((3, 4),)", "engine.eos_ids=(2,)", "engine.dtype=float32",
-        "trainer.schedule=cosine", "trainer.warmup_steps=1", "trainer.total_steps=10",
-        "trainer.min_lr_ratio=0.2", "trainer.weight_decay=0.01", "trainer.ppo_epochs=2",
-        "trainer.num_minibatches=2", "trainer.remat=dots", "rl.loss=decoupled_ppo",
-        "log.tensorboard=true", "log.wandb=minirl-test", "log.samples_every=1",
-        "rl.keep_checkpoints=1", "rl.checkpoint_every=1",
-    ])  # fmt: skip
+    _train(
+        tmp_path / "lockstep",
+        "fixture",
+        ["eval.every=1", "rl.checkpoint_every=1", "rl.time_budget=1000", "rl.export_hf=true"],
+    )
+    _train(
+        tmp_path / "async",
+        "fixture",
+        [
+            "rl.scheduler=async",
+            "rl.eta=1",
+            "rl.max_lag=2",
+            "rl.reload_every=2",
+            "rl.reload_policy=continue",
+            "rl.batch_order=oldest",
+            "rl.dynamic_filter=true",
+            "engine.paged=true",
+            "engine.block_size=8",
+            "engine.num_blocks=40",
+            "engine.temperature=0.9",
+            "engine.top_k=20",
+            "engine.top_p=0.95",
+            "engine.exact=true",
+            "engine.stop_sequences=((3, 4),)",
+            "engine.eos_ids=(2,)",
+            "engine.dtype=float32",
+            "trainer.schedule=cosine",
+            "trainer.warmup_steps=1",
+            "trainer.total_steps=10",
+            "trainer.min_lr_ratio=0.2",
+            "trainer.weight_decay=0.01",
+            "trainer.ppo_epochs=2",
+            "trainer.num_minibatches=2",
+            "trainer.remat=dots",
+            "rl.loss=decoupled_ppo",
+            "log.tensorboard=true",
+            "log.wandb=minirl-test",
+            "log.samples_every=1",
+            "rl.keep_checkpoints=1",
+            "rl.checkpoint_every=1",
+        ],
+    )
     model = make_model_dir(tmp_path / "model", arch="qwen3")
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"q": f"{i} + 1?", "a": f"#### {i + 1}"}) + "\n"
-                            for i in range(40)))  # fmt: skip
-    _train(tmp_path / "file", "custom", [
-        f"model.path={model}", f"data.train={data}", "task.name=file", "data.prompt_key=q",
-        "data.answer_key=a", "data.test_fraction=0.2", "data.system_prompt=Be brief.",
-        "data.instruction= Answer with ####.", "data.max_new_tokens=8", "data.format_reward=0.1",
-        "engine.slots=8", "engine.cache_len=128", "engine.prefill_buckets=(96,)",
-        "model.dtype=float32",
-    ])  # fmt: skip
+    data.write_text(
+        "".join(json.dumps({"q": f"{i} + 1?", "a": f"#### {i + 1}"}) + "\n" for i in range(40))
+    )
+    _train(
+        tmp_path / "file",
+        "custom",
+        [
+            f"model.path={model}",
+            f"data.train={data}",
+            "task.name=file",
+            "data.prompt_key=q",
+            "data.answer_key=a",
+            "data.test_fraction=0.2",
+            "data.system_prompt=Be brief.",
+            "data.instruction= Answer with ####.",
+            "data.max_new_tokens=8",
+            "data.format_reward=0.1",
+            "engine.slots=8",
+            "engine.cache_len=128",
+            "engine.prefill_buckets=(96,)",
+            "model.dtype=float32",
+        ],
+    )
     keys = [key for key, _, _ in describe(C.RunConfig)]
     unread = [k for k in keys if tuple(k.split(".", 1)) not in reads and k not in ELSEWHERE]
     assert unread == [], f"settings no part of a run reads (inert): {unread}"

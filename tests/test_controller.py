@@ -45,8 +45,15 @@ def test_run_directory_contents(learned):
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 20
     rec = json.loads(lines[-1])
-    for key in ("reward/mean", "train/loss", "time/generate", "time/train", "mismatch/p95_abs_dlogp",
-                "count/groups_trained", "version"):
+    for key in (
+        "reward/mean",
+        "train/loss",
+        "time/generate",
+        "time/train",
+        "mismatch/p95_abs_dlogp",
+        "count/groups_trained",
+        "version",
+    ):
         assert key in rec, key
     assert rec["version"] == 20 and rec["count/groups_trained"] == 20 * 8
     assert 0 < rec["engine/decode_tokens"] <= rec["engine/slot_steps"]  # slot occupancy <= 1
@@ -77,8 +84,14 @@ def test_resume_is_bitwise_exact(tmp_path):
 def test_checkpoint_due_by_hand():
     cfg = fixture_cfg(steps=5, checkpoint_every=2)
     due = lambda steps, engine_version=None, async_=False: checkpoint_due(
-        cfg, Counters(version=steps, engine_version=steps if engine_version is None
-                      else engine_version, steps=steps), async_)  # fmt: skip
+        cfg,
+        Counters(
+            version=steps,
+            engine_version=steps if engine_version is None else engine_version,
+            steps=steps,
+        ),
+        async_,
+    )
     assert [due(s) for s in range(1, 6)] == [False, True, False, True, True]  # every 2, the last
     assert not due(4, engine_version=3)  # lockstep: only where the engine holds the version
     assert due(4, engine_version=3, async_=True)
@@ -102,7 +115,9 @@ def test_async_run_keeps_its_bounds_times_its_parts_and_evaluates(tmp_path):
     summary = quiet_run(cfg, tmp_path).train()
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == list(range(1, steps + 1))
-    assert all(r["lag/mean"] <= k - 1 for r in recs)  # lag/mean counts versions behind, 0 = on-policy
+    assert all(
+        r["lag/mean"] <= k - 1 for r in recs
+    )  # lag/mean counts versions behind, 0 = on-policy
     assert [r["step"] for r in recs if "eval/pass@1" in r] == [3, 6]
     last = recs[-1]
     parts = sum(last[f"engine/{p}_seconds"] for p in ("busy", "verify", "reload", "idle"))
@@ -160,8 +175,9 @@ def test_every_builtin_task_runs_end_to_end(tmp_path, task):
     cfg = dataclasses.replace(
         base,
         task=TaskSpec(task),
-        engine=dataclasses.replace(base.engine, cache_len={"arithmetic": 320}.get(task, 96),
-                                   prefill_buckets=(32, 64)),
+        engine=dataclasses.replace(
+            base.engine, cache_len={"arithmetic": 320}.get(task, 96), prefill_buckets=(32, 64)
+        ),
         model=dataclasses.replace(base.model, max_seq_len=320),
         rl=RLConfig(steps=2, prompts_per_step=4, group_size=2, checkpoint_every=1),
         sft=SFTConfig(steps=2, batch_size=8, cache=False),
@@ -193,8 +209,10 @@ def test_stale_discards_do_not_shrink_the_run_ahead(tmp_path):
     every step exactly eta batches wait in the buffer (a discard is replaced, not lost for good)."""
     quiet_run(fixture_cfg(steps=6, eta=3, max_lag=2), tmp_path).train()
     records = read_metrics(tmp_path)
-    waiting = [r["count/groups_produced"] - r["count/groups_stale"] - r["count/groups_trained"]
-               for r in records]
+    waiting = [
+        r["count/groups_produced"] - r["count/groups_stale"] - r["count/groups_trained"]
+        for r in records
+    ]
     assert waiting == [3 * 8] * 6
     assert records[-1]["count/groups_stale"] > 0  # the discards really happened
     assert max(r["lag/mean"] for r in records) <= 1  # versions behind; k = 2 means at most 1

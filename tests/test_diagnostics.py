@@ -143,8 +143,14 @@ def test_zero_centred_is_zero_without_mismatch_and_on_empty_mask():
 
 def test_bucket_labels():
     assert bucket_labels() == [
-        "[0,1)", "[1,3)", "[3,8)", "[8,20)", "[20,50)", "[50,200)", "[200,inf)",
-    ]  # fmt: skip
+        "[0,1)",
+        "[1,3)",
+        "[3,8)",
+        "[8,20)",
+        "[20,50)",
+        "[50,200)",
+        "[200,inf)",
+    ]
     assert bucket_labels((0, 0.5, INF)) == ["[0,0.5)", "[0.5,inf)"]
 
 
@@ -262,8 +268,9 @@ def test_snis_is_stable_for_huge_ratios_and_empty_input():
     log_ratio[1] = -1e4
     g = group_baselines(rewards, log_ratio, np.ones((3, 50)), np.zeros(3, int), weight="sequence")
     assert g["size"][0] == 2 and g["b_snis"][0] == pytest.approx(1.0)
-    empty = snis_baseline_proxy(np.zeros(0), np.zeros((0, 4)), np.zeros((0, 4)), np.zeros(0, int),
-                                np.zeros((0, 4), int))  # fmt: skip
+    empty = snis_baseline_proxy(
+        np.zeros(0), np.zeros((0, 4)), np.zeros((0, 4)), np.zeros(0, int), np.zeros((0, 4), int)
+    )
     assert empty == {"all": {"groups": 0.0, "mean_gap": 0.0, "rmse_gap": 0.0, "max_gap": 0.0}}
     with pytest.raises(ValueError, match="geometric"):
         group_baselines(rewards, log_ratio, np.ones((3, 50)), np.zeros(3, int), weight="arith")

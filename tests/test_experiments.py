@@ -15,12 +15,26 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("what", ["curves", "speedup"])
 def test_staleness_experiment_fast_mode(tmp_path, what):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, str(ROOT / "experiments" / "staleness.py"), what, "--fast",
-                    "--out", str(tmp_path)], check=True, env=env, capture_output=True, timeout=900)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "staleness.py"),
+            what,
+            "--fast",
+            "--out",
+            str(tmp_path),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=900,
+    )
     result = json.loads((tmp_path / f"{what}.json").read_text())
     if what == "curves":
         assert {"j1_k1", "j1_k2", "j4_k8", "j4_k16", "plots"} <= set(result)
-        assert result["j1_k1"]["max_step_mean_lag"] == 0.0  # on-policy: every token from the current version
+        assert (
+            result["j1_k1"]["max_step_mean_lag"] == 0.0
+        )  # on-policy: every token from the current version
         assert result["j4_k16"]["mean_lag"] > 0.0
     else:
         for arm in ("sync", "sync_1core", "async", "async_1core"):
@@ -36,7 +50,9 @@ def test_staleness_experiment_fast_mode(tmp_path, what):
 def _staleness_module():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("staleness", ROOT / "experiments" / "staleness.py")
+    spec = importlib.util.spec_from_file_location(
+        "staleness", ROOT / "experiments" / "staleness.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -61,7 +77,9 @@ def test_staleness_reward_smoothing_and_time_to_target():
 def _rl_vs_sft_module():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("rl_vs_sft", ROOT / "experiments" / "rl_vs_sft.py")
+    spec = importlib.util.spec_from_file_location(
+        "rl_vs_sft", ROOT / "experiments" / "rl_vs_sft.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["rl_vs_sft"] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
@@ -105,9 +123,13 @@ def test_rl_vs_sft_decoys_and_demonstration_rate(tmp_path):
         assert d.tokens.tolist() == run.tokenizer.encode(d.text).tolist() != p.tokens.tolist()
     # With "+" only, every expression over all the numbers is their sum, which is the target:
     # the demonstrations always hit it (and no prompt has a decoy, so it keeps its target).
-    plus = Run(make_config("countdown", ["eval.prompts=8", "task.args.ops=+"]), tmp_path, progress=False)
+    plus = Run(
+        make_config("countdown", ["eval.prompts=8", "task.args.ops=+"]), tmp_path, progress=False
+    )
     assert m.demonstration_pass1(plus, samples=4) == 1.0
-    assert [d.text for d in m.decoy_prompts(plus)] == [p.text for p in m.heldout_prompts(plus.task, 8)]
+    assert [d.text for d in m.decoy_prompts(plus)] == [
+        p.text for p in m.heldout_prompts(plus.task, 8)
+    ]
     assert 0.2 < m.demonstration_pass1(run, samples=16) < 0.45  # docs/results.md: 0.304 at 256 x 64
 
 
@@ -124,8 +146,23 @@ def test_rl_vs_sft_cpu_clock_does_not_count_waiting():
 @pytest.mark.slow
 def test_rl_vs_sft_fast_mode(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, str(ROOT / "experiments" / "rl_vs_sft.py"), "--fast", "--seeds", "0",
-                    "--budget", "4", "--out", str(tmp_path)], check=True, env=env, capture_output=True, timeout=900)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "rl_vs_sft.py"),
+            "--fast",
+            "--seeds",
+            "0",
+            "--budget",
+            "4",
+            "--out",
+            str(tmp_path),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=900,
+    )
     result = json.loads((tmp_path / "rl_vs_sft.json").read_text())
     r = result["per_seed"]["0"]
     for arm in ("rl", "sft"):
@@ -142,10 +179,29 @@ def test_apart_experiment_fast_mode(tmp_path):
     the pinning held: each actor's threads were seen running only on its own core."""
     pytest.importorskip("ray")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, str(ROOT / "experiments" / "apart.py"), "--fast", "--steps", "4",
-                    "--checkpoint-every", "2", "--heldout-prompts", "8", "--heldout-samples", "1",
-                    "--out", str(tmp_path / "runs"), "--results", str(tmp_path)],
-                   check=True, env=env, capture_output=True, timeout=1200)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "experiments" / "apart.py"),
+            "--fast",
+            "--steps",
+            "4",
+            "--checkpoint-every",
+            "2",
+            "--heldout-prompts",
+            "8",
+            "--heldout-samples",
+            "1",
+            "--out",
+            str(tmp_path / "runs"),
+            "--results",
+            str(tmp_path),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=1200,
+    )
     result = json.loads((tmp_path / "apart.json").read_text())
     assert result["ideal_speedup"] >= 1.0
     for arm in ("colocated_sync", "apart_sync", "apart_eta1", "apart_eta2"):

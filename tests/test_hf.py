@@ -307,7 +307,9 @@ def test_damaged_files_are_named(checkpoints, tmp_path):
     cut = _edited_copy(path, tmp_path / "cut")
     data = (cut / "model.safetensors").read_bytes()
     (cut / "model.safetensors").write_bytes(data[: len(data) // 2])  # truncated
-    with pytest.raises(CheckpointError, match=r"cut/model\.safetensors.*(truncated|cannot be read)"):
+    with pytest.raises(
+        CheckpointError, match=r"cut/model\.safetensors.*(truncated|cannot be read)"
+    ):
         load_hf(cut)
     (cut / "model.safetensors").write_bytes(b"\xff" * 64)  # garbage header
     with pytest.raises(CheckpointError, match=r"cut/model\.safetensors is not a readable"):
@@ -323,13 +325,22 @@ def test_damaged_files_are_named(checkpoints, tmp_path):
         load_hf(sharded)
 
 
-@pytest.mark.parametrize("field, value", [("num_experts", 8), ("num_local_experts", 8),
-                                          ("n_routed_experts", 64), ("moe_intermediate_size", 768)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_experts", 8),
+        ("num_local_experts", 8),
+        ("n_routed_experts", 64),
+        ("moe_intermediate_size", 768),
+    ],
+)
 def test_mixture_of_experts_is_refused(checkpoints, tmp_path, field, value):
     path = _edited_copy(checkpoints["qwen2"][0], tmp_path)
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, field: value}))
-    with pytest.raises(CheckpointError, match=f"config.json: {field} = {value}: mixture-of-experts"):
+    with pytest.raises(
+        CheckpointError, match=f"config.json: {field} = {value}: mixture-of-experts"
+    ):
         load_hf(path)
 
 
@@ -339,7 +350,8 @@ def test_token_ids_are_read_and_written(checkpoints, tmp_path):
     path, _, _ = checkpoints["qwen2"]
     src = _edited_copy(path, tmp_path / "src")
     (src / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": [7, 9], "pad_token_id": 3, "bos_token_id": None}))
+        json.dumps({"eos_token_id": [7, 9], "pad_token_id": 3, "bos_token_id": None})
+    )
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**config, "eos_token_id": 11, "bos_token_id": 1}))
     ids = read_token_ids(src)
@@ -488,7 +500,9 @@ def test_a_block_of_a_tensor_is_read_alone(checkpoints):
     path, model, _ = checkpoints["qwen2"]
     theirs = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     _, sources = open_checkpoint(path)
-    assert any(s.transposed for s in sources.values()) and any(not s.transposed for s in sources.values())
+    assert any(s.transposed for s in sources.values()) and any(
+        not s.transposed for s in sources.values()
+    )
     for source in sources.values():
         whole = source.read()
         want = theirs[source.name].T if source.transposed else theirs[source.name]

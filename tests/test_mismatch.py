@@ -139,7 +139,9 @@ def test_decode_replay_equals_the_exact_engine_bitwise():
     tok = CharTokenizer()
     task = get_task(cfg.task.name)
     params = nnx.to_pure_dict(nnx.split(init_model(cfg.model, seed=3))[1])
-    ecfg = dataclasses.replace(cfg.engine, exact=True, slots=8, eos_ids=tok.eos_ids, temperature=0.8)
+    ecfg = dataclasses.replace(
+        cfg.engine, exact=True, slots=8, eos_ids=tok.eos_ids, temperature=0.8
+    )
     engine = Engine(cfg.model, ecfg)
     engine.load_weights(0, params)
     prompts = [task.prompt(i, "train") for i in range(5)]

@@ -144,11 +144,15 @@ def test_token_logprobs_by_hand():
     # softmax(log k) = k / 10  ->  log(3/10), log(4/10)
     want = np.log([[0.3, 0.4]])
     np.testing.assert_allclose(token_logprobs(logits, targets), want, rtol=1e-6)
-    np.testing.assert_allclose(token_logprobs(logits, targets, Sampling(exact=True)), want, rtol=1e-6)
+    np.testing.assert_allclose(
+        token_logprobs(logits, targets, Sampling(exact=True)), want, rtol=1e-6
+    )
     # temperature 0.5: softmax(2 log k) = k^2 / 30  ->  log(9/30), log(16/30)
     want = np.log([[9 / 30, 16 / 30]])
     np.testing.assert_allclose(token_logprobs(logits, targets, Sampling(0.5)), want, rtol=1e-6)
-    np.testing.assert_allclose(token_logprobs(logits, targets, Sampling(0.5, exact=True)), want, rtol=1e-6)
+    np.testing.assert_allclose(
+        token_logprobs(logits, targets, Sampling(0.5, exact=True)), want, rtol=1e-6
+    )
 
 
 def test_token_logprobs_exact_is_shape_invariant():

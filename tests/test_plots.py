@@ -91,8 +91,11 @@ def test_plot_mismatch_and_compare_several_runs(runs, tmp_path):
         p = plot_compare(runs, x=x, y="reward/mean", labels=["a", "b"])
         assert p == runs[0].parent / f"compare_reward_mean_{x}.png" and _is_png(p)
     assert [p.name for p in plot_all(runs[1])] == [
-        "dashboard.png", "mismatch.png", "lag.png", "zero_centred.png",
-    ]  # fmt: skip
+        "dashboard.png",
+        "mismatch.png",
+        "lag.png",
+        "zero_centred.png",
+    ]
 
 
 def test_plot_mismatch_finds_the_fig5_series_and_the_other_families(runs):
@@ -100,12 +103,16 @@ def test_plot_mismatch_finds_the_fig5_series_and_the_other_families(runs):
 
     fig5, other = _families(list(runs), ["exact", "plain"])
     assert [(label, prefix) for label, _, prefix, _, _ in fig5] == [
-        (run, f"train/dlogp_{kind}") for run in ("exact", "plain")
+        (run, f"train/dlogp_{kind}")
+        for run in ("exact", "plain")
         for kind in ("no_recompute", "recompute")
-    ]  # fmt: skip
+    ]
     assert [label for label, _, _ in other] == [
-        "exact", "exact mismatch_plain", "plain", "plain mismatch_plain",
-    ]  # fmt: skip
+        "exact",
+        "exact mismatch_plain",
+        "plain",
+        "plain mismatch_plain",
+    ]
 
 
 def test_p95_over_steps_is_rlax_summary():
@@ -162,10 +169,20 @@ def test_series_skips_absent_keys_and_reads_null_as_nan(tmp_path):
 def test_time_shares_hand_computed():
     """The dashboard's step-time shares: the run's sums, "other" derived when not logged."""
     logged = [
-        {"time/generate": 2.0, "time/verify": 0.5, "time/train": 1.0, "time/other": 0.5,
-         "time/step": 4.0},
-        {"time/generate": 4.0, "time/verify": 0.5, "time/train": 1.0, "time/other": 0.5,
-         "time/step": 6.0},
+        {
+            "time/generate": 2.0,
+            "time/verify": 0.5,
+            "time/train": 1.0,
+            "time/other": 0.5,
+            "time/step": 4.0,
+        },
+        {
+            "time/generate": 4.0,
+            "time/verify": 0.5,
+            "time/train": 1.0,
+            "time/other": 0.5,
+            "time/step": 6.0,
+        },
     ]
     shares = time_shares(logged)
     assert shares == pytest.approx({"generate": 0.6, "verify": 0.1, "train": 0.2, "other": 0.1})
@@ -176,18 +193,42 @@ def test_time_shares_hand_computed():
 
 def test_lag_table_hand_computed():
     records = [
-        {"step": 0, "lag/[0,1)/tokens": 10, "lag/[0,1)/max_rho": 1.2, "lag/[0,1)/mean_rho": 1.0,
-         "lag/[0,1)/kl_k3": 1e-4, "lag/[0,1)/p_rho_gt_2": 0.0,
-         "lag/[8,20)/tokens": 1, "lag/[8,20)/max_rho": 3.0, "lag/[8,20)/mean_rho": 1.1,
-         "lag/[8,20)/kl_k3": 5e-3, "lag/[8,20)/p_rho_gt_2": 1.0,
-         "snis/[8,20)/groups": 1, "snis/[8,20)/rmse_gap": 0.3},
-        {"step": 1, "lag/[0,1)/tokens": 30, "lag/[0,1)/max_rho": 1.6, "lag/[0,1)/mean_rho": 0.9,
-         "lag/[0,1)/kl_k3": 2e-4, "lag/[0,1)/p_rho_gt_2": 0.1,
-         "snis/[0,1)/groups": 3, "snis/[0,1)/rmse_gap": 0.2},
-        {"step": 2, "lag/[0,1)/tokens": 10, "lag/[0,1)/max_rho": 1.4, "lag/[0,1)/mean_rho": 1.2,
-         "lag/[0,1)/kl_k3": None, "lag/[0,1)/p_rho_gt_2": 0.0,
-         "snis/[0,1)/groups": 1, "snis/[0,1)/rmse_gap": 0.4},
-    ]  # fmt: skip
+        {
+            "step": 0,
+            "lag/[0,1)/tokens": 10,
+            "lag/[0,1)/max_rho": 1.2,
+            "lag/[0,1)/mean_rho": 1.0,
+            "lag/[0,1)/kl_k3": 1e-4,
+            "lag/[0,1)/p_rho_gt_2": 0.0,
+            "lag/[8,20)/tokens": 1,
+            "lag/[8,20)/max_rho": 3.0,
+            "lag/[8,20)/mean_rho": 1.1,
+            "lag/[8,20)/kl_k3": 5e-3,
+            "lag/[8,20)/p_rho_gt_2": 1.0,
+            "snis/[8,20)/groups": 1,
+            "snis/[8,20)/rmse_gap": 0.3,
+        },
+        {
+            "step": 1,
+            "lag/[0,1)/tokens": 30,
+            "lag/[0,1)/max_rho": 1.6,
+            "lag/[0,1)/mean_rho": 0.9,
+            "lag/[0,1)/kl_k3": 2e-4,
+            "lag/[0,1)/p_rho_gt_2": 0.1,
+            "snis/[0,1)/groups": 3,
+            "snis/[0,1)/rmse_gap": 0.2,
+        },
+        {
+            "step": 2,
+            "lag/[0,1)/tokens": 10,
+            "lag/[0,1)/max_rho": 1.4,
+            "lag/[0,1)/mean_rho": 1.2,
+            "lag/[0,1)/kl_k3": None,
+            "lag/[0,1)/p_rho_gt_2": 0.0,
+            "snis/[0,1)/groups": 1,
+            "snis/[0,1)/rmse_gap": 0.4,
+        },
+    ]
     rows = lag_table(records)
     assert [r["bucket"] for r in rows] == ["[0,1)", "[8,20)"]  # sorted by lag
     r0 = rows[0]

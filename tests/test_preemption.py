@@ -26,8 +26,22 @@ STEPS = 8
 
 
 def _cmd(run_dir, extra):
-    return [sys.executable, "-m", "minirl.tools.cli", "train", "--preset", "fixture", "--run-dir", str(run_dir),
-            "--quiet", "--set", f"rl.steps={STEPS}", "--set", "rl.checkpoint_every=1", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "minirl.tools.cli",
+        "train",
+        "--preset",
+        "fixture",
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        "--set",
+        f"rl.steps={STEPS}",
+        "--set",
+        "rl.checkpoint_every=1",
+        *extra,
+    ]
 
 
 def _env():
@@ -45,8 +59,9 @@ def _run_with_kills(run_dir, extra, kills: int, seed: int):
     rng = random.Random(seed)
     killed = 0
     for _ in range(kills):
-        proc = subprocess.Popen(_cmd(run_dir, extra), env=_env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            _cmd(run_dir, extra), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         # Wait until RL has started (metrics appear), then kill somewhere inside the next steps:
         # before, during or after a checkpoint write.
         deadline = time.time() + 300
@@ -103,7 +118,10 @@ def test_async_resume_loses_and_repeats_no_prompt(tmp_path):
     in_flight = len(ctl["in_flight"])
     # Every issued prompt is accounted for: trained, discarded as stale, filtered, or still queued.
     issued = ctl["mixture"]["position"]
-    assert issued == c["groups_trained"] + c["groups_stale"] + c["groups_filtered"] + buffered + in_flight
+    assert (
+        issued
+        == c["groups_trained"] + c["groups_stale"] + c["groups_filtered"] + buffered + in_flight
+    )
 
 
 @pytest.mark.slow
@@ -161,8 +179,17 @@ def test_async_run_with_its_engine_in_a_process_survives_the_engine_dying(tmp_pa
     from minirl.runner import Run
     from minirl.workers import ProcessWorker, from_plain
 
-    cfg = make_config("fixture", ["rl.steps=6", "rl.checkpoint_every=6", "rl.workers=process",
-                                  "rl.scheduler=async", "rl.eta=1", "rl.max_lag=2"])  # fmt: skip
+    cfg = make_config(
+        "fixture",
+        [
+            "rl.steps=6",
+            "rl.checkpoint_every=6",
+            "rl.workers=process",
+            "rl.scheduler=async",
+            "rl.eta=1",
+            "rl.max_lag=2",
+        ],
+    )
     started = []
     original = ProcessWorker.start
 

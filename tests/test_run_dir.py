@@ -24,8 +24,9 @@ SETS = ["--set", "rl.steps=4", "--set", "rl.checkpoint_every=2", "--set", "eval.
 
 
 def _train(run_dir, *extra) -> int:
-    return main(["train", "--preset", "fixture", "--run-dir", str(run_dir), "--quiet", *SETS,
-                 *extra])  # fmt: skip
+    return main(
+        ["train", "--preset", "fixture", "--run-dir", str(run_dir), "--quiet", *SETS, *extra]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +54,20 @@ def _one_line_error(capsys, *needles) -> str:
 def test_a_second_writer_is_refused_and_a_killed_one_releases_the_lock(run_copy, capsys):
     with lock_run_dir(run_copy):
         assert main(["train", "--resume", str(run_copy), "--quiet"]) == 2
-        _one_line_error(capsys, str(run_copy), "in use by another minirl process",
-                        f"pid {os.getpid()}")
+        _one_line_error(
+            capsys, str(run_copy), "in use by another minirl process", f"pid {os.getpid()}"
+        )
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from minirl.runner import lock_run_dir\n"
-         "with lock_run_dir(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)",
-         str(run_copy)], stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from minirl.runner import lock_run_dir\n"
+            "with lock_run_dir(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)",
+            str(run_copy),
+        ],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert holder.stdout.readline() == b"held\n"
     with pytest.raises(Exception, match="in use"), lock_run_dir(run_copy):
         pass
@@ -101,10 +110,27 @@ def test_a_full_disk_says_what_was_kept_and_how_to_resume(tmp_path):
         "sys.argv[0] = 'minirl'\n"
         "runpy.run_module('minirl.tools.cli', run_name='__main__')\n"
     )
-    cmd = [sys.executable, "-c", small_files, "train", "--preset", "fixture", "--run-dir",
-           str(run_dir), "--quiet", *SETS, "--set", "sft.cache=false"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        small_files,
+        "train",
+        "--preset",
+        "fixture",
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        *SETS,
+        "--set",
+        "sft.cache=false",
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert "the run stopped" in proc.stderr and f"minirl train --resume {run_dir}" in proc.stderr
@@ -129,12 +155,15 @@ def test_every_checkpoint_damaged_is_one_line_for_train_and_eval(run_copy, capsy
     _one_line_error(capsys, "no usable checkpoint")
 
 
-@pytest.mark.parametrize("edit, needle", [
-    (lambda d: d["config"]["rl"].update(steps="ten"), "rl.steps: expected int, got 'ten'"),
-    (lambda d: d["config"]["engine"].update(prefill_buckets=16), "engine.prefill_buckets"),
-    (lambda d: d.pop("hash"), "changed by hand or damaged"),
-    (lambda d: d["config"]["model"].update(dim=0), "dim must be >= 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda d: d["config"]["rl"].update(steps="ten"), "rl.steps: expected int, got 'ten'"),
+        (lambda d: d["config"]["engine"].update(prefill_buckets=16), "engine.prefill_buckets"),
+        (lambda d: d.pop("hash"), "changed by hand or damaged"),
+        (lambda d: d["config"]["model"].update(dim=0), "dim must be >= 1"),
+    ],
+)
 def test_a_hand_edited_config_json_is_named(run_copy, capsys, edit, needle):
     path = run_copy / "config.json"
     data = json.loads(path.read_text())
@@ -146,11 +175,23 @@ def test_a_hand_edited_config_json_is_named(run_copy, capsys, edit, needle):
     _one_line_error(capsys, str(path))
 
 
-@pytest.mark.parametrize("assignment", [
-    "eval.samples=0", "eval.prompts=0", "rl.time_budget=nan", "rl.time_budget=inf",
-    "model.dim=0", "model.num_kv_heads=0", "model.num_layers=0", "rl.seed=-1",
-    "sft.batch_size=0", "model.norm_eps=0", "engine.num_blocks=1", "engine.eos_ids=(-1,)",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "assignment",
+    [
+        "eval.samples=0",
+        "eval.prompts=0",
+        "rl.time_budget=nan",
+        "rl.time_budget=inf",
+        "model.dim=0",
+        "model.num_kv_heads=0",
+        "model.num_layers=0",
+        "rl.seed=-1",
+        "sft.batch_size=0",
+        "model.norm_eps=0",
+        "engine.num_blocks=1",
+        "engine.eos_ids=(-1,)",
+    ],
+)
 def test_out_of_range_values_are_refused_where_declared(tmp_path, capsys, assignment):
     assert main(["config", "--set", assignment]) == 2
     _one_line_error(capsys, assignment.split("=")[0].split(".")[-1])

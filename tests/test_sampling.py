@@ -73,7 +73,9 @@ def test_token_logprobs_without_truncation_is_unchanged():
     logits = jax.random.normal(jax.random.key(0), (2, 3, 11))
     targets = jax.random.randint(jax.random.key(1), (2, 3), 0, 11)
     ref = jnp.take_along_axis(jax.nn.log_softmax(logits / 0.7), targets[..., None], -1)[..., 0]
-    np.testing.assert_allclose(token_logprobs(logits, targets, Sampling(0.7)), ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        token_logprobs(logits, targets, Sampling(0.7)), ref, rtol=1e-6, atol=1e-6
+    )
 
 
 def test_exact_prefix_sum_is_a_cumsum_and_batch_invariant():
@@ -90,7 +92,9 @@ def test_sampling_frequencies_match_the_truncated_distribution():
     logits = jnp.broadcast_to(jnp.log(jnp.array(probs, jnp.float32)), (n, 4))
     ids = jnp.asarray(np.stack([request_ids(u, 0) for u in range(n)]))
     keys = token_keys(jnp.uint32(7), ids, jnp.zeros(n, jnp.int32))
-    toks = np.asarray(jax.jit(lambda k, z: sample_tokens(k, z, Sampling(1.0, top_k=3)))(keys, logits))
+    toks = np.asarray(
+        jax.jit(lambda k, z: sample_tokens(k, z, Sampling(1.0, top_k=3)))(keys, logits)
+    )
     freq = np.bincount(toks, minlength=4) / n
     expect = np.array([0.4, 0.3, 0.2, 0.0]) / 0.9
     sigma = np.sqrt(expect * (1 - expect) / n)

@@ -26,8 +26,16 @@ pytest.importorskip("tensorboardX")
 ROOT = Path(__file__).resolve().parents[1]
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
-SETS = ["rl.steps=6", "rl.checkpoint_every=2", "rl.keep_checkpoints=3", "eval.every=2",
-        "eval.prompts=8", "eval.samples=2", "log.samples_every=2", "log.samples_per_step=3"]  # fmt: skip
+SETS = [
+    "rl.steps=6",
+    "rl.checkpoint_every=2",
+    "rl.keep_checkpoints=3",
+    "eval.every=2",
+    "eval.prompts=8",
+    "eval.samples=2",
+    "log.samples_every=2",
+    "log.samples_per_step=3",
+]
 
 
 def _run(run_dir, *extra, log=print):
@@ -40,8 +48,9 @@ def _lines(path):
 
 
 def _events(run_dir):
-    acc = event_accumulator.EventAccumulator(str(run_dir / "tensorboard"),
-                                             size_guidance={"scalars": 0, "tensors": 0})  # fmt: skip
+    acc = event_accumulator.EventAccumulator(
+        str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0}
+    )
     acc.Reload()
     return acc
 
@@ -79,9 +88,14 @@ def test_samples_reach_tensorboard_samples_jsonl_and_the_terminal(tb_run, capsys
     assert [r["step"] for r in rows] == [2] * 3 + [4] * 3 + [6] * 3
     for row in rows:
         assert {"prompt", "completion", "reward", "reason", "length", "lag"} <= set(row)
-    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in _events(run_dir).Tensors("samples/text_summary")}
+    texts = {
+        e.step: e.tensor_proto.string_val[0].decode()
+        for e in _events(run_dir).Tensors("samples/text_summary")
+    }
     assert sorted(texts) == [2, 4, 6]
-    assert all(r["completion"] in texts[r["step"]] and r["reason"] in texts[r["step"]] for r in rows)
+    assert all(
+        r["completion"] in texts[r["step"]] and r["reason"] in texts[r["step"]] for r in rows
+    )
     assert main(["samples", str(run_dir), "-n", "2"]) == 0
     out = capsys.readouterr().out
     assert out.count("── step 6 ·") == 2 and rows[-3]["prompt"] in out
@@ -119,8 +133,8 @@ def _wandb_records(path):
         if block - pos % block < 7:  # block trailer: too short for a header
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        partial += data[pos + 7:pos + 7 + length]
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        partial += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -146,8 +160,10 @@ def test_wandb_offline_run_is_written_and_linked(tmp_path, monkeypatch):
     for record in _wandb_records(files[0]):
         kind = record.WhichOneof("record_type")
         if kind == "history":
-            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                     for i in record.history.item}  # fmt: skip
+            items = {
+                i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                for i in record.history.item
+            }
             history[items.get("_step")] = items
         elif kind in ("run", "config"):  # the config comes with the run record, updates after
             updates = record.run.config.update if kind == "run" else record.config.update
@@ -160,8 +176,20 @@ def test_wandb_offline_run_is_written_and_linked(tmp_path, monkeypatch):
 
 def test_a_missing_extra_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import fails as if not installed
-    assert main(["train", "--preset", "fixture", "--run-dir", str(tmp_path / "run"),
-                 "--set", "log.tensorboard=true"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "fixture",
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--set",
+                "log.tensorboard=true",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "log.tensorboard needs the tensorboardX package" in err and "minirl[track]" in err
     assert not (tmp_path / "run").exists()  # refused before any work
@@ -195,9 +223,23 @@ def test_trackers_off_by_default_write_only_samples(tmp_path):
 def test_sigkill_and_resume_leave_one_point_per_step(tmp_path):
     """The real thing: SIGKILL a run after it logged steps past its last checkpoint, resume."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "minirl.tools.cli", "train", "--preset", "fixture", "--run-dir",
-           str(run_dir), "--quiet", "--set", "rl.steps=12", "--set", "rl.checkpoint_every=5",
-           "--set", "log.tensorboard=true"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "minirl.tools.cli",
+        "train",
+        "--preset",
+        "fixture",
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        "--set",
+        "rl.steps=12",
+        "--set",
+        "rl.checkpoint_every=5",
+        "--set",
+        "log.tensorboard=true",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = run_dir / "metrics.jsonl"
@@ -228,6 +270,8 @@ def test_wandb_unreachable_is_reported_once_and_the_others_go_on(tmp_path, monke
     trackers = Trackers.open(cfg, tmp_path, log=messages.append)
     trackers.log({"reward/mean": 0.5}, 1)
     trackers.close()
-    assert messages == ["wandb logging failed (ConnectionError: api.wandb.ai unreachable); the "
-                        "run goes on without wandb"]  # fmt: skip
+    assert messages == [
+        "wandb logging failed (ConnectionError: api.wandb.ai unreachable); the "
+        "run goes on without wandb"
+    ]
     assert [e.value for e in _events(tmp_path).Scalars("reward/mean")] == [0.5]

@@ -229,7 +229,9 @@ def test_trainer_config_validation_and_schedule():
 def test_trainer_scores_under_a_positive_temperature(params):
     with pytest.raises(ValueError, match="temperature > 0"):
         Trainer(CFG, params, None, sampling=Sampling(0.0))  # a greedy engine's spec, not .scoring
-    assert Trainer(CFG, params, None, sampling=Sampling(0.0).scoring)._spec.sampling.temperature == 1
+    assert (
+        Trainer(CFG, params, None, sampling=Sampling(0.0).scoring)._spec.sampling.temperature == 1
+    )
 
 
 # ---- log-prob recomputation -------------------------------------------------------------------
@@ -237,7 +239,10 @@ def test_trainer_scores_under_a_positive_temperature(params):
 
 def test_recompute_logprobs_equals_the_model_forward(params, batch):
     trainer = Trainer(
-        CFG, params, get_preset("grpo"), TrainerConfig(micro_batch_tokens=512),
+        CFG,
+        params,
+        get_preset("grpo"),
+        TrainerConfig(micro_batch_tokens=512),
         sampling=Sampling(0.7),
     )
     got = trainer.recompute_logprobs(batch)
@@ -262,7 +267,9 @@ def _engine_style_logprobs(params, batch, temperature):
         )
     )
     decode = jax.jit(lambda p, tok, cache: nnx.merge(graphdef, p)(tok, cache=cache, exact=True))
-    logp_fn = jax.jit(lambda logits, tgt: token_logprobs(logits, tgt, Sampling(temperature, exact=True)))
+    logp_fn = jax.jit(
+        lambda logits, tgt: token_logprobs(logits, tgt, Sampling(temperature, exact=True))
+    )
     out = np.zeros(batch.mask.shape, np.float32)
     for i in range(batch.num_rows):
         pos = np.flatnonzero(batch.mask[i])

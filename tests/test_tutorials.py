@@ -171,10 +171,21 @@ EXPECTED = {
         ),
     ),
     "12_your_own_model.py": dict(
-        files=["pass_at_k.png", "run/summary.json", "exported/model.safetensors",
-               "exported/tokenizer.json", "exported/generation_config.json", "base/config.json"],
-        prints=["the base model directory", "as the chat template lays it out", "<|im_start|>user",
-                "held-out after RL", "transformers loads it"],
+        files=[
+            "pass_at_k.png",
+            "run/summary.json",
+            "exported/model.safetensors",
+            "exported/tokenizer.json",
+            "exported/generation_config.json",
+            "base/config.json",
+        ],
+        prints=[
+            "the base model directory",
+            "as the chat template lays it out",
+            "<|im_start|>user",
+            "held-out after RL",
+            "transformers loads it",
+        ],
         check=lambda r: (
             r["steps"] == 3
             and len(r["eos_ids"]) == 2

@@ -29,11 +29,20 @@ torch.set_num_threads(1)
 
 # Small shapes for every run here (one set of compiled shapes, shared through JAX's cache).
 SMALL_RUN = [
-    "rl.steps=2", "rl.prompts_per_step=4", "rl.group_size=2", "rl.checkpoint_every=1",
-    "eval.prompts=4", "eval.samples=2", "engine.slots=8", "engine.cache_len=96",
-    "engine.prefill_buckets=(64,)", "engine.prefill_rows=4", "engine.decode_chunk=4",
-    "data.max_new_tokens=16", "trainer.learning_rate=1e-3",
-]  # fmt: skip
+    "rl.steps=2",
+    "rl.prompts_per_step=4",
+    "rl.group_size=2",
+    "rl.checkpoint_every=1",
+    "eval.prompts=4",
+    "eval.samples=2",
+    "engine.slots=8",
+    "engine.cache_len=96",
+    "engine.prefill_buckets=(64,)",
+    "engine.prefill_rows=4",
+    "engine.decode_chunk=4",
+    "data.max_new_tokens=16",
+    "trainer.learning_rate=1e-3",
+]
 
 
 def _sets(items):
@@ -44,8 +53,12 @@ def _problems(n, offset):
     rows = []
     for i in range(offset, offset + n):
         a, b = i % 7 + 1, i % 5 + 2
-        rows.append({"question": f"Tom has {a} apples and buys {b} more. How many now?",
-                     "answer": f"{a} + {b} = {a + b}\n#### {a + b}"})
+        rows.append(
+            {
+                "question": f"Tom has {a} apples and buys {b} more. How many now?",
+                "answer": f"{a} + {b} = {a + b}\n#### {a + b}",
+            }
+        )
     return rows
 
 
@@ -62,14 +75,29 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    return {arch: make_model_dir(tmp_path_factory.mktemp(arch), arch=arch)
-            for arch in ("qwen2", "qwen3")}
+    return {
+        arch: make_model_dir(tmp_path_factory.mktemp(arch), arch=arch)
+        for arch in ("qwen2", "qwen3")
+    }
 
 
 def _train(model_dir, data, run_dir, extra=()):
     train, test = data
-    argv = ["train", "--model", str(model_dir), "--data", str(train), "--eval-data", str(test),
-            "--verifier", "math", "--run-dir", str(run_dir), "--quiet", *_sets([*SMALL_RUN, *extra])]
+    argv = [
+        "train",
+        "--model",
+        str(model_dir),
+        "--data",
+        str(train),
+        "--eval-data",
+        str(test),
+        "--verifier",
+        "math",
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        *_sets([*SMALL_RUN, *extra]),
+    ]
     assert cli.main(argv) == 0
 
 
@@ -114,8 +142,9 @@ def test_train_then_export_loads_in_transformers(arch, model_dirs, data, tmp_pat
     src_tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     out_tok = transformers.AutoTokenizer.from_pretrained(out)
     messages = [{"role": "user", "content": "What is 2 + 3?"}]
-    assert (out_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            == src_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    assert out_tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    ) == src_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     # The run wrote its own export at the end too (rl.export_hf, on in the `custom` preset).
     assert np.array_equal(_minirl_logits(run_dir / "hf", tokens), mine)
@@ -150,10 +179,16 @@ def test_careless_input_is_a_one_line_error(model_dirs, data, tmp_path, capsys):
         assert err.startswith("minirl train: error:") and "Traceback" not in err
         return err
 
-    assert "model.dim comes from" in error("--model", model, "--data", str(train), "--set", "model.dim=64")
+    assert "model.dim comes from" in error(
+        "--model", model, "--data", str(train), "--set", "model.dim=64"
+    )
     assert "no dataset file" in error("--model", model, "--data", str(tmp_path / "nope.jsonl"))
-    assert "unknown dataset format '.csv'" in error("--model", model, "--data", str(tmp_path / "x.csv"))
-    assert "data.verifier='nope'" in error("--model", model, "--data", str(train), "--verifier", "nope")
+    assert "unknown dataset format '.csv'" in error(
+        "--model", model, "--data", str(tmp_path / "x.csv")
+    )
+    assert "data.verifier='nope'" in error(
+        "--model", model, "--data", str(train), "--verifier", "nope"
+    )
     assert "has no config.json" in error("--model", str(tmp_path), "--data", str(train))
     moe = tmp_path / "moe"
     moe.mkdir()
@@ -163,14 +198,18 @@ def test_careless_input_is_a_one_line_error(model_dirs, data, tmp_path, capsys):
     assert "data.eval does nothing without a dataset" in error("--set", f"data.eval={test}")
 
 
-def test_resume_refuses_changed_data_and_export_never_replaces_its_inputs(model_dirs, data, tmp_path,
-                                                                         capsys):
+def test_resume_refuses_changed_data_and_export_never_replaces_its_inputs(
+    model_dirs, data, tmp_path, capsys
+):
     train, test = data
     copy = tmp_path / "train.jsonl"
     copy.write_bytes(train.read_bytes())
     _train(model_dirs["qwen2"], (copy, test), tmp_path / "run", ["rl.steps=1"])
     copy.write_bytes(train.read_bytes() + b'{"question": "one more?", "answer": "1"}\n')
-    assert cli.main(["train", "--quiet", "--resume", str(tmp_path / "run"), "--set", "rl.steps=2"]) == 2
+    assert (
+        cli.main(["train", "--quiet", "--resume", str(tmp_path / "run"), "--set", "rl.steps=2"])
+        == 2
+    )
     assert "started on other data or model files" in capsys.readouterr().err
     # `minirl export --force` replaces --out: never the run, the model directory or the data
     before = sorted(p.name for p in model_dirs["qwen2"].iterdir())

@@ -7,7 +7,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("word_problems", ROOT / "experiments" / "word_problems.py")
+spec = importlib.util.spec_from_file_location(
+    "word_problems", ROOT / "experiments" / "word_problems.py"
+)
 wp = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(wp)
 
@@ -47,8 +49,10 @@ def test_files_are_disjoint_and_load_as_a_dataset(tmp_path):
 
     train = wp.write(tmp_path, "train", 400, seed=0)
     test = wp.write(tmp_path, "test", 40, seed=0)
-    questions = {s: [json.loads(x)["question"] for x in p.read_text().splitlines()]
-                 for s, p in (("train", train), ("test", test))}
+    questions = {
+        s: [json.loads(x)["question"] for x in p.read_text().splitlines()]
+        for s, p in (("train", train), ("test", test))
+    }
     assert len(set(questions["train"])) == 400 and len(set(questions["test"])) == 40
     assert not set(questions["train"]) & set(questions["test"])
     tokenizer = HFTokenizer.from_dir(make_tokenizer_dir(tmp_path / "tok"))

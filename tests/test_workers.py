@@ -49,9 +49,17 @@ def make_echo():
 
 
 def _rollout(n):
-    p = Prompt(uid=7, task="t", text="1+1", tokens=np.array([1, 5, 6], np.int32), meta={"answer": "2"})
-    return Rollout(p, 0, np.arange(n, dtype=np.int32), np.full(n, -0.5, np.float32),
-                   np.zeros(n, np.int32), "eos")
+    p = Prompt(
+        uid=7, task="t", text="1+1", tokens=np.array([1, 5, 6], np.int32), meta={"answer": "2"}
+    )
+    return Rollout(
+        p,
+        0,
+        np.arange(n, dtype=np.int32),
+        np.full(n, -0.5, np.float32),
+        np.zeros(n, np.int32),
+        "eos",
+    )
 
 
 def test_codec_round_trips_dataclasses_and_arrays():

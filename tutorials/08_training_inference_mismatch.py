@@ -274,8 +274,16 @@ def plot(rows, runs: dict, summary: dict, path: Path) -> None:
                 steps, dlogp, ".-", color=COLORS[arm], label=f"{arm} (p95 over steps {p95:.1e})"
             )
         wide = arm == "exact"  # drawn wide and pale: where mismatch equals it, both show
-        b.plot(steps, column(records, "reward/mean"), "-" if wide else ".--", color=COLORS[arm],
-               lw=4 if wide else 1.2, alpha=0.45 if wide else 1.0, label=arm, zorder=1 if wide else 2)  # fmt: skip
+        b.plot(
+            steps,
+            column(records, "reward/mean"),
+            "-" if wide else ".--",
+            color=COLORS[arm],
+            lw=4 if wide else 1.2,
+            alpha=0.45 if wide else 1.0,
+            label=arm,
+            zorder=1 if wide else 2,
+        )
     a.set_title("mean |log π − log μ| per step (RLAX Fig. 5 in miniature)", fontsize=10)
     a.set_xlabel("step")
     a.legend(fontsize=8)
@@ -296,12 +304,23 @@ def plot(rows, runs: dict, summary: dict, path: Path) -> None:
     c.set_title("sources of mismatch on the same rollouts (minirl diagnose)", fontsize=10)
     c.legend(fontsize=8)
     records = runs["tis_mis"]
-    d.plot(column(records, "step"), column(records, "train/rejected_sequence_fraction"), ".-",
-           color=COLORS["tis_mis"], label="tis_mis: sequences rejected")  # fmt: skip
+    d.plot(
+        column(records, "step"),
+        column(records, "train/rejected_sequence_fraction"),
+        ".-",
+        color=COLORS["tis_mis"],
+        label="tis_mis: sequences rejected",
+    )
     for arm, records in runs.items():
         net = column(records, "train/zero_centred_pos") + column(records, "train/zero_centred_neg")
-        d.plot(column(records, "step"), net, color=COLORS[arm], lw=0.8, ls="--",
-               label=f"{arm}: Σ A·(π/μ − 1), net")  # fmt: skip
+        d.plot(
+            column(records, "step"),
+            net,
+            color=COLORS[arm],
+            lw=0.8,
+            ls="--",
+            label=f"{arm}: Σ A·(π/μ − 1), net",
+        )
     d.axhline(0, color="gray", lw=0.5)
     d.set_title("rejected sequences (tis_mis) and Σ A·(π/μ − 1) per step", fontsize=10)
     d.set_xlabel("step")
@@ -319,15 +338,19 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     s = FAST if args.fast else FULL
     t0, load0 = time.perf_counter(), os.getloadavg()
-    print(f"mode: {'fast' if args.fast else 'full'}   cores: {os.cpu_count()}   "
-          f"load average: {load0[0]:.1f}")  # fmt: skip
+    print(
+        f"mode: {'fast' if args.fast else 'full'}   cores: {os.cpu_count()}   "
+        f"load average: {load0[0]:.1f}"
+    )
 
     # Step 1: the sources, one at a time, on the same rollouts.
     t = time.perf_counter()
     rows = sources_table(s)
     sets = "".join(f" --set {x}" for x in s["table_sets"])
-    print(f"\nStep 1. minirl diagnose --preset {s['table_preset']}{sets}"
-          f"{' --fast' if s['table_fast'] else ''} ({time.perf_counter() - t:.0f} s)")  # fmt: skip
+    print(
+        f"\nStep 1. minirl diagnose --preset {s['table_preset']}{sets}"
+        f"{' --fast' if s['table_fast'] else ''} ({time.perf_counter() - t:.0f} s)"
+    )
     print("  " + format_table(rows).replace("\n", "\n  "))
     by_source = {}
     for r in rows:
@@ -338,21 +361,28 @@ def main() -> None:
         "fp32_rows_are_rounding_noise": all(r.max < 1e-4 for r in rows if r.source != "dtype"),
         "bf16_engine_100x_above_fp32": bf16.mean > 100 * fp32.mean,
     }
-    print(f"  -> bf16 engine vs fp32 trainer: mean |Δ log p| {bf16.mean:.1e}, "
-          f"{bf16.mean / max(fp32.mean, 1e-12):.0f}x the fp32 engine's {fp32.mean:.1e}; "
-          f"exact rows 0: {table_claims['exact_rows_are_zero']}")  # fmt: skip
+    print(
+        f"  -> bf16 engine vs fp32 trainer: mean |Δ log p| {bf16.mean:.1e}, "
+        f"{bf16.mean / max(fp32.mean, 1e-12):.0f}x the fp32 engine's {fp32.mean:.1e}; "
+        f"exact rows 0: {table_claims['exact_rows_are_zero']}"
+    )
 
     # Step 2: the three runs.
-    print(f"\nStep 2. three runs of {s['steps']} steps: minirl train --preset fixture "
-          f"--set {' --set '.join(s['budget'])} --set <the arm's overrides>")  # fmt: skip
+    print(
+        f"\nStep 2. three runs of {s['steps']} steps: minirl train --preset fixture "
+        f"--set {' --set '.join(s['budget'])} --set <the arm's overrides>"
+    )
     runs, seconds = {}, {}
     for arm in ARMS:
         t = time.perf_counter()
         runs[arm] = train_arm(arm, s, out)
         seconds[arm] = time.perf_counter() - t
         print(f"  {arm:9s} --set {' --set '.join(ARMS[arm])}   ({seconds[arm]:.0f} s)")
-    print(f"\n  {'step':>4s}" + "".join(f"{a + ' reward':>17s}" for a in ARMS)
-          + "".join(f"{a + ' |Δ|':>14s}" for a in ARMS))  # fmt: skip
+    print(
+        f"\n  {'step':>4s}"
+        + "".join(f"{a + ' reward':>17s}" for a in ARMS)
+        + "".join(f"{a + ' |Δ|':>14s}" for a in ARMS)
+    )
     for i in range(s["steps"]):
         rewards = "".join(f"{runs[a][i]['reward/mean']:17.3f}" for a in ARMS)
         dl = "".join(f"{runs[a][i]['mismatch/mean_abs_dlogp']:14.2e}" for a in ARMS)
@@ -370,9 +400,11 @@ def main() -> None:
         summary[arm] = summarise(arm, runs[arm], exact_reward, heldout)
     before = json.loads((out / "exact" / "summary.json").read_text())["before"]["pass@1"]
     print(f"\nStep 3. summary (held-out pass@1 by one fp32 evaluator; before RL: {before:.3f})")
-    print(f"  {'arm':9s}{'reward first->last quarter':>28s}{'held-out p@1':>13s}{'mean |Δ|':>10s}"
-          f"{'max |Δ|':>9s}{'rej. seq':>9s}{'Σ A(c-1) +':>11s}{'Σ A(c-1) -':>11s}"
-          f"{'= exact':>8s}")  # fmt: skip
+    print(
+        f"  {'arm':9s}{'reward first->last quarter':>28s}{'held-out p@1':>13s}{'mean |Δ|':>10s}"
+        f"{'max |Δ|':>9s}{'rej. seq':>9s}{'Σ A(c-1) +':>11s}{'Σ A(c-1) -':>11s}"
+        f"{'= exact':>8s}"
+    )
     for arm, r in summary.items():
         print(
             f"  {arm:9s}{r['reward_first_quarter']:19.3f} -> {r['reward_last_quarter']:.3f}"

@@ -240,8 +240,10 @@ def plot_per_step(curves: dict, reload_every: int, path: Path) -> None:
     axes = fig.subplots(4, 1, sharex=True)
     axes[0].plot(curves["step"], curves["lag"], drawstyle="steps-mid", color="gray")
     axes[0].set_ylabel("lag of the batch\n(versions)")
-    axes[0].set_title(f"the engine reloads every {reload_every} versions: lag 0, 1, ..., "
-                      f"{reload_every - 1}, then again")  # fmt: skip
+    axes[0].set_title(
+        f"the engine reloads every {reload_every} versions: lag 0, 1, ..., "
+        f"{reload_every - 1}, then again"
+    )
     axes[1].semilogy(curves["step"], np.asarray(curves["max_rho"]) - 1, ".-", color="tab:red")
     axes[1].set_ylabel("max ρ − 1 in the batch\n(log scale)")
     axes[2].semilogy(curves["step"], curves["kl_k3"], ".-", color="tab:purple")
@@ -253,8 +255,9 @@ def plot_per_step(curves: dict, reload_every: int, path: Path) -> None:
         for x in range(reload_every, len(curves["step"]), reload_every):
             ax.axvline(x + 0.5, color="tab:green", ls=":", lw=1)
         ax.grid(alpha=0.3)
-    fig.suptitle("ratio tails grow while the engine's weights age and reset at each reload "
-                 "(dotted green)")  # fmt: skip
+    fig.suptitle(
+        "ratio tails grow while the engine's weights age and reset at each reload (dotted green)"
+    )
     fig.savefig(path, dpi=110)
 
 
@@ -271,13 +274,17 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     s = FAST if args.fast else FULL
     t0, load0 = time.perf_counter(), os.getloadavg()
-    print(f"mode: {'fast' if args.fast else 'full'}   cores: {os.cpu_count()}   "
-          f"load average: {load0[0]:.1f}")  # fmt: skip
+    print(
+        f"mode: {'fast' if args.fast else 'full'}   cores: {os.cpu_count()}   "
+        f"load average: {load0[0]:.1f}"
+    )
 
     # Step 1: the maths, on a toy distribution.
     print("\nStep 1. toy: 4000 tokens drawn from μ (16 tokens), π moved further and further away")
-    print(f"  {'shift':>6s} {'bucket':8s}{'mean ρ':>9s}{'max ρ':>8s}{'P(ρ>2)':>9s}"
-          f"{'k3 (estimate)':>15s}{'KL(μ‖π) exact':>15s}")  # fmt: skip
+    print(
+        f"  {'shift':>6s} {'bucket':8s}{'mean ρ':>9s}{'max ρ':>8s}{'P(ρ>2)':>9s}"
+        f"{'k3 (estimate)':>15s}{'KL(μ‖π) exact':>15s}"
+    )
     toy_rows = toy()
     for r in toy_rows:
         print(

@@ -158,11 +158,24 @@ TIMING_KEYS = ("wall_time", "time/", "time_", "_per_s", "busy_seconds")
 def train_command(run_dir: Path, s: dict, extra: list[str] = ()) -> list[str]:
     """`minirl train` as a user types it (through this Python, so it works uninstalled)."""
     return [
-        sys.executable, "-m", "minirl.tools.cli", "train", "--preset", "fixture",
-        "--staleness", "one_step_off", "--run-dir", str(run_dir), "--quiet",
-        "--set", f"rl.steps={s['steps']}", "--set", f"rl.checkpoint_every={s['checkpoint_every']}",
-        *BATCH, *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "minirl.tools.cli",
+        "train",
+        "--preset",
+        "fixture",
+        "--staleness",
+        "one_step_off",
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        "--set",
+        f"rl.steps={s['steps']}",
+        "--set",
+        f"rl.checkpoint_every={s['checkpoint_every']}",
+        *BATCH,
+        *extra,
+    ]
 
 
 def child_env() -> dict:
@@ -313,12 +326,16 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(s["seed"])
     t0, load0 = time.perf_counter(), os.getloadavg()
-    print(f"mode: {'fast' if args.fast else 'full'}   cores: {os.cpu_count()}   "
-          f"load average: {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"mode: {'fast' if args.fast else 'full'}   cores: {os.cpu_count()}   "
+        f"load average: {os.getloadavg()[0]:.1f}"
+    )
 
     # Steps 1 and 2 run side by side (2 cores): the reference in a thread, the kills here.
-    print(f"\nStep 1. the reference: {s['steps']} steps, a checkpoint every "
-          f"{s['checkpoint_every']}, never interrupted")  # fmt: skip
+    print(
+        f"\nStep 1. the reference: {s['steps']} steps, a checkpoint every "
+        f"{s['checkpoint_every']}, never interrupted"
+    )
     print("  $ python " + " ".join(train_command(ref_dir, s)[1:]).replace(str(out), "OUT"))
     timelines = {"reference": [], "killed": []}
     ref_proc: dict = {}
@@ -351,8 +368,10 @@ def main() -> None:
     resume_from = kills[-1]["checkpoints"][-1] if kills[-1]["checkpoints"] else 0
     p = run_watched(train_command(killed_dir, s), killed_dir, timelines["killed"], t0)
     processes.append(p)
-    print(f"  start {s['kills'] + 1}: resumed at step {resume_from} and ran to the end "
-          f"({s['steps'] - resume_from} steps redone or new)")  # fmt: skip
+    print(
+        f"  start {s['kills'] + 1}: resumed at step {resume_from} and ran to the end "
+        f"({s['steps'] - resume_from} steps redone or new)"
+    )
     if not any(q["killed"] for q in processes):
         raise SystemExit("no start was killed: the run finished before the first kill")
     reference.join()
@@ -390,16 +409,20 @@ def main() -> None:
     damage = flip_one_byte(killed_dir, out / "damaged")
     print("\nStep 4. one flipped byte in the newest checkpoint's params.tree")
     print(f"  restore: {damage['warnings'][0] if damage['warnings'] else 'no warning'}")
-    print(f"  -> damaged step {damage['damaged_step']} skipped, restored step "
-          f"{damage['restored_step']}")  # fmt: skip
+    print(
+        f"  -> damaged step {damage['damaged_step']} skipped, restored step "
+        f"{damage['restored_step']}"
+    )
     if not (damage["restored_step"] < damage["damaged_step"] and damage["warnings"]):
         raise SystemExit("the damaged checkpoint was not detected")
 
     # Step 5: a resume with another configuration is refused.
     changed = subprocess.run(
         train_command(killed_dir, s, ["--set", "rl.loss=dapo"]),
-        env=child_env(), capture_output=True, text=True,
-    )  # fmt: skip
+        env=child_env(),
+        capture_output=True,
+        text=True,
+    )
     reason = (changed.stderr.strip().splitlines() or ["(no message)"])[-1]
     print("\nStep 5. resume the killed run with --set rl.loss=dapo")
     print(f"  exit code {changed.returncode}: {reason}")

@@ -218,10 +218,24 @@ ROOT = Path(__file__).resolve().parents[1]
 # fast mode: a 2-layer toy. The four fake devices are the same in both.
 # ---------------------------------------------------------------------------------------------
 
-FAST_MODEL = ModelConfig(vocab_size=32, dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                         head_dim=8, mlp_dim=64, max_seq_len=64)  # fmt: skip
-FULL = dict(model=ModelConfig.preset("tiny", max_seq_len=128), prompts=8, samples=4, new=48,
-            launcher=True, throughput_tokens=64)  # fmt: skip
+FAST_MODEL = ModelConfig(
+    vocab_size=32,
+    dim=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    max_seq_len=64,
+)
+FULL = dict(
+    model=ModelConfig.preset("tiny", max_seq_len=128),
+    prompts=8,
+    samples=4,
+    new=48,
+    launcher=True,
+    throughput_tokens=64,
+)
 FAST = dict(model=FAST_MODEL, prompts=4, samples=2, new=16, launcher=False, throughput_tokens=16)
 TRAINER = TrainerConfig(learning_rate=1e-3, micro_batch_tokens=4096, bucket_minimum=32)
 TOKEN = "tutorial-11-secret"  # the shared secret of the services (>= 8 characters)
@@ -231,8 +245,10 @@ WRONG = "a, b = map(int, input().split())\nprint(a - b)"
 
 
 def engine_config(s: dict) -> EngineConfig:
-    return EngineConfig(slots=8, cache_len=s["new"] + 16, prefill_buckets=(16,), prefill_rows=8,
-                        decode_chunk=8)  # fmt: skip
+    return EngineConfig(
+        slots=8, cache_len=s["new"] + 16, prefill_buckets=(16,), prefill_rows=8, decode_chunk=8
+    )
+
 
 SEED = 3  # keys the engine's sampling draws
 
@@ -243,8 +259,10 @@ def host_params(cfg: ModelConfig) -> dict:
 
 
 def requests(s: dict, vocab: int) -> list[Request]:
-    prompts = [Prompt(10 + i, "toy", "", np.array([1, 3 + i, 5, 7 + i], np.int32) % vocab)
-               for i in range(s["prompts"])]  # fmt: skip
+    prompts = [
+        Prompt(10 + i, "toy", "", np.array([1, 3 + i, 5, 7 + i], np.int32) % vocab)
+        for i in range(s["prompts"])
+    ]
     return [Request(p, k, s["new"]) for p in prompts for k in range(s["samples"])]
 
 
@@ -308,12 +326,19 @@ def step_meshes(s: dict) -> tuple[dict, Batch, dict]:
     fsdp_params = M.place_params(params, train_mesh, M.fsdp())
     tp_params = M.place_params(params, infer_mesh, M.tensor_parallel())
     print(f"\nStep 1. {jax.device_count()} devices: {jax.devices()}")
-    print(f"  model: {cfg.num_params() / 1e6:.2f}M parameters; training mesh "
-          f"{dict(train_mesh.shape)}, inference mesh {dict(infer_mesh.shape)}")  # fmt: skip
+    print(
+        f"  model: {cfg.num_params() / 1e6:.2f}M parameters; training mesh "
+        f"{dict(train_mesh.shape)}, inference mesh {dict(infer_mesh.shape)}"
+    )
     fsdp_spec, tp_spec = M.describe(fsdp_params), M.describe(tp_params)
     print(f"  {'parameter':28s}{'shape':>12s}   {'fsdp()':22s}{'tensor_parallel()':22s}")
-    for path in ("embed", "layers/0/attn/q_proj", "layers/0/attn/o_proj", "layers/0/mlp/down_proj",
-                 "layers/0/attn_norm/weight"):  # fmt: skip
+    for path in (
+        "embed",
+        "layers/0/attn/q_proj",
+        "layers/0/attn/o_proj",
+        "layers/0/mlp/down_proj",
+        "layers/0/attn_norm/weight",
+    ):
         shape = str(tuple(np.shape(flatten_tree(params)[path])))
         print(f"  {path:28s}{shape:>12s}   {fsdp_spec[path]:22s}{tp_spec[path]:22s}")
     total = sum(x.nbytes for x in flatten_tree(params).values())
@@ -363,17 +388,25 @@ def step_meshes(s: dict) -> tuple[dict, Batch, dict]:
             ),
         },
     }
-    print(f"  decode: {result['tokens']} tokens, same tokens sampled: {result['tokens_equal']}, "
-          f"max |Δ log μ| {result['decode_max_abs_dlogp']:.1e}")  # fmt: skip
+    print(
+        f"  decode: {result['tokens']} tokens, same tokens sampled: {result['tokens_equal']}, "
+        f"max |Δ log μ| {result['decode_max_abs_dlogp']:.1e}"
+    )
     g = result["grad_norm"]
-    print(f"  train:  recompute max |Δ| {result['recompute_max_abs_diff']:.1e}; grad norm "
-          f"{g[0]:.7f} vs {g[1]:.7f} (relative Δ {abs(g[0] - g[1]) / g[0]:.1e})")  # fmt: skip
-    print(f"          the AdamW update (lr 1e-3): |Δ update| / |update| = {update['relative_l2']:.1e} "
-          f"(L2); largest |Δ| of one weight {update['max_abs']:.1e}")  # fmt: skip
+    print(
+        f"  train:  recompute max |Δ| {result['recompute_max_abs_diff']:.1e}; grad norm "
+        f"{g[0]:.7f} vs {g[1]:.7f} (relative Δ {abs(g[0] - g[1]) / g[0]:.1e})"
+    )
+    print(
+        f"          the AdamW update (lr 1e-3): |Δ update| / |update| = {update['relative_l2']:.1e} "
+        f"(L2); largest |Δ| of one weight {update['max_abs']:.1e}"
+    )
     print("  training-inference mismatch, engine log μ vs trainer recompute:")
     for name, m in result["mismatch"].items():
-        print(f"    {name:40s} mean {m['mean_abs_dlogp']:.1e}  p95 {m['p95_abs_dlogp']:.1e}  "
-              f"max {m['max_abs_dlogp']:.1e}")  # fmt: skip
+        print(
+            f"    {name:40s} mean {m['mean_abs_dlogp']:.1e}  p95 {m['p95_abs_dlogp']:.1e}  "
+            f"max {m['max_abs_dlogp']:.1e}"
+        )
     return result, batch_tp, sharded
 
 
@@ -409,9 +442,10 @@ def spmd_process(args) -> None:
     same = all(
         np.array_equal(np.asarray(a.data), np.asarray(b.data))
         for path, x in flatten_tree(loaded).items()
-        for a, b in zip(x.addressable_shards, flatten_tree(resharded)[path].addressable_shards,
-                        strict=True)
-    )  # fmt: skip
+        for a, b in zip(
+            x.addressable_shards, flatten_tree(resharded)[path].addressable_shards, strict=True
+        )
+    )
     out = {
         "process": jax.process_index(),
         "processes": jax.process_count(),
@@ -452,9 +486,16 @@ def step_two_processes(s: dict, fast: bool, batch: Batch, single: dict, work: Pa
     coordinator = f"127.0.0.1:{free_port()}"
     cmd = [sys.executable, __file__, "--work", str(work), "--coordinator", coordinator]
     cmd += ["--fast"] if fast else []
-    procs = [subprocess.Popen([*cmd, "--process-id", str(i)], env=child_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--process-id", str(i)],
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     logs = [p.communicate(timeout=900)[0] for p in procs]
     for p, log in zip(procs, logs, strict=True):
         if p.returncode != 0:
@@ -462,10 +503,12 @@ def step_two_processes(s: dict, fast: bool, batch: Batch, single: dict, work: Pa
     outs = [json.loads((work / f"process{i}.json").read_text()) for i in range(2)]
     param_bytes = sum(x.nbytes for x in flatten_tree(host_params(s["model"])).values())
     for o in outs:
-        print(f"  process {o['process']} of {o['processes']}: local devices {o['local_devices']}, "
-              f"global {o['global_devices']}; wrote {o['bytes_written'] / param_bytes:.0%} and "
-              f"read {o['bytes_read'] / param_bytes:.0%} of the weights' bytes; loaded == "
-              f"resharded: {o['loaded_equals_resharded']}")  # fmt: skip
+        print(
+            f"  process {o['process']} of {o['processes']}: local devices {o['local_devices']}, "
+            f"global {o['global_devices']}; wrote {o['bytes_written'] / param_bytes:.0%} and "
+            f"read {o['bytes_read'] / param_bytes:.0%} of the weights' bytes; loaded == "
+            f"resharded: {o['loaded_equals_resharded']}"
+        )
     result = {
         "processes": outs,
         "param_bytes": param_bytes,
@@ -474,16 +517,20 @@ def step_two_processes(s: dict, fast: bool, batch: Batch, single: dict, work: Pa
         "recompute_max_abs_diff_vs_one_process": max_diff(outs[0]["prox"], single["prox"]),
     }
     g = result["grad_norm_vs_one_process"]
-    print(f"  the same step as step 2's fsdp trainer in one process: grad norm {g[0]:.7f} vs "
-          f"{g[1]:.7f}, recompute max |Δ| "
-          f"{result['recompute_max_abs_diff_vs_one_process']:.1e}")  # fmt: skip
+    print(
+        f"  the same step as step 2's fsdp trainer in one process: grad norm {g[0]:.7f} vs "
+        f"{g[1]:.7f}, recompute max |Δ| "
+        f"{result['recompute_max_abs_diff_vs_one_process']:.1e}"
+    )
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     store = TensorStoreWeightStore(str(work / "weights"))
     manifests = sorted(p.name for p in (work / "weights" / "manifests").iterdir())
     _, part = store.read_slices(1, {"embed": np.s_[0:2]})  # two rows, without the rest
-    print(f"  the store: versions {store.versions()}, manifests {manifests}; "
-          f"read_slices(1, embed[0:2]) -> shape {part['embed'].shape}")  # fmt: skip
+    print(
+        f"  the store: versions {store.versions()}, manifests {manifests}; "
+        f"read_slices(1, embed[0:2]) -> shape {part['embed'].shape}"
+    )
     result["store_versions"] = store.versions()
     return result
 
@@ -498,11 +545,26 @@ class Service:
 
     def __init__(self, repository: Path, port: int = 0):
         env = {**child_env(), "MINIRL_VERIFIER_TOKEN": TOKEN}
-        cmd = [sys.executable, "-m", "scale.verifier_service", "--host", "127.0.0.1", "--port",
-               str(port), "--repository", str(repository), "--verifier", "code", "--workers", "1",
-               "--item-timeout", "20"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "scale.verifier_service",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--repository",
+            str(repository),
+            "--verifier",
+            "code",
+            "--workers",
+            "1",
+            "--item-timeout",
+            "20",
+        ]
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.url, _ = wait_for_output(self.proc, r"on (http://127\.0\.0\.1:\d+)", 120)
         self.port = int(self.url.rsplit(":", 1)[1])
 
@@ -523,11 +585,17 @@ def code_rollouts(repo, problems: int, per_problem: int, pad: int) -> list[Rollo
         tests = put_tests(repo, [(f"{i} {p}\n" + "x" * pad + "\n", f"{i + p}\n") for i in range(2)])
         for k in range(per_problem):
             text = (ADD, WRONG)[k % 2]
-            prompt = Prompt(uid=100 + p, task="code", text="", tokens=np.zeros(1, np.int32),
-                            meta={"tests": tests})  # fmt: skip
+            prompt = Prompt(
+                uid=100 + p,
+                task="code",
+                text="",
+                tokens=np.zeros(1, np.int32),
+                meta={"tests": tests},
+            )
             zeros = np.zeros(1, np.int32)
-            rollouts.append(Rollout(prompt, k, zeros, np.zeros(1, np.float32), zeros, "eos",
-                                    text=text))  # fmt: skip
+            rollouts.append(
+                Rollout(prompt, k, zeros, np.zeros(1, np.float32), zeros, "eos", text=text)
+            )
     return rollouts
 
 
@@ -545,8 +613,12 @@ def step_verifier_service(s: dict, work: Path) -> dict:
     try:
         sent = {}
         for by_value in (False, True):
-            client = RemoteVerifier(service.url, TOKEN, repository=local,
-                                    config=ClientConfig(by_value=by_value, max_items=4))  # fmt: skip
+            client = RemoteVerifier(
+                service.url,
+                TOKEN,
+                repository=local,
+                config=ClientConfig(by_value=by_value, max_items=4),
+            )
             epochs = []
             for _ in range(2):
                 before = client.stats["bytes_sent"]
@@ -559,11 +631,15 @@ def step_verifier_service(s: dict, work: Path) -> dict:
         out["test_data_bytes"] = test_bytes
         out["remote_equals_local"] = True
         ref, val = sent["by reference"], sent["by value"]
-        print(f"  {len(rollouts)} rollouts, 4 problems, {test_bytes / 1e3:.0f} KB of test data; "
-              f"remote scores == local scores: True")  # fmt: skip
-        print(f"  bytes sent: by reference {ref[0] / 1e3:.1f} KB (epoch 1, with the one-time "
-              f"upload), {ref[1] / 1e3:.1f} KB (epoch 2); by value {val[1] / 1e3:.1f} KB per epoch, "
-              f"{val[1] / ref[1]:.0f}x more")  # fmt: skip
+        print(
+            f"  {len(rollouts)} rollouts, 4 problems, {test_bytes / 1e3:.0f} KB of test data; "
+            f"remote scores == local scores: True"
+        )
+        print(
+            f"  bytes sent: by reference {ref[0] / 1e3:.1f} KB (epoch 1, with the one-time "
+            f"upload), {ref[1] / 1e3:.1f} KB (epoch 2); by value {val[1] / 1e3:.1f} KB per epoch, "
+            f"{val[1] / ref[1]:.0f}x more"
+        )
 
         # Kill the service in the middle of a request; restart it on the same port, EMPTY.
         slow = [*rollouts[:2], dataclasses.replace(rollouts[2], text=SLOW), rollouts[3]]
@@ -585,9 +661,11 @@ def step_verifier_service(s: dict, work: Path) -> dict:
             "uploads": client.stats["uploads"],
             "unscored": client.stats["unscored"],
         }
-        print(f"  service SIGKILLed mid-request and restarted empty: all {len(slow)} rollouts "
-              f"scored as locally: {got == want}; retries {client.stats['retries']}, "
-              f"uploads {client.stats['uploads']}, lost {client.stats['unscored']}")  # fmt: skip
+        print(
+            f"  service SIGKILLed mid-request and restarted empty: all {len(slow)} rollouts "
+            f"scored as locally: {got == want}; retries {client.stats['retries']}, "
+            f"uploads {client.stats['uploads']}, lost {client.stats['unscored']}"
+        )
     finally:
         service.kill()
     return out
@@ -599,35 +677,84 @@ def step_verifier_service(s: dict, work: Path) -> dict:
 
 
 def step_launcher(work: Path) -> dict:
-    print("\nStep 5. the RLAX layout on a local Ray cluster: python -m scale.launch ray --weights ... "
-          "(trainer job of 2 processes, engine job, verifier service)")  # fmt: skip
+    print(
+        "\nStep 5. the RLAX layout on a local Ray cluster: python -m scale.launch ray --weights ... "
+        "(trainer job of 2 processes, engine job, verifier service)"
+    )
     shutil.rmtree(work, ignore_errors=True)
     env = {**child_env(), "MINIRL_TOKEN": TOKEN}
     env.pop("RAY_ADDRESS", None)
-    sets = ["--preset", "fixture", "--set", "rl.prompts_per_step=4", "--set", "rl.group_size=4",
-            "--set", "engine.slots=16", "--set", "rl.steps=2"]  # fmt: skip
+    sets = [
+        "--preset",
+        "fixture",
+        "--set",
+        "rl.prompts_per_step=4",
+        "--set",
+        "rl.group_size=4",
+        "--set",
+        "engine.slots=16",
+        "--set",
+        "rl.steps=2",
+    ]
     launch = [sys.executable, "-m", "scale.launch"]
     t0 = time.perf_counter()
-    service = subprocess.Popen([*launch, "verifier", "--host", "127.0.0.1", "--port", "0",
-                                "--workers", "1", "--verifier", "task:fixture", "--repository",
-                                str(work / "vdata")], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    service = subprocess.Popen(
+        [
+            *launch,
+            "verifier",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--workers",
+            "1",
+            "--verifier",
+            "task:fixture",
+            "--repository",
+            str(work / "vdata"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         url = wait_for_output(service, r"on (http://127\.0\.0\.1:\d+)", 600)[0]
         run = subprocess.run(
-            [*launch, "ray", *sets, "--weights", f"file://{work}/weights", "--trainer-hosts", "2",
-             "--cpu-devices", "2", "--engine-mesh", "tensor=2", "--verifier-url", url,
-             "--run-dir", str(work / "run"), "--quiet"],
-            env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+            [
+                *launch,
+                "ray",
+                *sets,
+                "--weights",
+                f"file://{work}/weights",
+                "--trainer-hosts",
+                "2",
+                "--cpu-devices",
+                "2",
+                "--engine-mesh",
+                "tensor=2",
+                "--verifier-url",
+                url,
+                "--run-dir",
+                str(work / "run"),
+                "--quiet",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if run.returncode != 0:
             raise SystemExit(f"the run failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
         for line in run.stdout.splitlines():
             if line.startswith("step "):
                 print("  controller: " + line)
         summary = json.loads((work / "run" / "summary.json").read_text())
-        print(f"  weights published by the trainer job, by reference: versions {summary['weights']}; "
-              f"verifier requests {summary['verifier']['requests']}, unscored "
-              f"{summary['verifier']['unscored']} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+        print(
+            f"  weights published by the trainer job, by reference: versions {summary['weights']}; "
+            f"verifier requests {summary['verifier']['requests']}, unscored "
+            f"{summary['verifier']['unscored']} ({time.perf_counter() - t0:.0f} s)"
+        )
         return summary
     finally:
         if service.poll() is None:
@@ -645,8 +772,10 @@ def step_throughput(s: dict) -> dict:
     cfg = s["model"]
     params = host_params(cfg)
     s2 = {**s, "prompts": 8, "samples": 8, "new": s["throughput_tokens"]}
-    print("\nStep 6. engine decode tokens/s on a tensor-parallel mesh of 1, 2 and 4 fake devices "
-          f"({s2['prompts'] * s2['samples']} requests x {s2['new']} tokens, best of 3)")  # fmt: skip
+    print(
+        "\nStep 6. engine decode tokens/s on a tensor-parallel mesh of 1, 2 and 4 fake devices "
+        f"({s2['prompts'] * s2['samples']} requests x {s2['new']} tokens, best of 3)"
+    )
     out = {}
     for n in (1, 2, 4):
         mesh = M.make_mesh(M.MeshConfig(tensor=n), devices=jax.devices()[:n])
@@ -719,8 +848,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     s = FAST if args.fast else FULL
     t0, load0 = time.perf_counter(), os.getloadavg()
-    print(f"mode: {'fast' if args.fast else 'full'}   cores: {os.cpu_count()}   "
-          f"load average: {load0[0]:.1f}   jax {jax.__version__}")  # fmt: skip
+    print(
+        f"mode: {'fast' if args.fast else 'full'}   cores: {os.cpu_count()}   "
+        f"load average: {load0[0]:.1f}   jax {jax.__version__}"
+    )
 
     meshes, batch, sharded = step_meshes(s)
     processes = step_two_processes(s, args.fast, batch, sharded, out / "two_processes")
@@ -772,8 +903,10 @@ def main() -> None:
     )
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     print(f"\nwrote {out / 'scaling_out.png'} and {out / 'results.json'}")
-    print(f"wall {results['wall_s']:.0f} s, CPU {results['cpu_s']:.0f} s (this process and its "
-          f"children), load average {load0[0]:.1f} -> {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"wall {results['wall_s']:.0f} s, CPU {results['cpu_s']:.0f} s (this process and its "
+        f"children), load average {load0[0]:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
     if not all(claims.values()):
         raise SystemExit(f"a claim of the lesson failed: {claims}")
 

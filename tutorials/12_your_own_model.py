@@ -116,16 +116,40 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
-FULL = dict(build=dict(), overrides=[
-    "rl.time_budget=600", "rl.steps=120", "trainer.total_steps=120", "trainer.learning_rate=3e-4",
-    "rl.prompts_per_step=32", "engine.slots=64", "eval.prompts=200", "rl.checkpoint_every=40"])
-FAST = dict(build=dict(train=2000, test=100, steps=40, dim=64, layers=2), overrides=[
-    "rl.steps=3", "trainer.total_steps=3", "trainer.learning_rate=3e-4", "rl.prompts_per_step=8",
-    "rl.group_size=4", "engine.slots=32", "eval.prompts=16", "eval.samples=4",
-    "rl.checkpoint_every=3"])
-COMMON = ["data.max_new_tokens=40", "engine.cache_len=128", "engine.prefill_buckets=(64,)",
-          "data.instruction= Put the final answer in \\boxed{}.",
-          "data.system_prompt=You are a helpful assistant."]
+FULL = dict(
+    build=dict(),
+    overrides=[
+        "rl.time_budget=600",
+        "rl.steps=120",
+        "trainer.total_steps=120",
+        "trainer.learning_rate=3e-4",
+        "rl.prompts_per_step=32",
+        "engine.slots=64",
+        "eval.prompts=200",
+        "rl.checkpoint_every=40",
+    ],
+)
+FAST = dict(
+    build=dict(train=2000, test=100, steps=40, dim=64, layers=2),
+    overrides=[
+        "rl.steps=3",
+        "trainer.total_steps=3",
+        "trainer.learning_rate=3e-4",
+        "rl.prompts_per_step=8",
+        "rl.group_size=4",
+        "engine.slots=32",
+        "eval.prompts=16",
+        "eval.samples=4",
+        "rl.checkpoint_every=3",
+    ],
+)
+COMMON = [
+    "data.max_new_tokens=40",
+    "engine.cache_len=128",
+    "engine.prefill_buckets=(64,)",
+    "data.instruction= Put the final answer in \\boxed{}.",
+    "data.system_prompt=You are a helpful assistant.",
+]
 
 
 def main() -> None:
@@ -150,14 +174,25 @@ def main() -> None:
     from minirl.tools.cli import build_parser
 
     data = base / "data"
-    argv = ["train", "--model", str(base), "--data", str(data / "train.jsonl"), "--eval-data",
-            str(data / "test.jsonl"), "--verifier", "math"]
+    argv = [
+        "train",
+        "--model",
+        str(base),
+        "--data",
+        str(data / "train.jsonl"),
+        "--eval-data",
+        str(data / "test.jsonl"),
+        "--verifier",
+        "math",
+    ]
     for item in COMMON + mode["overrides"]:
         argv += ["--set", item]
     cfg = config_from_args(build_parser().parse_args(argv))
-    print(f"\nStep 2. config: preset 'custom', model {cfg.model.num_params() / 1e6:.2f}M parameters "
-          f"(dim {cfg.model.dim}, {cfg.model.num_layers} layers, vocab {cfg.model.vocab_size}, "
-          f"from config.json), overrides {COMMON + mode['overrides']}")
+    print(
+        f"\nStep 2. config: preset 'custom', model {cfg.model.num_params() / 1e6:.2f}M parameters "
+        f"(dim {cfg.model.dim}, {cfg.model.num_layers} layers, vocab {cfg.model.vocab_size}, "
+        f"from config.json), overrides {COMMON + mode['overrides']}"
+    )
 
     from minirl.runner import Run
 
@@ -165,33 +200,49 @@ def main() -> None:
     shutil.rmtree(run_dir, ignore_errors=True)  # an existing run directory would be resumed
     run = Run(cfg, run_dir, progress=False)
     prompt = run.task.train[0]
-    print(f"\nStep 3. the first training prompt, as the chat template lays it out "
-          f"({len(prompt.tokens)} tokens; gold answer {prompt.meta['answer']!r}):")
+    print(
+        f"\nStep 3. the first training prompt, as the chat template lays it out "
+        f"({len(prompt.tokens)} tokens; gold answer {prompt.meta['answer']!r}):"
+    )
     print("    " + prompt.text.replace("\n", "\n    "))
-    print(f"  a completion ends at any of the EOS ids {run.tokenizer.eos_ids} "
-          f"({[run.tokenizer.decode([i], skip_special=False) for i in run.tokenizer.eos_ids]})")
+    print(
+        f"  a completion ends at any of the EOS ids {run.tokenizer.eos_ids} "
+        f"({[run.tokenizer.decode([i], skip_special=False) for i in run.tokenizer.eos_ids]})"
+    )
     report = run.task.reports["train"]
     print(f"  {report.summary()}")
 
     print(f"\nStep 4. {stamp()} Run(cfg, run_dir).train(): evaluate -> GRPO -> evaluate")
     summary = run.train()
-    print(f"  {stamp()} held-out before RL: pass@1 {summary['before']['pass@1']:.3f}  "
-          f"pass@8 {summary['before'].get('pass@8', float('nan')):.3f}")
-    print(f"  {stamp()} held-out after RL:  pass@1 {summary['after']['pass@1']:.3f}  "
-          f"pass@8 {summary['after'].get('pass@8', float('nan')):.3f}  "
-          f"({summary['counters']['steps']} steps in {summary['rl_seconds']:.0f} s)")
+    print(
+        f"  {stamp()} held-out before RL: pass@1 {summary['before']['pass@1']:.3f}  "
+        f"pass@8 {summary['before'].get('pass@8', float('nan')):.3f}"
+    )
+    print(
+        f"  {stamp()} held-out after RL:  pass@1 {summary['after']['pass@1']:.3f}  "
+        f"pass@8 {summary['after'].get('pass@8', float('nan')):.3f}  "
+        f"({summary['counters']['steps']} steps in {summary['rl_seconds']:.0f} s)"
+    )
 
     from minirl.export import export_run
 
     exported = export_run(run_dir, out / "exported", force=True)
-    print(f"\nStep 5. {stamp()} exported {exported}: "
-          f"{', '.join(sorted(f.name for f in exported.iterdir()))}")
+    print(
+        f"\nStep 5. {stamp()} exported {exported}: "
+        f"{', '.join(sorted(f.name for f in exported.iterdir()))}"
+    )
     check = compare_with_transformers(exported)
     print(f"  transformers loads it: {check}")
-    results = {"mode": "fast" if args.fast else "full", "before": summary["before"],
-               "after": summary["after"], "steps": summary["counters"]["steps"],
-               "rl_seconds": summary["rl_seconds"], "transformers": check,
-               "eos_ids": list(run.tokenizer.eos_ids), "bad_rows": report.num_bad}
+    results = {
+        "mode": "fast" if args.fast else "full",
+        "before": summary["before"],
+        "after": summary["after"],
+        "steps": summary["counters"]["steps"],
+        "rl_seconds": summary["rl_seconds"],
+        "transformers": check,
+        "eos_ids": list(run.tokenizer.eos_ids),
+        "bad_rows": report.num_bad,
+    }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=float))
     plot(summary, out / "pass_at_k.png")
     print(f"\nwrote {out / 'pass_at_k.png'} and {out / 'results.json'}")

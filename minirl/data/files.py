@@ -55,7 +55,9 @@ from minirl.verifiers.math_extract import find_boxed
 
 log = logging.getLogger(__name__)
 FORMATS = (".jsonl", ".parquet")
-MAX_PLAIN_ANSWER = 100  # characters: a longer answer without #### or \boxed is a solution, not a gold
+MAX_PLAIN_ANSWER = (
+    100  # characters: a longer answer without #### or \boxed is a solution, not a gold
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +132,10 @@ def row_messages(obj, fmt: FileFormat) -> tuple[list[dict], str, str | None]:
     elif isinstance(obj.get(fmt.prompt_key), str) and obj[fmt.prompt_key].strip():
         messages = [{"role": "user", "content": obj[fmt.prompt_key].strip()}]
     else:
-        raise ValueError(f"no prompt: {fmt.prompt_key!r} (or {fmt.messages_key!r}) is missing, "
-                         "empty or not a string")
+        raise ValueError(
+            f"no prompt: {fmt.prompt_key!r} (or {fmt.messages_key!r}) is missing, "
+            "empty or not a string"
+        )
     if fmt.answer_key in obj:
         gold, worked = gold_answer(obj[fmt.answer_key], fmt.answer_key)
         solution = worked or solution
@@ -151,8 +155,11 @@ def _check_messages(value, key: str) -> list[dict]:
         raise ValueError(f"{key!r} must be a non-empty list of messages")
     out = []
     for i, m in enumerate(value):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)):
+        if not (
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+        ):
             raise ValueError(f"{key!r}[{i}] must be an object with string 'role' and 'content'")
         out.append({"role": m["role"], "content": m["content"]})
     return out
@@ -224,8 +231,15 @@ class PromptFile(Sequence):
     """The good rows of one file, in file order, as Prompts built on demand. `positions[i]`
     finds row i in the file, `numbers[i]` is its 1-based row number (for messages)."""
 
-    def __init__(self, name: str, rows: _Rows, positions: np.ndarray, numbers: np.ndarray,
-                 tokenizer, fmt: FileFormat):
+    def __init__(
+        self,
+        name: str,
+        rows: _Rows,
+        positions: np.ndarray,
+        numbers: np.ndarray,
+        tokenizer,
+        fmt: FileFormat,
+    ):
         self.name, self._rows, self.positions, self.numbers = name, rows, positions, numbers
         self._tokenizer, self._fmt = tokenizer, fmt
 
@@ -244,9 +258,15 @@ class PromptFile(Sequence):
         return Prompt(uid, self.name, text, tokens, meta)
 
 
-def scan(path, tokenizer, fmt: FileFormat = FileFormat(), *, name: str | None = None,
-         test_fraction: float | None = None, max_logged: int = 20
-         ) -> tuple[dict[str, PromptFile], FileReport]:
+def scan(
+    path,
+    tokenizer,
+    fmt: FileFormat = FileFormat(),
+    *,
+    name: str | None = None,
+    test_fraction: float | None = None,
+    max_logged: int = 20,
+) -> tuple[dict[str, PromptFile], FileReport]:
     """Check every row of `path` once (streamed) -> the good rows as PromptFiles and a report.
     With `test_fraction`, rows are split by a hash of their content into {"train", "test"};
     without, all good rows are {"all"}. Raises ValueError if the file has no good row."""
@@ -266,8 +286,10 @@ def scan(path, tokenizer, fmt: FileFormat = FileFormat(), *, name: str | None = 
             messages, gold, _ = row_messages(obj, fmt)
             _, tokens = render(messages, tokenizer, fmt)
             if fmt.max_prompt_tokens is not None and len(tokens) > fmt.max_prompt_tokens:
-                raise ValueError(f"prompt of {len(tokens)} tokens is longer than "
-                                 f"{fmt.max_prompt_tokens} (engine.cache_len - data.max_new_tokens)")
+                raise ValueError(
+                    f"prompt of {len(tokens)} tokens is longer than "
+                    f"{fmt.max_prompt_tokens} (engine.cache_len - data.max_new_tokens)"
+                )
         except ValueError as e:
             report.bad.append((number, str(e)))
             if report.num_bad <= max_logged:
@@ -286,9 +308,12 @@ def scan(path, tokenizer, fmt: FileFormat = FileFormat(), *, name: str | None = 
     if not report.num_good:
         raise ValueError(f"no usable rows in {path}\n{report.summary()}")
     reader = _Rows(path)
-    files = {split: PromptFile(name, reader, np.frombuffer(p, np.int64), np.frombuffer(n, np.int64),
-                               tokenizer, fmt)
-             for split, (p, n) in kept.items()}
+    files = {
+        split: PromptFile(
+            name, reader, np.frombuffer(p, np.int64), np.frombuffer(n, np.int64), tokenizer, fmt
+        )
+        for split, (p, n) in kept.items()
+    }
     return files, report
 
 
@@ -299,14 +324,32 @@ class FileTask:
     """A Task (minirl/data/tasks.py) over dataset files: `train` and `test` PromptFiles, the
     verifier it was given, and a completion budget. `FileTask.load` reads the files."""
 
-    def __init__(self, name: str, train: PromptFile, test: PromptFile, verifier,
-                 max_new_tokens: int, config: FileFormat = FileFormat(), reports=None):
+    def __init__(
+        self,
+        name: str,
+        train: PromptFile,
+        test: PromptFile,
+        verifier,
+        max_new_tokens: int,
+        config: FileFormat = FileFormat(),
+        reports=None,
+    ):
         self.name, self.train, self.test, self.verifier = name, train, test, verifier
         self.max_new_tokens, self.config, self.reports = max_new_tokens, config, reports or {}
 
     @classmethod
-    def load(cls, train_path, tokenizer, verifier, *, eval_path=None, test_fraction: float = 0.05,
-             max_new_tokens: int = 256, name: str | None = None, **format_fields) -> FileTask:
+    def load(
+        cls,
+        train_path,
+        tokenizer,
+        verifier,
+        *,
+        eval_path=None,
+        test_fraction: float = 0.05,
+        max_new_tokens: int = 256,
+        name: str | None = None,
+        **format_fields,
+    ) -> FileTask:
         """Read `train_path` (and `eval_path`, else hold out a content-hash split of it)."""
         fmt = FileFormat(**format_fields)
         name = name or Path(train_path).stem
@@ -318,8 +361,10 @@ class FileTask:
             files, report = scan(train_path, tokenizer, fmt, name=name, test_fraction=test_fraction)
             for split in ("train", "test"):
                 if split not in files:
-                    raise ValueError(f"{train_path}: the content-hash split left no {split} rows "
-                                     f"(test_fraction={test_fraction}); pass --eval-data")
+                    raise ValueError(
+                        f"{train_path}: the content-hash split left no {split} rows "
+                        f"(test_fraction={test_fraction}); pass --eval-data"
+                    )
             train, test, reports = files["train"], files["test"], {"train": report}
         return cls(name, train, test, verifier, max_new_tokens, fmt, reports)
 
@@ -330,8 +375,10 @@ class FileTask:
     def demonstration(self, prompt: Prompt, sample: int = 0) -> str:
         """The row's worked solution (for a supervised warm start)."""
         if prompt.meta.get("solution") is None:
-            raise ValueError(f"{self.name} row {prompt.meta.get('row')} has no worked solution to "
-                             "train on (a warm start needs one; set sft.steps=0)")
+            raise ValueError(
+                f"{self.name} row {prompt.meta.get('row')} has no worked solution to "
+                "train on (a warm start needs one; set sft.steps=0)"
+            )
         return prompt.meta["solution"]
 
 

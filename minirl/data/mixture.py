@@ -89,7 +89,9 @@ class Mixture:
                 self._perms[name] = (epoch, perm)
             j = int(self._perms[name][1][j])
         prompt = data[j]
-        return prompt if epoch == 0 else replace(prompt, uid=stable_hash("epoch", prompt.uid, epoch))
+        return (
+            prompt if epoch == 0 else replace(prompt, uid=stable_hash("epoch", prompt.uid, epoch))
+        )
 
     def next_prompts(self, n: int) -> list[Prompt]:
         """The next n prompts of the stream; advances the position and counters."""

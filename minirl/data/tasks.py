@@ -125,8 +125,9 @@ def draw_in_split(
     )
 
 
-def make_prompt(task_name: str, config, split: str, index: int, text: str, meta: dict,
-                tokenizer) -> Prompt:
+def make_prompt(
+    task_name: str, config, split: str, index: int, text: str, meta: dict, tokenizer
+) -> Prompt:
     """A Prompt with a stable 63-bit uid from (task name, config fingerprint, split, index),
     its text encoded by `tokenizer` (the run's own, handed to the task by `get_task`)."""
     uid = stable_hash("prompt", task_name, fingerprint(config), split, index)

@@ -34,7 +34,7 @@ from minirl.config import (
     add_config_arguments,
     config_from_args,
     default_run_dir,
-    input_overrides,  # fmt: skip
+    input_overrides,
     load_config,
 )
 from minirl.configlib import ConfigError, describe, override, to_dict
@@ -46,10 +46,14 @@ def cmd_train(args) -> int:
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.json").exists():
-            raise ConfigError(f"--resume {run_dir}: no config.json there (not a minirl run directory)")
+            raise ConfigError(
+                f"--resume {run_dir}: no config.json there (not a minirl run directory)"
+            )
         if args.staleness or args.preset or input_overrides(args):
-            raise ConfigError("--resume continues with the run's own config.json; use --set for changes "
-                              "(e.g. --set rl.steps=400)")
+            raise ConfigError(
+                "--resume continues with the run's own config.json; use --set for changes "
+                "(e.g. --set rl.steps=400)"
+            )
         cfg = load_config(run_dir)
         for item in args.overrides:
             cfg = override(cfg, item)
@@ -57,8 +61,17 @@ def cmd_train(args) -> int:
         cfg = config_from_args(args)
         run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     summary = Run(cfg, run_dir, progress=not args.quiet).train(resume=True, force=args.force)
-    print(json.dumps({"run_dir": str(run_dir), "before": summary["before"], "after": summary["after"],
-                      "rl_seconds": round(summary["rl_seconds"], 1)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "run_dir": str(run_dir),
+                "before": summary["before"],
+                "after": summary["after"],
+                "rl_seconds": round(summary["rl_seconds"], 1),
+            },
+            indent=2,
+        )
+    )
     print(f"dashboard: {_plot(run_dir)}")
     return 0
 
@@ -84,7 +97,11 @@ def cmd_eval(args) -> int:
     if ckpt is None:
         raise ConfigError(f"{args.run_dir} has no checkpoint to evaluate")
     run = Run(cfg, args.run_dir, progress=False)
-    print(json.dumps({"step": ckpt.step, **run.evaluate(run.engine(ckpt.step, ckpt.params))}, indent=2))
+    print(
+        json.dumps(
+            {"step": ckpt.step, **run.evaluate(run.engine(ckpt.step, ckpt.params))}, indent=2
+        )
+    )
     return 0
 
 
@@ -119,24 +136,32 @@ def cmd_samples(args) -> int:
 
     rows = [r for r in read_metrics(args.run_dir, SAMPLES_FILE) if isinstance(r.get("step"), int)]
     if not rows:
-        raise ConfigError(f"{Path(args.run_dir) / SAMPLES_FILE} holds no samples (they are written "
-                          "every log.samples_every steps)")
+        raise ConfigError(
+            f"{Path(args.run_dir) / SAMPLES_FILE} holds no samples (they are written "
+            "every log.samples_every steps)"
+        )
     ranked = args.worst or args.best
     if args.step is not None:
         rows = [r for r in rows if r["step"] == args.step]
         if not rows:
-            raise ConfigError(f"no samples at step {args.step} (steps with samples: every "
-                              "log.samples_every)")
+            raise ConfigError(
+                f"no samples at step {args.step} (steps with samples: every log.samples_every)"
+            )
     elif not ranked:
         rows = [r for r in rows if r["step"] == rows[-1]["step"]]
     if ranked:
-        rows = sorted(rows, key=lambda r: (r.get("reward") is None, r.get("reward") or 0.0),
-                      reverse=bool(args.best))
+        rows = sorted(
+            rows,
+            key=lambda r: (r.get("reward") is None, r.get("reward") or 0.0),
+            reverse=bool(args.best),
+        )
     for r in rows[: args.n]:
-        print(f"── step {r['step']} · prompt {r.get('uid')} sample {r.get('sample')} · reward "
-              f"{r.get('reward')} ({r.get('reason')}) · {r.get('length')} tokens, "
-              f"{r.get('finish')} · versions {r.get('oldest_version')}..{r.get('newest_version')}, "
-              f"lag {r.get('lag')}")
+        print(
+            f"── step {r['step']} · prompt {r.get('uid')} sample {r.get('sample')} · reward "
+            f"{r.get('reward')} ({r.get('reason')}) · {r.get('length')} tokens, "
+            f"{r.get('finish')} · versions {r.get('oldest_version')}..{r.get('newest_version')}, "
+            f"lag {r.get('lag')}"
+        )
         print(f"prompt:\n{r.get('prompt', '')}\ncompletion:\n{r.get('completion', '')}\n")
     return 0
 
@@ -163,15 +188,21 @@ def cmd_config(args) -> int:
 
 def _add_output_commands(sub) -> None:
     """The commands that read a finished (or running) run directory: export, plot, samples."""
-    p = sub.add_parser("export", help="write a run's weights as a Hugging Face checkpoint directory",
-                       description="Write a checkpoint of RUN_DIR as a Hugging Face directory "
-                                   "(config.json, model.safetensors, generation_config.json, tokenizer "
-                                   "files) that transformers and vLLM load.")
+    p = sub.add_parser(
+        "export",
+        help="write a run's weights as a Hugging Face checkpoint directory",
+        description="Write a checkpoint of RUN_DIR as a Hugging Face directory "
+        "(config.json, model.safetensors, generation_config.json, tokenizer "
+        "files) that transformers and vLLM load.",
+    )
     p.add_argument("run_dir")
     p.add_argument("--out", required=True, metavar="DIR", help="the directory to write")
     p.add_argument("--step", type=int, help="which checkpoint (default: the latest)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"],
-                   help="weights' dtype in the files (default: the run's, float32)")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="weights' dtype in the files (default: the run's, float32)",
+    )
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.set_defaults(fn=cmd_export)
 
@@ -182,37 +213,49 @@ def _add_output_commands(sub) -> None:
     p.add_argument("--out", help="comparison PNG path")
     p.set_defaults(fn=cmd_plot)
 
-    p = sub.add_parser("samples", help="print sample completions of a run: text, reward, reason",
-                       description="Print the rollouts a run kept in samples.jsonl (every "
-                                   "log.samples_every steps): prompt, completion, reward and the "
-                                   "verifier's reason, length, weight versions, lag. Default: the "
-                                   "latest step's.")
+    p = sub.add_parser(
+        "samples",
+        help="print sample completions of a run: text, reward, reason",
+        description="Print the rollouts a run kept in samples.jsonl (every "
+        "log.samples_every steps): prompt, completion, reward and the "
+        "verifier's reason, length, weight versions, lag. Default: the "
+        "latest step's.",
+    )
     p.add_argument("run_dir")
     p.add_argument("--step", type=int, help="the samples of this step")
     order = p.add_mutually_exclusive_group()
-    order.add_argument("--worst", action="store_true", help="lowest reward first (all steps, "
-                       "or --step's)")
+    order.add_argument(
+        "--worst", action="store_true", help="lowest reward first (all steps, or --step's)"
+    )
     order.add_argument("--best", action="store_true", help="highest reward first")
     p.add_argument("-n", type=int, default=8, help="at most this many (default 8)")
     p.set_defaults(fn=cmd_samples)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="minirl", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="minirl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="warm start (cached), evaluate, RL, evaluate; writes a run directory",
-                       description="Train with RL. Without arguments: the built-in countdown default, "
-                                   "about 5 minutes on a 2-core CPU. `minirl config` lists every knob.")
+    p = sub.add_parser(
+        "train",
+        help="warm start (cached), evaluate, RL, evaluate; writes a run directory",
+        description="Train with RL. Without arguments: the built-in countdown default, "
+        "about 5 minutes on a 2-core CPU. `minirl config` lists every knob.",
+    )
     add_config_arguments(p)
     p.add_argument("--run-dir", help="where to write the run (default: runs/<task>)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint"
+    )
     p.add_argument("--force", action="store_true", help="continue a run even if its config changed")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("sft", help="run (or load from cache) the supervised warm start and evaluate it")
+    p = sub.add_parser(
+        "sft", help="run (or load from cache) the supervised warm start and evaluate it"
+    )
     add_config_arguments(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_sft)
@@ -225,7 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from minirl.tools.mismatch import add_diagnose_parser
 
-    add_diagnose_parser(sub)  # minirl diagnose: |Δlogp| per mismatch source (minirl/tools/mismatch/)
+    add_diagnose_parser(
+        sub
+    )  # minirl diagnose: |Δlogp| per mismatch source (minirl/tools/mismatch/)
 
     p = sub.add_parser("config", help="print every knob with its value and meaning")
     add_config_arguments(p)
@@ -243,8 +288,11 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # anywhere on the line: `minirl train ... --debug` works too
     parser = build_parser()
-    parser.add_argument("--debug", action="store_true",
-                        help="show the Python traceback of an error, not only its message")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the Python traceback of an error, not only its message",
+    )
     args = parser.parse_args([a for a in argv if a != "--debug"])
     try:
         return args.fn(args)

@@ -44,8 +44,11 @@ def as_score(value: Score | float | int | bool) -> Score:
     raise TypeError(f"a verifier function must return Score, bool or float, got {type(value)}")
 
 
-def safe_scores(score_one: Callable[[Rollout], Score], rollouts: Sequence[Rollout],
-                prefix: str = "verifier error") -> list[Score]:
+def safe_scores(
+    score_one: Callable[[Rollout], Score],
+    rollouts: Sequence[Rollout],
+    prefix: str = "verifier error",
+) -> list[Score]:
     """The one rule of every verifier, in one place: apply `score_one` to each rollout, and a
     bug that strange model output triggers becomes a zero reward whose reason names it
     ("<prefix>: ValueError: ..."), logged, never an exception that ends the run."""
@@ -54,8 +57,7 @@ def safe_scores(score_one: Callable[[Rollout], Score], rollouts: Sequence[Rollou
         try:
             out.append(score_one(rollout))
         except Exception as e:  # noqa: BLE001 - the run must survive any model output
-            log.warning("%s on prompt %s: %s: %s", prefix, rollout.prompt.uid,
-                        type(e).__name__, e)  # fmt: skip
+            log.warning("%s on prompt %s: %s: %s", prefix, rollout.prompt.uid, type(e).__name__, e)
             out.append(Score(0.0, f"{prefix}: {type(e).__name__}: {e}"))
     return out
 
@@ -72,8 +74,11 @@ class CallableVerifier:
         self.name = name or getattr(fn, "__name__", "callable")
 
     def score(self, rollouts: Sequence[Rollout]) -> list[Score]:
-        return safe_scores(lambda r: as_score(self.fn(r.text, dict(r.prompt.meta))), rollouts,
-                           f"verifier error in {self.name}")  # fmt: skip
+        return safe_scores(
+            lambda r: as_score(self.fn(r.text, dict(r.prompt.meta))),
+            rollouts,
+            f"verifier error in {self.name}",
+        )
 
     def __repr__(self) -> str:
         return f"CallableVerifier({self.name})"

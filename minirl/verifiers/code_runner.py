@@ -183,8 +183,9 @@ def compile_program(program: Program, sandbox: SandboxConfig) -> _Executable | s
     compiler = _COMPILERS[program.language]
     if not shutil.which(compiler[0]):
         return f"{compiler[0]} is not installed here"
-    result = run_sandboxed(compiler, files=source, limits=COMPILE_LIMITS, config=sandbox,
-                            collect=("prog",))  # fmt: skip
+    result = run_sandboxed(
+        compiler, files=source, limits=COMPILE_LIMITS, config=sandbox, collect=("prog",)
+    )
     if result.status(COMPILE_LIMITS) != "ok" or "prog" not in result.files:
         text = result.error or result.stderr.decode("utf-8", "replace").strip()
         return text[-2000:] or result.status(COMPILE_LIMITS)
@@ -286,8 +287,13 @@ def run_tests(
             return Verdicts((), total, Verdict.CHECKER_ERROR, f"checker does not compile: {judge}")
     cases: list[CaseVerdict] = []
     for case in tests:
-        result = run_sandboxed(program.argv, files=program.files, stdin=case.input.encode(),
-                                limits=limits, config=sandbox)  # fmt: skip
+        result = run_sandboxed(
+            program.argv,
+            files=program.files,
+            stdin=case.input.encode(),
+            limits=limits,
+            config=sandbox,
+        )
         verdict = _case_verdict(result, limits)
         if verdict is None and judge is not None:
             verdict = _check(judge, case, result.stdout, sandbox)

@@ -120,8 +120,11 @@ def load_tests(repo: TestRepository, sha: str) -> list[TestCase]:
 
 def load_checker(repo: TestRepository, sha: str) -> Program:
     obj = repo.get_json(sha)
-    if not (isinstance(obj, dict) and obj.get("language") in LANGUAGES
-            and isinstance(obj.get("source"), str)):  # fmt: skip
+    if not (
+        isinstance(obj, dict)
+        and obj.get("language") in LANGUAGES
+        and isinstance(obj.get("source"), str)
+    ):
         raise RepositoryError(f"checker {sha[:12]}… is not {{'language', 'source'}}")
     return Program(obj["language"], obj["source"])
 
@@ -222,5 +225,6 @@ class CodeVerifier:
         return Score(response["reward"], response["reason"])
 
     def score(self, rollouts: Sequence[Rollout]) -> list[Score]:
-        return safe_scores(lambda r: self.score_one(r.text, r.prompt.meta), rollouts,
-                           "code verifier error")  # fmt: skip
+        return safe_scores(
+            lambda r: self.score_one(r.text, r.prompt.meta), rollouts, "code verifier error"
+        )

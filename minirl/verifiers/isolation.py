@@ -78,8 +78,11 @@ def isolate_filesystem_and_network(mode: str, hidden: Sequence[str], tmp_mb: int
     flags |= _CLONE_NEWUSER if mode == "userns" else 0
     _check(_libc.unshare(flags), "unshare")
     if mode == "userns":  # map our own ids, so files we create keep our owner
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{outer_uid} {outer_uid} 1"),
-                           ("gid_map", f"{outer_gid} {outer_gid} 1")):  # fmt: skip
+        for name, text in (
+            ("setgroups", "deny"),
+            ("uid_map", f"{outer_uid} {outer_uid} 1"),
+            ("gid_map", f"{outer_gid} {outer_gid} 1"),
+        ):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
     _mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)  # nothing we do leaks to the host
@@ -192,8 +195,12 @@ _SECCOMP_MODE_FILTER = 2
 
 
 class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-                ("k", ctypes.c_uint32)]  # fmt: skip
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
 
 
 class _SockFprog(ctypes.Structure):
@@ -222,8 +229,7 @@ def deny_sockets() -> None:
     ]
     filters = (_SockFilter * len(program))(*(_SockFilter(*ins) for ins in program))
     fprog = _SockFprog(len(program), filters)
-    _check(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0),
-           "seccomp")  # fmt: skip
+    _check(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
 
 
 def make_preexec(
@@ -267,9 +273,16 @@ def kill_uid(uid: int) -> None:
     wrapper changes all threads), sends the signal and ends; the rest of the process stays root.
     Without a known syscall number, `kill -9 -1` runs as `uid` instead."""
     if _SYS_SETRESUID is None:
-        subprocess.run(["kill", "-9", "-1"], user=uid, group=uid, extra_groups=[],
-                       env={"PATH": "/bin:/usr/bin"}, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, check=False)  # fmt: skip
+        subprocess.run(
+            ["kill", "-9", "-1"],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={"PATH": "/bin:/usr/bin"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
         return
 
     def as_uid() -> None:

@@ -125,8 +125,16 @@ def probe_equal(ta: tuple, tb: tuple, symbols: set[str]) -> bool | None:
 
 def _to_sympy(tree: ast.Expression, src: str, sp: Any):
     """Build a sympy expression from a checked tree — no parse_expr, no eval."""
-    funcs = {"sqrt": sp.sqrt, "sin": sp.sin, "cos": sp.cos, "tan": sp.tan, "log": sp.log,
-             "ln": sp.log, "exp": sp.exp, "abs": sp.Abs}  # fmt: skip
+    funcs = {
+        "sqrt": sp.sqrt,
+        "sin": sp.sin,
+        "cos": sp.cos,
+        "tan": sp.tan,
+        "log": sp.log,
+        "ln": sp.log,
+        "exp": sp.exp,
+        "abs": sp.Abs,
+    }
 
     def go(node: ast.AST):
         if isinstance(node, ast.Constant):

@@ -96,8 +96,14 @@ def latex_to_python(s: str) -> str:
             i = j
         elif s[i] == "\\":
             m = re.match(r"[a-zA-Z]+", s[i + 1 :])
-            name = next((c for c in sorted(_LATEX_COMMANDS, key=len, reverse=True)
-                         if m and m.group(0).startswith(c)), None)  # fmt: skip
+            name = next(
+                (
+                    c
+                    for c in sorted(_LATEX_COMMANDS, key=len, reverse=True)
+                    if m and m.group(0).startswith(c)
+                ),
+                None,
+            )
             if name is None:
                 raise Unsupported(f"unknown command \\{m.group(0) if m else s[i + 1 : i + 2]}")
             out.append(_LATEX_COMMANDS[name])
@@ -127,8 +133,12 @@ def _insert_products(expr: str) -> str:
     for tok in tokens:
         if out:
             prev = out[-1]
-            left = prev == ")" or prev[0].isdigit() or prev[0] == "." or (
-                prev.isalpha() and prev not in _FUNCS)  # fmt: skip
+            left = (
+                prev == ")"
+                or prev[0].isdigit()
+                or prev[0] == "."
+                or (prev.isalpha() and prev not in _FUNCS)
+            )
             right = tok == "(" or tok[0].isdigit() or tok[0] == "." or tok.isalpha()
             if left and right:
                 out.append("*")
@@ -237,8 +247,12 @@ def _pow_numeric(a: Fraction | float, b: Fraction | float) -> Fraction | float:
     return checked_float(math.pow(fa, fb), fa)
 
 
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-              ast.Div: operator.truediv}  # fmt: skip
+_OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
 
 
 def _arith(op: ast.operator, a: Fraction | float, b: Fraction | float) -> Fraction | float:
@@ -258,8 +272,14 @@ def _arith(op: ast.operator, a: Fraction | float, b: Fraction | float) -> Fracti
     return checked_float(value, a, b)
 
 
-_FLOAT_FUNCS = {"sin": math.sin, "cos": math.cos, "tan": math.tan, "log": math.log,
-                "ln": math.log, "exp": math.exp}  # fmt: skip
+_FLOAT_FUNCS = {
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "log": math.log,
+    "ln": math.log,
+    "exp": math.exp,
+}
 
 
 def _call(name: str, x: Fraction | float) -> Fraction | float:

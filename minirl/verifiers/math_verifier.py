@@ -79,32 +79,43 @@ def score_math(text: str, meta: dict[str, Any], config: MathVerifierConfig) -> S
         reference = str(reference)
     if not isinstance(reference, str) or not reference.strip():
         return Score(0.0, "task has no reference answer (meta['answer'])")
-    text = (text or "")[-config.max_chars:]
+    text = (text or "")[-config.max_chars :]
     judge = _builtin if config.backend == "builtin" else _math_verify
     found, same = judge(text, reference, config)
     if found is None:
         return Score(0.0, "no answer found")
     if same:
         return Score(1.0, "correct")
-    return Score(config.format_reward, f"wrong answer: got {found[:60]!r}, expected {reference[:60]!r}")
+    return Score(
+        config.format_reward, f"wrong answer: got {found[:60]!r}, expected {reference[:60]!r}"
+    )
 
 
 def _builtin(text: str, reference: str, config: MathVerifierConfig) -> tuple[str | None, bool]:
     answer = extract_answer(text, config.extract)
     if answer is None:
         return None, False
-    return answer, math_equal(answer, reference, rel_tol=config.rel_tol, use_sympy=config.use_sympy,
-                              sympy_timeout_s=config.sympy_timeout_s)
+    return answer, math_equal(
+        answer,
+        reference,
+        rel_tol=config.rel_tol,
+        use_sympy=config.use_sympy,
+        sympy_timeout_s=config.sympy_timeout_s,
+    )
 
 
 def _math_verify(text: str, reference: str, config: MathVerifierConfig) -> tuple[str | None, bool]:
     from math_verify import parse, verify  # the optional "math" extra
 
     if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("math-verify's timeouts need the main thread; score it in a VerifierPool")
+        raise RuntimeError(
+            "math-verify's timeouts need the main thread; score it in a VerifierPool"
+        )
     t = config.math_verify_timeout_s
-    gold = parse(reference if "$" in reference or "\\boxed" in reference else f"${reference}$",
-                 parsing_timeout=t)
+    gold = parse(
+        reference if "$" in reference or "\\boxed" in reference else f"${reference}$",
+        parsing_timeout=t,
+    )
     answer = parse(text, parsing_timeout=t)
     if not answer:
         return None, False
@@ -118,5 +129,8 @@ class MathVerifier:
         self.config = config
 
     def score(self, rollouts: Sequence[Rollout]) -> list[Score]:
-        return safe_scores(lambda r: score_math(r.text, r.prompt.meta, self.config), rollouts,
-                           "math verifier error")  # fmt: skip
+        return safe_scores(
+            lambda r: score_math(r.text, r.prompt.meta, self.config),
+            rollouts,
+            "math verifier error",
+        )

@@ -112,7 +112,7 @@ def remove_stale_scratch(tmp: str | None = None) -> list[str]:
     except OSError:
         return removed
     for name in names:
-        pid = name[len(_SCRATCH_PREFIX):].split("-")[0]
+        pid = name[len(_SCRATCH_PREFIX) :].split("-")[0]
         if not (name.startswith(_SCRATCH_PREFIX) and pid.isdigit()) or _alive(int(pid)):
             continue
         remove_tree(os.path.join(tmp, name))

@@ -41,7 +41,10 @@ def _code_factory(repository: Any = None, **kwargs: Any) -> Verifier:
 
 # name -> factory(**kwargs) -> Verifier. Built-ins are imported lazily (code pulls in the sandbox).
 _FACTORIES: dict[str, Callable[..., Verifier]] = {
-    "math": _math_factory, "math_verify": _math_verify_factory, "code": _code_factory}
+    "math": _math_factory,
+    "math_verify": _math_verify_factory,
+    "code": _code_factory,
+}
 
 
 def register_verifier(name: str, factory: Callable[..., Verifier]) -> None:

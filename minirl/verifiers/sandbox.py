@@ -127,8 +127,16 @@ class SandboxConfig:
     """How to isolate. `isolation="auto"` picks the strongest mode that works here."""
 
     isolation: str = "auto"  # "auto" | "uid" | "userns" | "none"
-    hidden_paths: tuple[str, ...] = ("/home", "/root", "/run", "/mnt", "/media", "/srv", "/var/tmp",
-                                     "/dev/shm")  # fmt: skip
+    hidden_paths: tuple[str, ...] = (
+        "/home",
+        "/root",
+        "/run",
+        "/mnt",
+        "/media",
+        "/srv",
+        "/var/tmp",
+        "/dev/shm",
+    )
     tmp_mb: int = 64  # size of the private /tmp (compilers write there)
     python: str | None = None  # interpreter for Python candidates; None = find one (see below)
 
@@ -298,9 +306,15 @@ def remove_tree(path: str) -> None:
         pass
     for argv in (["chmod", "-R", "u+rwx", "--", path], ["rm", "-rf", "--", path]):
         try:
-            subprocess.run(argv, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"}, check=False,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=120)  # fmt: skip
+            subprocess.run(
+                argv,
+                env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+                check=False,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=120,
+            )
         except (OSError, subprocess.SubprocessError):
             pass
     if os.path.lexists(path):
@@ -338,10 +352,15 @@ def _run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
-                list(argv), cwd=box, env=_sandbox_env(mode, box), stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                list(argv),
+                cwd=box,
+                env=_sandbox_env(mode, box),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
                 preexec_fn=preexec,
-            )  # fmt: skip
+            )
         except (OSError, subprocess.SubprocessError) as e:
             return RunResult(None, error=f"could not start {argv[0]!r} ({mode} mode): {e}")
         try:

@@ -39,9 +39,13 @@ ROWS = [
     {"question": "Simplify 2/4.", "answer": "It is \\boxed{\\frac{1}{2}}."},
     {"question": "What is 6 * 7?", "answer": 42},
     {"question": "Capital of France?", "answer": "Paris"},
-    {"messages": [{"role": "user", "content": "What is 5 - 2?"},
-                  {"role": "assistant", "content": "5 - 2 = 3, so \\boxed{3}."}]},
-]  # fmt: skip
+    {
+        "messages": [
+            {"role": "user", "content": "What is 5 - 2?"},
+            {"role": "assistant", "content": "5 - 2 = 3, so \\boxed{3}."},
+        ]
+    },
+]
 
 
 def write_jsonl(path, rows):
@@ -50,8 +54,12 @@ def write_jsonl(path, rows):
 
 
 def write_parquet(path, rows):
-    table = pa.table({"question": [r.get("question") for r in rows],
-                      "answer": [None if r.get("answer") is None else str(r["answer"]) for r in rows]})
+    table = pa.table(
+        {
+            "question": [r.get("question") for r in rows],
+            "answer": [None if r.get("answer") is None else str(r["answer"]) for r in rows],
+        }
+    )
     pq.write_table(table, path)
     return path
 
@@ -62,8 +70,14 @@ def test_gold_answers():
     assert gold_answer("so \\boxed{\\frac{1}{\\sqrt{2}}} and \\boxed{7}", "a")[0] == "7"
     assert gold_answer("\\boxed{\\frac{1}{\\sqrt{2}}}", "a")[0] == "\\frac{1}{\\sqrt{2}}"
     assert gold_answer(3.5, "a") == ("3.5", None) and gold_answer(" 12 ", "a") == ("12", None)
-    for bad, why in [("", "missing, empty"), (True, "not a string"), ("x ####  ", "nothing after"),
-                     ("\\boxed{}", "empty"), ("word " * 30, "no final answer"), (float("nan"), "finite")]:
+    for bad, why in [
+        ("", "missing, empty"),
+        (True, "not a string"),
+        ("x ####  ", "nothing after"),
+        ("\\boxed{}", "empty"),
+        ("word " * 30, "no final answer"),
+        (float("nan"), "finite"),
+    ]:
         with pytest.raises(ValueError, match=why):
             gold_answer(bad, "a")
 
@@ -74,7 +88,9 @@ def test_rows_become_prompts(tmp_path):
     assert report.num_rows == report.num_good == 5 and report.num_bad == 0
     assert [p.meta["answer"] for p in prompts] == ["7", "\\frac{1}{2}", "42", "Paris", "3"]
     assert [p.meta["row"] for p in prompts] == [1, 2, 3, 4, 5]
-    assert prompts[0].meta["solution"] == "3 + 4 = 7\n#### 7" and prompts[2].meta["solution"] is None
+    assert (
+        prompts[0].meta["solution"] == "3 + 4 = 7\n#### 7" and prompts[2].meta["solution"] is None
+    )
     assert prompts[4].meta["solution"] == "5 - 2 = 3, so \\boxed{3}."  # the assistant turn
     assert prompts[4].text == "<user>What is 5 - 2?</user><assistant>"
     assert prompts[0].tokens[0] != 0  # the template's text is encoded without an extra BOS
@@ -82,7 +98,10 @@ def test_rows_become_prompts(tmp_path):
 
     fmt = FileFormat(system_prompt="Be brief.", instruction=" Answer in \\boxed{}.")
     p = scan(tmp_path / "d.jsonl", TOK, fmt)[0]["all"][2]
-    assert p.text == "<system>Be brief.</system><user>What is 6 * 7? Answer in \\boxed{}.</user><assistant>"
+    assert (
+        p.text
+        == "<system>Be brief.</system><user>What is 6 * 7? Answer in \\boxed{}.</user><assistant>"
+    )
     raw = scan(tmp_path / "d.jsonl", TOK, FileFormat(use_chat_template=False))[0]["all"][2]
     assert raw.text == "What is 6 * 7?\n" and raw.tokens[0] == 0  # plain text gets BOS
 
@@ -97,21 +116,39 @@ def test_field_names_are_config(tmp_path):
 
 
 def test_bad_rows_are_counted_with_row_numbers(tmp_path):
-    lines = [ROWS[0], "{not json", "[1, 2]", {"question": "q"}, {"question": "", "answer": "1"},
-             {"question": 5, "answer": "1"}, "", {"messages": [{"role": "user"}], "answer": "1"},
-             {"messages": [{"role": "assistant", "content": "x \\boxed{1}"}]},
-             {"question": "long " * 50, "answer": "1"}, ROWS[2]]
+    lines = [
+        ROWS[0],
+        "{not json",
+        "[1, 2]",
+        {"question": "q"},
+        {"question": "", "answer": "1"},
+        {"question": 5, "answer": "1"},
+        "",
+        {"messages": [{"role": "user"}], "answer": "1"},
+        {"messages": [{"role": "assistant", "content": "x \\boxed{1}"}]},
+        {"question": "long " * 50, "answer": "1"},
+        ROWS[2],
+    ]
     path = write_jsonl(tmp_path / "bad.jsonl", lines)
-    (tmp_path / "bad.jsonl").write_bytes(path.read_bytes() + b'{"question": "\xff", "answer": "1"}\n')
+    (tmp_path / "bad.jsonl").write_bytes(
+        path.read_bytes() + b'{"question": "\xff", "answer": "1"}\n'
+    )
     files, report = scan(path, TOK, FileFormat(max_prompt_tokens=120))
     assert report.num_rows == 12 and report.num_good == 2 and len(files["all"]) == 2
     reasons = dict(report.bad)
     assert sorted(reasons) == [2, 3, 4, 5, 6, 7, 8, 9, 10, 12]
-    for row, why in [(2, "invalid JSON"), (3, "expected a JSON object, got list"),
-                     (4, "missing answer field 'answer'"), (5, "no prompt"), (6, "no prompt"),
-                     (7, "empty line"), (8, "'messages'[0] must be an object"),
-                     (9, "must end with a user message"), (10, "longer than 120"),
-                     (12, "not valid UTF-8")]:
+    for row, why in [
+        (2, "invalid JSON"),
+        (3, "expected a JSON object, got list"),
+        (4, "missing answer field 'answer'"),
+        (5, "no prompt"),
+        (6, "no prompt"),
+        (7, "empty line"),
+        (8, "'messages'[0] must be an object"),
+        (9, "must end with a user message"),
+        (10, "longer than 120"),
+        (12, "not valid UTF-8"),
+    ]:
         assert why in reasons[row], (row, reasons[row])
     assert [p.meta["row"] for p in files["all"]] == [1, 11]
     assert "row 2: invalid JSON" in report.summary()
@@ -154,14 +191,16 @@ def test_content_hash_split_is_disjoint_stable_and_order_free(tmp_path):
     train, test = {p.uid for p in task.train}, {p.uid for p in task.test}
     assert not train & test and len(train) + len(test) == 400
     assert 20 <= len(test) <= 60
-    again = FileTask.load(write_jsonl(tmp_path / "r.jsonl", rows[::-1]), TOK, verifier,
-                          test_fraction=0.1, name="d")
+    again = FileTask.load(
+        write_jsonl(tmp_path / "r.jsonl", rows[::-1]), TOK, verifier, test_fraction=0.1, name="d"
+    )
     # the same rows held out, whatever their order
     assert {p.text for p in again.test} == {p.text for p in task.test}
     assert task.prompt(len(task.test) + 1, "test").uid == task.test[1].uid
     # With an eval file, every good row of each file is used.
-    ev = FileTask.load(tmp_path / "d.jsonl", TOK, verifier, eval_path=write_jsonl(
-        tmp_path / "e.jsonl", rows[:7]))
+    ev = FileTask.load(
+        tmp_path / "d.jsonl", TOK, verifier, eval_path=write_jsonl(tmp_path / "e.jsonl", rows[:7])
+    )
     assert (len(ev.train), len(ev.test)) == (400, 7)
     with pytest.raises(ValueError, match="has no worked solution"):
         ev.demonstration(ev.train[0])
@@ -188,8 +227,12 @@ def test_repeated_rows_and_a_file_shorter_than_a_batch_give_unique_prompts(tmp_p
     mixture issues has its own uid (a uid keys the sampling draws; two equal uids in one batch
     were refused by make_batch, which ended a run on a launch test's data)."""
     rows = [ROWS[0], ROWS[2], ROWS[0]]
-    task = FileTask.load(write_jsonl(tmp_path / "d.jsonl", rows), TOK, None,
-                         eval_path=write_jsonl(tmp_path / "e.jsonl", ROWS[3:4]))
+    task = FileTask.load(
+        write_jsonl(tmp_path / "d.jsonl", rows),
+        TOK,
+        None,
+        eval_path=write_jsonl(tmp_path / "e.jsonl", ROWS[3:4]),
+    )
     assert len({p.uid for p in task.train}) == 3 and task.train[0].text == task.train[2].text
     issued = Mixture({task.name: task.train}, seed=0).next_prompts(8)  # 2 epochs and a bit
     assert len({p.uid for p in issued}) == 8
@@ -198,8 +241,10 @@ def test_repeated_rows_and_a_file_shorter_than_a_batch_give_unique_prompts(tmp_p
 
 def test_loading_does_not_hold_the_file_in_python(tmp_path):
     path = tmp_path / "big.jsonl"
-    row = {"question": "Ann has 12 pears and gets 30 more. How many pears? " * 4,
-           "answer": "12 + 30 = 42\n#### 42"}
+    row = {
+        "question": "Ann has 12 pears and gets 30 more. How many pears? " * 4,
+        "answer": "12 + 30 = 42\n#### 42",
+    }
     line = (json.dumps(row) + "\n").encode()
     with open(path, "wb") as f:
         f.write(line * 40_000)  # ~10 MB

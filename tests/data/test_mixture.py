@@ -109,15 +109,17 @@ def test_finite_lists_cycle_in_reshuffled_epochs():
     for e, issued in enumerate(epochs):
         # each prompt exactly once per epoch; from epoch 1 on under a uid of its own
         assert sorted(p.text for p in issued) == sorted(p.text for p in data)
-        assert sorted(uids(issued)) == sorted(u if e == 0 else stable_hash("epoch", u, e)
-                                              for u in uids(data))
+        assert sorted(uids(issued)) == sorted(
+            u if e == 0 else stable_hash("epoch", u, e) for u in uids(data)
+        )
     texts = [[p.text for p in e] for e in epochs]
     assert texts[0] != texts[1] or texts[1] != texts[2]  # fresh order per epoch
     assert len(set(uids(epochs[0] + epochs[1] + epochs[2]))) == 21  # unique over the run
     assert m.epochs() == {"list": 3.0}
     ordered = Mixture({"list": data}, seed=2, shuffle=False)
-    assert uids(ordered.next_prompts(9)) == uids(data) + [stable_hash("epoch", p.uid, 1)
-                                                          for p in data[:2]]
+    assert uids(ordered.next_prompts(9)) == uids(data) + [
+        stable_hash("epoch", p.uid, 1) for p in data[:2]
+    ]
 
 
 def test_bad_arguments():

@@ -431,9 +431,19 @@ def test_docs_worked_example_clip_is_mask_for_grpo_regulariser_for_cispo():
 def test_registry():
     names = list_presets()
     for base in (
-        "grpo", "dapo", "dr_grpo", "reinforce", "token_reinforce", "rloo",
-        "reinforce_pp", "cispo", "gspo", "ppo", "decoupled_ppo", "naive_ppo",
-    ):  # fmt: skip
+        "grpo",
+        "dapo",
+        "dr_grpo",
+        "reinforce",
+        "token_reinforce",
+        "rloo",
+        "reinforce_pp",
+        "cispo",
+        "gspo",
+        "ppo",
+        "decoupled_ppo",
+        "naive_ppo",
+    ):
         for suffix in ("", "_tis", "_mis", "_tis_mis"):
             assert base + suffix in names
             assert get_preset(base + suffix).name == base + suffix

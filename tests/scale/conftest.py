@@ -28,17 +28,39 @@ class ServiceProcess:
         self.url = ""
 
     def start(self, timeout: float = 60.0) -> str:
-        cmd = [sys.executable, "-m", "scale.verifier_service", "--host", "127.0.0.1",
-               "--port", str(self.port), "--repository", str(self.repository),
-               "--verifier", "code", "--workers", str(self.workers), "--item-timeout", "20"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "scale.verifier_service",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--repository",
+            str(self.repository),
+            "--verifier",
+            "code",
+            "--workers",
+            str(self.workers),
+            "--item-timeout",
+            "20",
+        ]
         env = {**os.environ, "MINIRL_VERIFIER_TOKEN": self.token, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             self.url, _ = wait_for_output(self.proc, r" on (http://\S+)\n", timeout)
         except RuntimeError as e:
             self.kill()  # its pool workers too (wait_for_output kills only the service itself)
-            raise RuntimeError(f"service did not start: {e} {self.proc.stderr.read()[-2000:]!r}") from None
+            raise RuntimeError(
+                f"service did not start: {e} {self.proc.stderr.read()[-2000:]!r}"
+            ) from None
         self.port = int(self.url.rsplit(":", 1)[-1])
         assert self.url.startswith("http://127.0.0.1:")
         return self.url

@@ -67,11 +67,20 @@ from minirl.types import Prompt, Score  # noqa: E402
 from scale.tensorstore_weights import TensorStoreWeightStore  # noqa: E402
 
 t_start = time.perf_counter()
-CFG = ModelConfig(vocab_size=32, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                  mlp_dim=64, max_seq_len=64)  # fmt: skip
+CFG = ModelConfig(
+    vocab_size=32,
+    dim=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    max_seq_len=64,
+)
 EXACT = os.environ.get("MINIRL_TEST_EXACT", "0") == "1"
-ENGINE = EngineConfig(slots=8, cache_len=40, prefill_buckets=(8,), prefill_rows=8, decode_chunk=8,
-                      exact=EXACT)  # fmt: skip
+ENGINE = EngineConfig(
+    slots=8, cache_len=40, prefill_buckets=(8,), prefill_rows=8, decode_chunk=8, exact=EXACT
+)
 SCORING = ENGINE.sampling.scoring  # the trainer scores as the engine samples
 TRAINER = TrainerConfig(learning_rate=1e-3, micro_batch_tokens=1024, bucket_minimum=32)
 times = {}
@@ -102,8 +111,11 @@ def local(x) -> np.ndarray:
 # only (they run on one local device; other processes wait at the final barrier).
 
 # 1. decode on the tensor-parallel mesh --------------------------------------------------------
-requests = [Request(Prompt(10 + i, "t", "", np.array([1, 3 + i, 5, 7 + i], np.int32)), k, 24)
-            for i in range(4) for k in range(2)]  # fmt: skip
+requests = [
+    Request(Prompt(10 + i, "t", "", np.array([1, 3 + i, 5, 7 + i], np.int32)), k, 24)
+    for i in range(4)
+    for k in range(2)
+]
 
 
 def generate(p):
@@ -150,8 +162,14 @@ class Recorded(M.RowPlacement):
 
 
 placement = Recorded(train_mesh, M.fsdp())
-fsdp = Trainer(CFG, M.place_params(params, train_mesh, M.fsdp()), get_preset("grpo"), TRAINER,
-               placement=placement, sampling=SCORING)  # fmt: skip
+fsdp = Trainer(
+    CFG,
+    M.place_params(params, train_mesh, M.fsdp()),
+    get_preset("grpo"),
+    TRAINER,
+    placement=placement,
+    sampling=SCORING,
+)
 prox_fsdp = fsdp.recompute_logprobs(batch_tp)
 m_fsdp = fsdp.train_step(batch_tp, prox_fsdp)
 new_fsdp = fsdp.params()
@@ -188,29 +206,48 @@ for path, x in flatten_tree(from_hf).items():
     assert x.sharding == flatten_tree(placed)[path].sharding, path
     for shard in x.addressable_shards:
         held[path, str(shard.index)] = shard.data.nbytes
-        hf_same &= bool(np.array_equal(np.asarray(shard.data), flatten_tree(params)[path][shard.index]))
-out["checkpoint"] = {"equal": hf_same, "bytes_read": hf_read, "bytes_held": sum(held.values()),
-                     "embed_spec": M.describe(from_hf)["embed"]}
+        hf_same &= bool(
+            np.array_equal(np.asarray(shard.data), flatten_tree(params)[path][shard.index])
+        )
+out["checkpoint"] = {
+    "equal": hf_same,
+    "bytes_read": hf_read,
+    "bytes_held": sum(held.values()),
+    "embed_spec": M.describe(from_hf)["embed"],
+}
 # 3c. the trainer's state as an Orbax checkpoint (each process writes and reads its shards),
 # restored into a fresh trainer on the same mesh: every shard equal, bit for bit
 from scale.orbax_checkpoints import TrainerCheckpoints  # noqa: E402
 
 orbax = TrainerCheckpoints(args.store.rstrip("/") + "_orbax")
 orbax.save(1, fsdp)
-fresh = Trainer(CFG, M.place_params(params, train_mesh, M.fsdp()), get_preset("grpo"), TRAINER,
-                placement=M.RowPlacement(train_mesh, M.fsdp()), sampling=SCORING)  # fmt: skip
+fresh = Trainer(
+    CFG,
+    M.place_params(params, train_mesh, M.fsdp()),
+    get_preset("grpo"),
+    TRAINER,
+    placement=M.RowPlacement(train_mesh, M.fsdp()),
+    sampling=SCORING,
+)
 orbax.restore(1, fresh)
 want, got = fsdp.state_dict(host=False), fresh.state_dict(host=False)
 orbax_same, orbax_shards = (want["step"], want["skipped_nonfinite"]) == (got["step"], 0), 0
-for a, b in zip(jax.tree.leaves((want["params"], want["opt_state"])),
-                jax.tree.leaves((got["params"], got["opt_state"])), strict=True):
+for a, b in zip(
+    jax.tree.leaves((want["params"], want["opt_state"])),
+    jax.tree.leaves((got["params"], got["opt_state"])),
+    strict=True,
+):
     orbax_same &= a.sharding.is_equivalent_to(b.sharding, a.ndim)
     for x, y in zip(a.addressable_shards, b.addressable_shards, strict=True):
         orbax_same &= bool(np.array_equal(np.asarray(x.data), np.asarray(y.data)))
         orbax_shards += 1
 orbax.close()
-out["orbax"] = {"equal": orbax_same, "shards_compared": orbax_shards, "steps": orbax.steps(),
-                "step": got["step"]}
+out["orbax"] = {
+    "equal": orbax_same,
+    "shards_compared": orbax_shards,
+    "steps": orbax.steps(),
+    "step": got["step"],
+}
 out["batch_layouts"] = placement.seen
 out["specs"] = {
     "engine q_proj": M.describe(tp_engine._params)["layers/0/attn/q_proj"],

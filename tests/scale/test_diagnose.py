@@ -29,8 +29,17 @@ ROOT = Path(__file__).resolve().parents[2]
 def table():
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, "-m", "scale.diagnose", "--cpu-devices", "4", "--fast", "--json",
-           "--sources", "exact,sharding"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "scale.diagnose",
+        "--cpu-devices",
+        "4",
+        "--fast",
+        "--json",
+        "--sources",
+        "exact,sharding",
+    ]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=900)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     return {r["compares"].split(":")[0]: r for r in json.loads(done.stdout)}

@@ -22,12 +22,27 @@ from scale.launch import wait_for_output
 pytest.importorskip("ray")
 
 ROOT = Path(__file__).resolve().parents[2]
-SETS = ["--set", "rl.prompts_per_step=4", "--set", "rl.group_size=4", "--set", "engine.slots=16",
-        "--set", "rl.checkpoint_every=2"]  # fmt: skip
+SETS = [
+    "--set",
+    "rl.prompts_per_step=4",
+    "--set",
+    "rl.group_size=4",
+    "--set",
+    "engine.slots=16",
+    "--set",
+    "rl.checkpoint_every=2",
+]
 JOBS = ["--trainer-hosts", "2", "--cpu-devices", "2", "--engine-mesh", "tensor=2"]
 # deterministic per step: equal in a redone step (times and counters of restarts are not)
-REPLAYED = ("reward/mean", "train/loss", "train/grad_norm", "length/mean", "version",
-            "mismatch/mean_abs_dlogp", "train/dlogp_no_recompute/mean_abs_dlogp")  # fmt: skip
+REPLAYED = (
+    "reward/mean",
+    "train/loss",
+    "train/grad_norm",
+    "length/mean",
+    "version",
+    "mismatch/mean_abs_dlogp",
+    "train/dlogp_no_recompute/mean_abs_dlogp",
+)
 
 
 def _env() -> dict:
@@ -37,8 +52,14 @@ def _env() -> dict:
 
 
 def _launch(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "scale.launch", *args], cwd=ROOT, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "scale.launch", *args],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _stop(procs) -> None:
@@ -57,9 +78,21 @@ def test_a_killed_driver_resumes_exactly(tmp_path, trainer_side):
     it resumes from step 2 and redoes step 3 exactly. Without --checkpoints the controller's
     checkpoint holds the trainer job's state; with them the trainer job wrote its own."""
     run, orbax = tmp_path / "run", tmp_path / "orbax"
-    cmd = ["ray", "--preset", "fixture", *SETS, "--set", "rl.steps=4", *JOBS,
-           "--weights", f"file://{tmp_path}/weights", "--run-dir", str(run), "--quiet",
-           *(["--checkpoints", str(orbax)] if trainer_side else [])]  # fmt: skip
+    cmd = [
+        "ray",
+        "--preset",
+        "fixture",
+        *SETS,
+        "--set",
+        "rl.steps=4",
+        *JOBS,
+        "--weights",
+        f"file://{tmp_path}/weights",
+        "--run-dir",
+        str(run),
+        "--quiet",
+        *(["--checkpoints", str(orbax)] if trainer_side else []),
+    ]
     procs = []
     try:
         first = _launch(cmd)  # killed during step 3 (checkpoints: step 2 only)
@@ -71,8 +104,13 @@ def test_a_killed_driver_resumes_exactly(tmp_path, trainer_side):
         assert sorted(os.listdir(run / "checkpoints")) == ["step_00000002"]
         if trainer_side:
             assert sorted(os.listdir(orbax)) == ["2"]
-        second = subprocess.run([sys.executable, "-m", "scale.launch", *cmd], cwd=ROOT, env=_env(),
-                                capture_output=True, timeout=900)  # fmt: skip
+        second = subprocess.run(
+            [sys.executable, "-m", "scale.launch", *cmd],
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            timeout=900,
+        )
         log = second.stdout.decode() + second.stderr.decode()
         assert second.returncode == 0, log[-3000:]
         assert "resumed" in log and "at step 2 (version 2)" in log
@@ -93,11 +131,18 @@ def test_a_killed_driver_resumes_exactly(tmp_path, trainer_side):
 def test_a_bad_model_directory_or_data_file_says_so_in_one_line(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text('{"question": "1 + 1?", "answer": "2"}\n')
-    for bad, says in ((["--model", str(tmp_path), "--data", str(data)], "has no config.json"),
-                      (["--data", str(tmp_path / "nope.jsonl")], "no dataset file")):  # fmt: skip
-        r = subprocess.run([sys.executable, "-m", "scale.launch", "ray", "--weights", "memory://w",
-                            *bad], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    for bad, says in (
+        (["--model", str(tmp_path), "--data", str(data)], "has no config.json"),
+        (["--data", str(tmp_path / "nope.jsonl")], "no dataset file"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "scale.launch", "ray", "--weights", "memory://w", *bad],
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert r.stderr.startswith("python -m scale.launch ray: error:") and says in r.stderr
 
@@ -112,27 +157,76 @@ def test_a_users_model_directory_and_dataset_with_the_verifier_service(tmp_path)
 
     model = make_model_dir(tmp_path / "model", arch="qwen2")
     data = tmp_path / "train.jsonl"
-    rows = [{"question": f"Tom has {i % 7 + 1} apples and buys 2 more. How many now?",
-             "answer": f"#### {i % 7 + 3}"} for i in range(16)]  # fmt: skip
+    rows = [
+        {
+            "question": f"Tom has {i % 7 + 1} apples and buys 2 more. How many now?",
+            "answer": f"#### {i % 7 + 3}",
+        }
+        for i in range(16)
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = tmp_path / "run"
     procs = []
     try:
-        verifier = _launch(["verifier", "--host", "127.0.0.1", "--port", "0", "--workers", "1",
-                            "--verifier", "math", "--repository", str(tmp_path / "vdata")])  # fmt: skip
+        verifier = _launch(
+            [
+                "verifier",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--workers",
+                "1",
+                "--verifier",
+                "math",
+                "--repository",
+                str(tmp_path / "vdata"),
+            ]
+        )
         procs.append(verifier)
         url, _ = wait_for_output(verifier, r"on (http://127\.0\.0\.1:\d+)")
         r = subprocess.run(
-            [sys.executable, "-m", "scale.launch", "ray", "--model", str(model), "--data", str(data),
-             "--verifier", "math", "--set", "engine.cache_len=96", "--set", "engine.prefill_buckets=(64,)",
-             "--set", "data.max_new_tokens=16", *SETS, "--set", "rl.steps=2", *JOBS,
-             "--weights", f"file://{tmp_path}/weights", "--verifier-url", url, "--run-dir", str(run)],
-            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "scale.launch",
+                "ray",
+                "--model",
+                str(model),
+                "--data",
+                str(data),
+                "--verifier",
+                "math",
+                "--set",
+                "engine.cache_len=96",
+                "--set",
+                "engine.prefill_buckets=(64,)",
+                "--set",
+                "data.max_new_tokens=16",
+                *SETS,
+                "--set",
+                "rl.steps=2",
+                *JOBS,
+                "--weights",
+                f"file://{tmp_path}/weights",
+                "--verifier-url",
+                url,
+                "--run-dir",
+                str(run),
+            ],
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         log = r.stdout + r.stderr
         assert r.returncode == 0, log[-3000:]
         # both trainer processes read their own blocks (their prints reach the driver's log)
-        assert len(re.findall(r"read [\d,]+ bytes of .*model \(the blocks this process holds\)",
-                              log)) == 2, log[-3000:]  # fmt: skip
+        assert (
+            len(re.findall(r"read [\d,]+ bytes of .*model \(the blocks this process holds\)", log))
+            == 2
+        ), log[-3000:]
         records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
         assert [r["step"] for r in records] == [1, 2]
         assert all(0.0 <= r["reward/mean"] <= 1.0 and r["train/tokens"] > 0 for r in records)

@@ -102,8 +102,11 @@ def test_distributed_config_is_validated_and_one_process_is_a_no_op():
 
 def test_place_params_on_a_one_device_mesh_keeps_every_value():
     mesh = M.make_mesh(M.MeshConfig(), devices=jax.devices()[:1])
-    params = {"embed": np.arange(12, dtype=np.float32).reshape(3, 4), "step": 3,
-              "layers": [{"attn": {"q_proj": np.ones((4, 4), np.float32)}}]}  # fmt: skip
+    params = {
+        "embed": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "step": 3,
+        "layers": [{"attn": {"q_proj": np.ones((4, 4), np.float32)}}],
+    }
     placed = M.place_params(params, mesh, M.fsdp())
     assert placed["step"] == 3 and isinstance(placed["embed"], jax.Array)
     np.testing.assert_array_equal(np.asarray(placed["embed"]), params["embed"])
@@ -163,25 +166,37 @@ def _report(r: dict, label: str) -> None:
     lines = [f"\n{label}: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["seconds"].items())]
     if "train" in r:
         t = r["train"]
-        lines.append(f"  sharded vs unsharded step: recompute {t['prox_max_abs_diff']:.1e}, loss "
-                     f"{abs(t['loss'][1] - t['loss'][0]):.1e}, params {t['param_max_abs_diff']:.1e} "
-                     f"(update {t['update_max_abs']:.1e})")  # fmt: skip
+        lines.append(
+            f"  sharded vs unsharded step: recompute {t['prox_max_abs_diff']:.1e}, loss "
+            f"{abs(t['loss'][1] - t['loss'][0]):.1e}, params {t['param_max_abs_diff']:.1e} "
+            f"(update {t['update_max_abs']:.1e})"
+        )
     for name, m in r.get("mismatch", {}).items():
-        lines.append(f"  mismatch {name:20s} mean|dlogp| {m['mean_abs_dlogp']:.2e}  "
-                     f"p95 {m['p95_abs_dlogp']:.2e}  max {m['max_abs_dlogp']:.2e}  k3 {m['kl_k3']:.1e}")  # fmt: skip
+        lines.append(
+            f"  mismatch {name:20s} mean|dlogp| {m['mean_abs_dlogp']:.2e}  "
+            f"p95 {m['p95_abs_dlogp']:.2e}  max {m['max_abs_dlogp']:.2e}  k3 {m['kl_k3']:.1e}"
+        )
     print("\n".join(lines))
 
 
 def test_sharded_engine_and_trainer_on_four_fake_devices(tmp_path):
     out = tmp_path / "out.json"
-    subprocess.run([sys.executable, str(SCRIPT), str(out), str(tmp_path / "store"), "--devices", "4"],
-                   env=_env(), check=True, timeout=TIMEOUT, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), str(tmp_path / "store"), "--devices", "4"],
+        env=_env(),
+        check=True,
+        timeout=TIMEOUT,
+        capture_output=True,
+    )
     r = _read(out, 0)
     _report(r, "1 process x 4 devices")
     assert r["processes"] == 1
     _check_equal_to_unsharded(r)
-    assert r["specs"] == {"engine q_proj": "P(None, 'tensor')", "trainer embed": "P(None, 'fsdp')",
-                          "trainer q_proj": "P('fsdp', 'tensor')"}  # fmt: skip
+    assert r["specs"] == {
+        "engine q_proj": "P(None, 'tensor')",
+        "trainer embed": "P(None, 'fsdp')",
+        "trainer q_proj": "P('fsdp', 'tensor')",
+    }
     _check_rows_split(r["batch_layouts"])
     w = r["weights"]
     assert w["loaded_equals_resharded"] and w["versions"] == [1]
@@ -199,10 +214,24 @@ def _free_port() -> int:
 @pytest.mark.slow  # ~25 s of CPU (no persistent compile cache across processes); 2 min when busy
 def test_two_processes_with_two_devices_each(tmp_path):
     out, port = tmp_path / "out.json", _free_port()
-    cmd = lambda i: [sys.executable, str(SCRIPT), str(out), str(tmp_path / "store"), "--devices", "2",
-                     "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)]  # fmt: skip
-    procs = [subprocess.Popen(cmd(i), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for i in range(2)]  # fmt: skip
+    cmd = lambda i: [
+        sys.executable,
+        str(SCRIPT),
+        str(out),
+        str(tmp_path / "store"),
+        "--devices",
+        "2",
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        "2",
+        "--process-id",
+        str(i),
+    ]
+    procs = [
+        subprocess.Popen(cmd(i), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for i in range(2)
+    ]
     try:
         logs = [p.communicate(timeout=TIMEOUT)[0].decode(errors="replace") for p in procs]
     finally:

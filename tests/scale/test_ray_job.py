@@ -25,7 +25,9 @@ ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_co
 def two_nodes():
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"node0": 1}})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"node0": 1}}
+    )
     cluster.add_node(num_cpus=2, resources={"node1": 1})
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     yield cluster
@@ -44,8 +46,12 @@ class Spmd:
 
     def info(self) -> dict:
         jax = self.jax
-        return {"process": jax.process_index(), "processes": jax.process_count(),
-                "devices": jax.device_count(), "local": jax.local_device_count()}  # fmt: skip
+        return {
+            "process": jax.process_index(),
+            "processes": jax.process_count(),
+            "devices": jax.device_count(),
+            "local": jax.local_device_count(),
+        }
 
     def total(self, n: int) -> float:
         import jax.numpy as jnp
@@ -54,8 +60,9 @@ class Spmd:
         jax = self.jax
         mesh = jax.make_mesh((jax.device_count(),), ("x",))
         values = np.arange(n, dtype=np.float32)
-        x = jax.make_array_from_callback((n,), NamedSharding(mesh, PartitionSpec("x")),
-                                         lambda index: values[index])  # fmt: skip
+        x = jax.make_array_from_callback(
+            (n,), NamedSharding(mesh, PartitionSpec("x")), lambda index: values[index]
+        )
         total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, PartitionSpec()))(x)
         return float(total.addressable_data(0))
 
@@ -101,11 +108,37 @@ def test_launch_ray_with_jobs_trains_by_reference_and_resumes_exactly(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     run, orbax = tmp_path / "run", tmp_path / "orbax"
-    cmd = [sys.executable, "-m", "scale.launch", "ray", "--preset", "fixture", "--set", "rl.steps=4",
-           "--set", "rl.checkpoint_every=2", "--set", "rl.prompts_per_step=4", "--set",
-           "rl.group_size=4", "--set", "engine.slots=16", "--weights", f"file://{tmp_path}/weights",
-           "--checkpoints", str(orbax), "--trainer-hosts", "2", "--cpu-devices", "2",
-           "--engine-mesh", "tensor=2", "--run-dir", str(run), "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "scale.launch",
+        "ray",
+        "--preset",
+        "fixture",
+        "--set",
+        "rl.steps=4",
+        "--set",
+        "rl.checkpoint_every=2",
+        "--set",
+        "rl.prompts_per_step=4",
+        "--set",
+        "rl.group_size=4",
+        "--set",
+        "engine.slots=16",
+        "--weights",
+        f"file://{tmp_path}/weights",
+        "--checkpoints",
+        str(orbax),
+        "--trainer-hosts",
+        "2",
+        "--cpu-devices",
+        "2",
+        "--engine-mesh",
+        "tensor=2",
+        "--run-dir",
+        str(run),
+        "--quiet",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["PYTHONPATH"] = str(root)
 
@@ -117,7 +150,9 @@ def test_launch_ray_with_jobs_trains_by_reference_and_resumes_exactly(tmp_path):
     _, first = launch()
     assert [r["step"] for r in first] == [1, 2, 3, 4]
     assert sorted(os.listdir(orbax)) == ["2", "4"] and sorted(os.listdir(run / "checkpoints")) == [
-        "step_00000002", "step_00000004"]  # fmt: skip
+        "step_00000002",
+        "step_00000004",
+    ]
     shutil.rmtree(run / "checkpoints" / "step_00000004")
     out, second = launch()
     assert "resumed" in out and "at step 2 (version 2)" in out
@@ -128,10 +163,19 @@ def test_launch_ray_with_jobs_trains_by_reference_and_resumes_exactly(tmp_path):
 
 
 def test_a_job_the_cluster_cannot_place_is_refused_naming_what_it_asked_for(two_nodes):
-    job = RayJob(Spmd, 2, name="big", options=[{"num_cpus": 1, "resources": {"TPU": 4}}] * 2,
-                 env=ENV, place_timeout_s=2)  # fmt: skip
+    job = RayJob(
+        Spmd,
+        2,
+        name="big",
+        options=[{"num_cpus": 1, "resources": {"TPU": 4}}] * 2,
+        env=ENV,
+        place_timeout_s=2,
+    )
     with pytest.raises(ValueError, match=r"big: the cluster could not place 2 processes .*TPU"):
         job.start()
     assert ray.util.placement_group_table() and not job.workers
-    assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values()
-               if g["name"] == "minirl-big")  # fmt: skip
+    assert all(
+        g["state"] == "REMOVED"
+        for g in ray.util.placement_group_table().values()
+        if g["name"] == "minirl-big"
+    )

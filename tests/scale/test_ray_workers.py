@@ -30,8 +30,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors cannot
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=CPUS, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)  # fmt: skip
+    ray.init(num_cpus=CPUS, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
@@ -70,7 +69,9 @@ def test_calls_run_in_order_carry_minirl_types_and_name_errors(cluster):
     assert worker.call("seen").result(60) == list(range(30))  # one at a time, in call order
     prompt = Prompt(7, "t", "hi", np.array([1, 2, 3], np.int32), {"answer": "4"})
     back = worker.call("echo", {"p": prompt, "x": np.arange(5.0)}).result(60)
-    assert isinstance(back["p"], Prompt) and back["p"].uid == 7 and back["p"].meta == {"answer": "4"}
+    assert (
+        isinstance(back["p"], Prompt) and back["p"].uid == 7 and back["p"].meta == {"answer": "4"}
+    )
     np.testing.assert_array_equal(back["x"], np.arange(5.0))
     with pytest.raises(WorkerError, match="counter: ValueError: bad input 42"):
         worker.call("fail").result(60)
@@ -79,7 +80,9 @@ def test_calls_run_in_order_carry_minirl_types_and_name_errors(cluster):
     assert worker.alive()
     worker.close()
     # a part that cannot be built is an error that says why, not a death to restart from
-    with pytest.raises(WorkerError, match="could not be built: ValueError: no such model directory"):
+    with pytest.raises(
+        WorkerError, match="could not be built: ValueError: no such model directory"
+    ):
         RayWorker(Unbuildable, name="broken").call("echo", 1).result(60)
 
 
@@ -128,13 +131,18 @@ def _rewards(run_dir):
 def reference(tmp_path_factory):
     """`minirl train` in this process: the run every Ray run must equal."""
     run_dir = tmp_path_factory.mktemp("inprocess")
-    Run(make_config("fixture", ["rl.steps=3", "rl.checkpoint_every=1"]), run_dir,
-        log=lambda *a: None, progress=False).train()  # fmt: skip
+    Run(
+        make_config("fixture", ["rl.steps=3", "rl.checkpoint_every=1"]),
+        run_dir,
+        log=lambda *a: None,
+        progress=False,
+    ).train()
     return run_dir
 
 
 def test_a_lockstep_run_on_ray_actors_with_two_engine_replicas_equals_the_in_process_run(
-        cluster, reference, tmp_path):
+    cluster, reference, tmp_path
+):
     """Engine x 2, trainer and verifier each in its own actor (process), the driver evaluating:
     the same rewards every step and the same final weights, bit for bit (the actors inherit the
     driver's XLA settings; sampling is keyed per prompt and sample, so which replica made a
@@ -154,7 +162,8 @@ def test_a_lockstep_run_on_ray_actors_with_two_engine_replicas_equals_the_in_pro
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["engine1", "trainer", "verifier"])
 def test_a_killed_actor_is_replaced_and_the_run_ends_where_an_undisturbed_one_does(
-        cluster, reference, tmp_path, victim):
+    cluster, reference, tmp_path, victim
+):
     """kill -9 one actor once the first step is logged. An engine replica: the controller
     restarts the replicas, reloads their weights and re-issues the requests. The verifier: it
     is restarted and asked again. The trainer: its state is gone, so the run goes back to the
@@ -189,8 +198,10 @@ def test_an_async_run_on_ray_actors_keeps_its_bounds_and_loses_nothing(cluster, 
     """The async scheduler over Ray: the rollout thread drives two engine actors while the
     trainer actor trains; eta and k hold on every step, every issued prompt is accounted for
     and none is trained twice."""
-    cfg = make_config("fixture", ["rl.steps=4", "rl.checkpoint_every=2", "rl.scheduler=async",
-                                  "rl.eta=1", "rl.max_lag=2"])  # fmt: skip
+    cfg = make_config(
+        "fixture",
+        ["rl.steps=4", "rl.checkpoint_every=2", "rl.scheduler=async", "rl.eta=1", "rl.max_lag=2"],
+    )
     placement = RayPlacement(engines=2)
     Run(cfg, tmp_path, log=lambda *a: None, progress=False, placement=placement).train()
     placement.close()
@@ -198,7 +209,9 @@ def test_an_async_run_on_ray_actors_keeps_its_bounds_and_loses_nothing(cluster, 
 
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
-    assert all(r["lag/mean"] <= 1 for r in records)  # lag - 1 <= k - 1 (the loop asserts k per batch)
+    assert all(
+        r["lag/mean"] <= 1 for r in records
+    )  # lag - 1 <= k - 1 (the loop asserts k per batch)
     ckpt = CheckpointManager(tmp_path).restore()
     from minirl.workers import from_plain
 
@@ -208,16 +221,27 @@ def test_an_async_run_on_ray_actors_keeps_its_bounds_and_loses_nothing(cluster, 
     trained = ctl["trained_uids"]
     assert len(set(trained)) == len(trained), "a prompt was trained on twice"
     issued = ctl["mixture"]["position"]
-    assert issued == (c["groups_trained"] + c["groups_stale"] + c["groups_filtered"]
-                      + len(ctl["buffer"]) + len(ctl["in_flight"]))  # fmt: skip
+    assert issued == (
+        c["groups_trained"]
+        + c["groups_stale"]
+        + c["groups_filtered"]
+        + len(ctl["buffer"])
+        + len(ctl["in_flight"])
+    )
 
 
 def test_launch_ray_refuses_malformed_flags_and_an_unreachable_cluster_in_one_line(capsys):
     from scale.launch import main
 
-    for bad in (["--resource", "engine:TPU"], ["--resource", "driver:TPU=4"], ["--engines", "0"],
-                ["--address", "127.0.0.1:1"], ["--address", "nohost"],  # no cluster, not host:port
-                ["--checkpoints", "/tmp/x"], ["--engine-cores", "99"]):  # fmt: skip
+    for bad in (
+        ["--resource", "engine:TPU"],
+        ["--resource", "driver:TPU=4"],
+        ["--engines", "0"],
+        ["--address", "127.0.0.1:1"],
+        ["--address", "nohost"],  # no cluster, not host:port
+        ["--checkpoints", "/tmp/x"],
+        ["--engine-cores", "99"],
+    ):
         with pytest.raises(SystemExit) as exit_:
             main(["ray", "--preset", "fixture", *bad])
         assert exit_.value.code == 2
@@ -235,14 +259,31 @@ def test_launch_ray_trains_on_a_local_cluster_and_resumes(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "scale.launch", "ray", "--preset", "fixture", "--engines", "2",
-           "--run-dir", str(run), "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "scale.launch",
+        "ray",
+        "--preset",
+        "fixture",
+        "--engines",
+        "2",
+        "--run-dir",
+        str(run),
+        "--quiet",
+    ]
     env = {**os.environ, "PYTHONPATH": str(root)}
     for steps in (2, 3):
-        r = subprocess.run([*cmd, "--set", f"rl.steps={steps}"], cwd=root, env=env,
-                           capture_output=True, text=True, timeout=600)  # fmt: skip
+        r = subprocess.run(
+            [*cmd, "--set", f"rl.steps={steps}"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
-        assert json.loads(r.stdout[r.stdout.index("{"):])["run_dir"] == str(run)
+        assert json.loads(r.stdout[r.stdout.index("{") :])["run_dir"] == str(run)
     records = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [r["step"] for r in records] == [1, 2, 3]
 
@@ -257,11 +298,32 @@ def test_a_killed_driver_resumes_and_ends_where_an_undisturbed_run_does(referenc
 
     root = Path(__file__).resolve().parents[2]
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "scale.launch", "ray", "--preset", "fixture", "--engines", "2",
-           "--set", "rl.steps=3", "--set", "rl.checkpoint_every=1", "--run-dir", str(run), "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "scale.launch",
+        "ray",
+        "--preset",
+        "fixture",
+        "--engines",
+        "2",
+        "--set",
+        "rl.steps=3",
+        "--set",
+        "rl.checkpoint_every=1",
+        "--run-dir",
+        str(run),
+        "--quiet",
+    ]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    first = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    first = subprocess.Popen(
+        cmd,
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     while not (run / "metrics.jsonl").exists() and time.time() < deadline and first.poll() is None:
         time.sleep(0.05)

@@ -101,9 +101,11 @@ def test_bytes_by_reference_vs_by_value(tmp_path, make_rollout):
             if not by_value:
                 assert client.stats["upload_bytes"] == test_bytes  # each file exactly once
     (ref1, ref2), (val1, val2) = sent[False], sent[True]
-    print(f"\n32 rollouts/epoch, 4 problems, {test_bytes / 1e3:.0f} KB of tests: by reference "
-          f"{ref1 / 1e3:.1f} KB (epoch 1, with the one-time upload), {ref2 / 1e3:.1f} KB (epoch 2); "
-          f"by value {val2 / 1e3:.1f} KB per epoch: {val2 / ref2:.0f}x more")  # fmt: skip
+    print(
+        f"\n32 rollouts/epoch, 4 problems, {test_bytes / 1e3:.0f} KB of tests: by reference "
+        f"{ref1 / 1e3:.1f} KB (epoch 1, with the one-time upload), {ref2 / 1e3:.1f} KB (epoch 2); "
+        f"by value {val2 / 1e3:.1f} KB per epoch: {val2 / ref2:.0f}x more"
+    )
     assert val1 == val2 and ref2 < ref1
     assert val2 > 20 * ref2  # each request of 8 carries 4 test files by value
 
@@ -205,8 +207,12 @@ def test_data_the_client_cannot_provide_zeroes_only_its_rollouts(tmp_path, make_
     with VerifierService(_Echo(), TestRepository(tmp_path / "remote"), TOKEN) as service:
         client = RemoteVerifier(service.url, TOKEN, repository=repo, config=FAST_RETRIES)
         scores = client.score([make_rollout("abc", meta1), make_rollout("abcd", unknown)])
-        status, reply = raw(service.url, "POST", "/score", json.dumps(
-            {"items": [{"task": "t", "text": "", "meta": unknown}]}).encode())  # fmt: skip
+        status, reply = raw(
+            service.url,
+            "POST",
+            "/score",
+            json.dumps({"items": [{"task": "t", "text": "", "meta": unknown}]}).encode(),
+        )
     assert scores[0] == Score(3.0, "echo")
     assert scores[1].reward == 0.0 and "not in the local repository" in scores[1].reason
     assert status == 404 and reply["missing"] == ["f" * 64]

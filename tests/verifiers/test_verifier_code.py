@@ -22,7 +22,9 @@ from minirl.verifiers import (
     verify_request,
 )
 
-FAST = Limits(cpu_s=1.0, wall_s=4.0)  # wall room for interpreter start-up on a loaded 2-core machine
+FAST = Limits(
+    cpu_s=1.0, wall_s=4.0
+)  # wall room for interpreter start-up on a loaded 2-core machine
 ADD_TESTS = [TestCase("1 2\n", "3\n"), TestCase("5 7\n", "12\n"), TestCase("-4 4\n", "0\n")]
 ADD_PY = "a, b = map(int, input().split())\nprint(a + b)\n"
 
@@ -31,7 +33,11 @@ ADD_PY = "a, b = map(int, input().split())\nprint(a + b)\n"
     "code,verdict,passed",
     [
         (ADD_PY, Verdict.ACCEPTED, 3),
-        ("a, b = map(int, input().split())\nprint(a * b if a == 1 else a + b)\n", Verdict.WRONG_ANSWER, 0),
+        (
+            "a, b = map(int, input().split())\nprint(a * b if a == 1 else a + b)\n",
+            Verdict.WRONG_ANSWER,
+            0,
+        ),
         ("a, b = map(int, input().split())\nprint(abs(a) + b)\n", Verdict.WRONG_ANSWER, 2),
         ("while True:\n    pass\n", Verdict.TIME_LIMIT, 0),
         ("import time\ntime.sleep(30)\n", Verdict.TIME_LIMIT, 0),
@@ -41,7 +47,7 @@ ADD_PY = "a, b = map(int, input().split())\nprint(a + b)\n"
         ("x = bytearray(10**10)\n", Verdict.MEMORY_LIMIT, 0),
         ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", Verdict.OUTPUT_LIMIT, 0),
     ],
-)  # fmt: skip
+)
 def test_python_verdicts(code, verdict, passed):
     result = run_tests(code, ADD_TESTS, FAST)
     assert result.passed == passed

@@ -33,8 +33,12 @@ def mode():
 
 
 def hostile_programs(tmp_path, repo_file: str, port: int, marker: str) -> dict[str, str]:
-    outside = [str(tmp_path / f"escape-{marker}"), f"/var/tmp/escape-{marker}", f"../../escape-{marker}",
-               f"/escape-{marker}"]  # fmt: skip
+    outside = [
+        str(tmp_path / f"escape-{marker}"),
+        f"/var/tmp/escape-{marker}",
+        f"../../escape-{marker}",
+        f"/escape-{marker}",
+    ]
     programs = {
         "infinite loop": "while True:\n    pass",
         "sleep past the limit": "import time\ntime.sleep(60)\nprint('pwned')",
@@ -111,8 +115,12 @@ def test_hostile_programs_are_contained(tmp_path, repo, make_rollout, wait_no_st
     names = list(programs)
     rollouts = [make_rollout(f"```python\n{programs[n]}\n```", {"tests": tests}) for n in names]
     config = CodeVerifierConfig(limits=Limits(cpu_s=1.0, wall_s=2.0), sandbox=sandbox)
-    outside = [tmp_path / f"escape-{marker}", f"/var/tmp/escape-{marker}", f"/escape-{marker}",
-               f"/tmp/escape-{marker}"]  # fmt: skip
+    outside = [
+        tmp_path / f"escape-{marker}",
+        f"/var/tmp/escape-{marker}",
+        f"/escape-{marker}",
+        f"/tmp/escape-{marker}",
+    ]
     try:
         with VerifierPool(
             CodeVerifier(repo, config), PoolConfig(workers=2, item_timeout_s=20)

@@ -129,7 +129,7 @@ def test_equivalence_table(candidate, reference, expected):
         ("x^2 - 1", "(x-1)(x+1)", True),
         ("x+1", "x-1", False),
         ("\\frac{x}{2}", "x/3", False),
-    ],  # fmt: skip
+    ],
 )
 def test_symbolic_without_sympy_uses_the_numeric_probe(candidate, reference, expected):
     assert math_equal(candidate, reference, use_sympy=False) is expected
@@ -249,19 +249,37 @@ def test_hostile_answers_are_just_wrong(answer):
 
 # Verdicts must come in bounded time, in-process: nothing may build 10^99999999 or scan a long
 # text once per brace. The bound is generous (each takes milliseconds); it catches hangs.
-HUGE_NUMBERS = ["1e99999999", "1e-99999999", "1e9999999", "9^9^9^9", "9^{9^{9^{9}}}",
-                "10^{10^{10}}", "2**99999999", "x^{10^{10}}", "(10^{1000})^{1000}",
-                "x+((10^{1000})^{1000})^{1000}"]  # fmt: skip
+HUGE_NUMBERS = [
+    "1e99999999",
+    "1e-99999999",
+    "1e9999999",
+    "9^9^9^9",
+    "9^{9^{9^{9}}}",
+    "10^{10^{10}}",
+    "2**99999999",
+    "x^{10^{10}}",
+    "(10^{1000})^{1000}",
+    "x+((10^{1000})^{1000})^{1000}",
+]
+
+
+# A guard against hangs and quadratic work, not a speed test: before the fix these inputs took
+# 6 s to forever; now milliseconds (0.17 s at most) on a quiet machine, so 3 s leaves room for
+# a loaded CI runner.
+HANG_GUARD_S = 3.0
 
 
 @pytest.mark.parametrize("answer", HUGE_NUMBERS)
 def test_huge_numbers_get_a_verdict_at_once(answer):
     _import_sympy()  # the one-time import is not part of a verdict
-    for candidate, reference, expected in [(answer, "5", False), ("5", answer, False),
-                                           (answer, answer, True)]:  # fmt: skip
+    for candidate, reference, expected in [
+        (answer, "5", False),
+        ("5", answer, False),
+        (answer, answer, True),
+    ]:
         start = time.monotonic()
         assert math_equal(candidate, reference) is expected
-        assert time.monotonic() - start < 1.0
+        assert time.monotonic() - start < HANG_GUARD_S
 
 
 LONG_TEXTS = {
@@ -289,7 +307,7 @@ def test_long_texts_get_a_verdict_at_once(name, make_rollout):
     ]:
         start = time.monotonic()
         call()
-        assert time.monotonic() - start < 1.0
+        assert time.monotonic() - start < HANG_GUARD_S
 
 
 @pytest.mark.parametrize(
@@ -351,7 +369,7 @@ def test_brace_pairs_agrees_with_match_brace():
         ("10\\%", "10"),
         ("3 meters", "3"),
         ("(C)", "C"),
-    ],  # fmt: skip
+    ],
 )
 def test_normalize_answer(raw, normal):
     assert normalize_answer(raw) == normal
@@ -475,9 +493,14 @@ def test_format_reward_goes_to_wrong_but_found_answers(make_rollout):
         MathVerifierConfig(backend="sympy")
 
 
-CHECKS = [("so \\boxed{\\dfrac{1}{2}}", "0.5", 1.0), ("#### 1,234", "1234", 1.0),
-          ("the answer is \\boxed{\\{3, 1\\}}", "\\{1,3\\}", 1.0), ("\\boxed{x = 4}", "4", 1.0),
-          ("\\boxed{5}", "4", 0.0), ("no idea", "4", 0.0)]
+CHECKS = [
+    ("so \\boxed{\\dfrac{1}{2}}", "0.5", 1.0),
+    ("#### 1,234", "1234", 1.0),
+    ("the answer is \\boxed{\\{3, 1\\}}", "\\{1,3\\}", 1.0),
+    ("\\boxed{x = 4}", "4", 1.0),
+    ("\\boxed{5}", "4", 0.0),
+    ("no idea", "4", 0.0),
+]
 
 
 @pytest.mark.parametrize("backend", ["builtin", "math_verify"])
@@ -503,8 +526,9 @@ def test_math_verify_refuses_off_the_main_thread_and_runs_in_the_pool(make_rollo
     assert out[0].reward == 0.0 and "main thread" in out[0].reason  # zero, and why
     # Pool workers score in their own main thread: math-verify's timeouts work there, and an
     # answer that would hang it (a power tower) costs only its item, bounded by the timeouts.
-    hostile = make_rollout("\\boxed{9^{9^{9^{9^{9^{9^{9}}}}}}} and " + "{" * 30 + "}" * 30,
-                           {"answer": "1"})
+    hostile = make_rollout(
+        "\\boxed{9^{9^{9^{9^{9^{9^{9}}}}}}} and " + "{" * 30 + "}" * 30, {"answer": "1"}
+    )
     with VerifierPool(verifier, PoolConfig(workers=1, item_timeout_s=20)) as pool:
         t0 = time.perf_counter()
         scores = pool.score([*rollouts, hostile])

@@ -67,8 +67,17 @@ def test_environment_is_scrubbed():
         del os.environ["MINIRL_TEST_SECRET"]
     names = ast.literal_eval(result.stdout.decode())
     assert "MINIRL_TEST_SECRET" not in names
-    assert set(names) <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONHASHSEED",
-                          "PYTHONIOENCODING", "MINIRL_SANDBOX", "LC_CTYPE"}  # fmt: skip
+    assert set(names) <= {
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "LANG",
+        "LC_ALL",
+        "PYTHONHASHSEED",
+        "PYTHONIOENCODING",
+        "MINIRL_SANDBOX",
+        "LC_CTYPE",
+    }
 
 
 def test_hash_seed_is_fixed_so_output_is_deterministic():
@@ -118,8 +127,11 @@ def test_none_mode_still_limits_time_and_never_runs_as_root():
         [python_interpreter(config), "-S", "-c", "import os; print(os.getuid())"], config=config
     )
     assert int(ok.stdout) != 0 and (int(ok.stdout) == os.getuid() or os.geteuid() == 0)
-    slow = run_sandboxed([python_interpreter(config), "-S", "-c", "while 1: pass"], config=config,
-                         limits=Limits(cpu_s=0.5, wall_s=1.0))  # fmt: skip
+    slow = run_sandboxed(
+        [python_interpreter(config), "-S", "-c", "while 1: pass"],
+        config=config,
+        limits=Limits(cpu_s=0.5, wall_s=1.0),
+    )
     assert slow.status(Limits(cpu_s=0.5)) == "time limit"
 
 

@@ -242,8 +242,9 @@ def generate_rollouts(cfg, params, prompts: int, samples: int) -> tuple[list[Rol
 
     tokenizer = CharTokenizer()
     task = get_task(cfg.task.name, **cfg.task.args)
-    engine_cfg = dataclasses.replace(cfg.engine, exact=False, dtype=None,
-                                     eos_ids=cfg.engine.eos_ids or tokenizer.eos_ids)  # fmt: skip
+    engine_cfg = dataclasses.replace(
+        cfg.engine, exact=False, dtype=None, eos_ids=cfg.engine.eos_ids or tokenizer.eos_ids
+    )
     engine = Engine(cfg.model, engine_cfg, seed=cfg.rl.seed)
     engine.load_weights(0, params)
     chosen = Mixture({task.name: task}, seed=cfg.rl.seed).next_prompts(prompts)

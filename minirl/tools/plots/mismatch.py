@@ -69,8 +69,11 @@ def plot_mismatch(run_dirs, labels=None, out=None) -> Path:
     if not fig5 and not other:
         where = ", ".join(str(r) for r in runs)
         return message(path, "mismatch", f"no '<prefix>/mean_abs_dlogp' keys in {where}")
-    extras = [s for s in ("kl_k3", "greedy_flip_fraction")
-              if any(has_key(rec, f"{p}/{s}") for _, rec, p in other)]  # fmt: skip
+    extras = [
+        s
+        for s in ("kl_k3", "greedy_flip_fraction")
+        if any(has_key(rec, f"{p}/{s}") for _, rec, p in other)
+    ]
     fig, axes = grid(bool(fig5) + bool(other) + len(extras), ncols=1, size=(9.0, 3.4))
     axes = list(axes)
     if fig5:
