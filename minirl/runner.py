@@ -505,6 +505,16 @@ class StepRecorder:
         self.trackers.close()
 
 
+def summary_json(run_dir, summary: dict) -> str:
+    """What `minirl train` prints at the end: held-out before / after and the RL time."""
+    keep = {
+        "before": summary["before"],
+        "after": summary["after"],
+        "rl_seconds": round(summary["rl_seconds"], 1),
+    }
+    return json.dumps({"run_dir": str(run_dir), **keep}, indent=2)
+
+
 def write_json(run_dir, name: str, data) -> None:
     """`run_dir/name` as indented JSON, atomically (hashed_files.atomic_write)."""
     atomic_write(Path(run_dir) / name, json.dumps(data, indent=2, default=float).encode())

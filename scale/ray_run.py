@@ -28,7 +28,6 @@ arrays through the driver's weight store to each engine actor: fine for models o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 from pathlib import Path
@@ -179,7 +178,7 @@ def run(args) -> None:
     import ray
 
     from minirl.config import config_from_args, default_run_dir
-    from minirl.runner import Run
+    from minirl.runner import Run, summary_json
     from scale.roles import role_config
 
     placement = placement_from_args(args)  # flags checked before anything starts
@@ -214,17 +213,7 @@ def run(args) -> None:
     finally:
         placement.close()
         ray.shutdown()
-    print(
-        json.dumps(
-            {
-                "run_dir": str(run_dir),
-                "before": summary["before"],
-                "after": summary["after"],
-                "rl_seconds": round(summary["rl_seconds"], 1),
-            },
-            indent=2,
-        )
-    )
+    print(summary_json(run_dir, summary))
 
 
 def _reachable(address: str, timeout_s: float = 10.0) -> None:

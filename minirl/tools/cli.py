@@ -41,7 +41,7 @@ from minirl.configlib import ConfigError, describe, override, to_dict
 
 
 def cmd_train(args) -> int:
-    from minirl.runner import Run
+    from minirl.runner import Run, summary_json
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -61,17 +61,7 @@ def cmd_train(args) -> int:
         cfg = config_from_args(args)
         run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     summary = Run(cfg, run_dir, progress=not args.quiet).train(resume=True, force=args.force)
-    print(
-        json.dumps(
-            {
-                "run_dir": str(run_dir),
-                "before": summary["before"],
-                "after": summary["after"],
-                "rl_seconds": round(summary["rl_seconds"], 1),
-            },
-            indent=2,
-        )
-    )
+    print(summary_json(run_dir, summary))
     print(f"dashboard: {_plot(run_dir)}")
     return 0
 
