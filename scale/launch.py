@@ -37,7 +37,6 @@ address with `wait_for_output(proc, r"on (http://\\S+)")`.
 
 Simplified on purpose: the controller loop runs lockstep scheduling without evaluation passes
 (the by-value `ray` run without --weights is `minirl train` itself: async, evaluations).
-An earlier version served these roles over a home-made TCP protocol; Ray replaced it.
 """
 
 from __future__ import annotations
