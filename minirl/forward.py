@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from minirl.model import ModelConfig, abstract_model, token_entropy, token_logprobs
@@ -114,6 +115,24 @@ def forward_fn(s: ForwardSpec):
             s, params, tokens, targets, remat=False
         )[0]
     )
+
+
+@functools.lru_cache(maxsize=32)
+def training_forward_fn(s: ForwardSpec):
+    """jit of (params, tokens, targets) -> log-probs [R, Tb] as the training step computes them:
+    inside `jax.value_and_grad`, with the spec's remat policy (the gradient's norm is returned
+    too, or XLA would drop the backward pass and the remat with it). For diagnosing what the
+    training forward itself changes (minirl diagnose's "training forward" rows)."""
+
+    def run(params, tokens, targets):
+        def total(p):
+            logp = logprobs_and_logits(s, p, tokens, targets, remat=True)[0]
+            return jnp.sum(logp), logp
+
+        (_, logp), grads = jax.value_and_grad(total, has_aux=True)(params)
+        return logp, optax.tree.norm(grads)
+
+    return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=32)

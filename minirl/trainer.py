@@ -77,7 +77,13 @@ from flax import nnx
 from minirl import microbatch as mbt
 from minirl import optimizer
 from minirl.diagnostics import first_update_dlogp
-from minirl.forward import REMAT_POLICIES, ForwardSpec, accumulate_fn, forward_fn
+from minirl.forward import (
+    REMAT_POLICIES,
+    ForwardSpec,
+    accumulate_fn,
+    forward_fn,
+    training_forward_fn,
+)
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
 from minirl.model import ModelConfig, abstract_model
 from minirl.optimizer import learning_rate
@@ -337,8 +343,15 @@ class Trainer:
             mbt.scatter(logp, mb, out)
         return out
 
-    def _logprobs(self, params, batch: Batch, plan) -> np.ndarray:
-        fn = forward_fn(self._spec)
+    def training_forward_logprobs(self, batch: Batch) -> np.ndarray:
+        """log pi(targets) as the training step's forward computes them (under the gradient,
+        with remat), in the trainer's micro-batches: [B, T] float32, 0 where the mask is 0."""
+        self._check_batch(batch)
+        fn = training_forward_fn(self._spec)
+        return self._logprobs(self._params, batch, self._plan(batch), lambda *a: fn(*a)[0])
+
+    def _logprobs(self, params, batch: Batch, plan, fn=None) -> np.ndarray:
+        fn = fn or forward_fn(self._spec)
         results = [
             fn(params, self._rows(batch.tokens, mb), self._rows(batch.targets, mb)) for mb in plan
         ]

@@ -555,3 +555,19 @@ def test_reinforce_raises_the_logprob_of_rewarded_completions(params):
         trainer.train_step(on_policy, prox_logp=prox)
     end = trainer.recompute_logprobs(batch)[:, 1]
     assert (end[good] > start[good] + 0.5).all() and (end[bad] < start[bad] - 0.5).all()
+
+
+@pytest.mark.parametrize("remat", ["none", "dots"])
+def test_training_forward_logprobs_equal_the_recompute_in_exact_mode(params, batch, remat):
+    """The training step's forward (under the gradient, with remat) computes the same numbers
+    as the recompute when every reduction has a fixed order: minirl diagnose relies on it."""
+    trainer = Trainer(
+        CFG,
+        params,
+        None,
+        TrainerConfig(micro_batch_tokens=512, remat=remat),
+        sampling=Sampling(0.7, exact=True),
+    )
+    got = trainer.training_forward_logprobs(batch)
+    np.testing.assert_array_equal(got, trainer.recompute_logprobs(batch))
+    assert np.count_nonzero(got) == np.count_nonzero(batch.mask)

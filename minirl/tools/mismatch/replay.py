@@ -11,9 +11,10 @@ only in passing:
                           only close to them (the engine batches other rows beside each one)
   train_forward_logprobs  the training step's forward: the trainer's own forward under
                           `jax.value_and_grad`, with its remat policy and micro-batches
+                          (`Trainer.training_forward_logprobs`)
 
 Simplified on purpose: the training forward differentiates a stand-in loss (the sum of the
-counted log-probs), not the run's objective, so XLA may fuse its backward pass differently from a
+log-probs), not the run's objective, so XLA may fuse its backward pass differently from a
 real step's (minirl/trainer.py logs the real step's first-update log-probs against the recompute
 and the engine every step: train/dlogp_recompute/*, train/dlogp_no_recompute/*).
 """
@@ -26,14 +27,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
-from minirl import microbatch as mbt
-from minirl.forward import ForwardSpec, logprobs_and_logits
 from minirl.model import KVCache, ModelConfig, abstract_model, token_logprobs
 from minirl.sampling import Sampling
-from minirl.trainer import TrainerConfig
+from minirl.trainer import Trainer, TrainerConfig
 from minirl.types import Batch
 
 # ---------------------------------------------------------------------------------------------
@@ -140,40 +138,11 @@ def decode_logprobs(
 # The training forward: the trainer's own forward, under value_and_grad, with its remat policy
 
 
-@functools.lru_cache(maxsize=16)
-def _train_forward_fn(s: ForwardSpec):
-    def run(params, tokens, targets, mask):
-        def loss(p):
-            logp = logprobs_and_logits(s, p, tokens, targets, remat=True)[0]  # [R, Tb]
-            return jnp.sum(jnp.where(mask > 0, logp, 0.0)), logp
-
-        (_, logp), grads = jax.value_and_grad(loss, has_aux=True)(params)
-        # Return something of the gradient, or XLA drops the backward pass and the remat with it.
-        return logp, optax.tree.norm(grads)
-
-    return jax.jit(run)
-
-
 def train_forward_logprobs(
     model_cfg: ModelConfig, params, batch: Batch, cfg: TrainerConfig, sampling: Sampling
 ) -> np.ndarray:
     """log pi_theta of `batch.targets` as the training step's forward computes it (its remat
     policy, its micro-batches, inside `jax.value_and_grad`) under `sampling` (scoring form):
-    [B, T] float32, 0 off the mask."""
-    fn = _train_forward_fn(ForwardSpec(model_cfg, sampling, cfg.remat))
-    plan = mbt.pack_rows(
-        mbt.row_lengths(batch.mask),
-        cfg.micro_batch_tokens,
-        cfg.bucket_minimum,
-        max_length=batch.tokens.shape[1],
-    )
-    out = np.zeros(batch.mask.shape, np.float32)  # [B, T]
-    for mb in plan:
-        logp, _ = fn(
-            params,
-            mbt.gather(batch.tokens, mb),
-            mbt.gather(batch.targets, mb),
-            mbt.gather(batch.mask, mb),
-        )
-        mbt.scatter(np.asarray(logp), mb, out)
-    return np.where(batch.mask > 0, out, 0.0).astype(np.float32)
+    [B, T] float32, 0 off the mask. The trainer's own code: `Trainer.training_forward_logprobs`."""
+    trainer = Trainer(model_cfg, params, None, cfg, sampling=sampling)
+    return trainer.training_forward_logprobs(batch)
