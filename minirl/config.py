@@ -26,7 +26,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from minirl.configlib import ConfigError, from_dict, override, read_json_object
+from minirl.configlib import ConfigError, override
 from minirl.engine import EngineConfig
 from minirl.model import ModelConfig
 from minirl.tokenizer import CharTokenizer
@@ -478,21 +478,3 @@ def default_run_dir(cfg) -> Path:
     if cfg.task.name == FILE_TASK:
         return Path("runs") / Path(cfg.data.train).stem
     return Path("runs") / cfg.task.name
-
-
-def load_config(run_dir) -> RunConfig:
-    """The RunConfig a run directory was written with; a missing, damaged or hand-edited
-    config.json that no longer holds a valid config is a ConfigError naming the file."""
-    path = Path(run_dir) / "config.json"
-    data = read_json_object(path)
-    if data is None:
-        raise ConfigError(f"{path} does not exist (not a minirl run directory)")
-    if not isinstance(data.get("config"), dict) or not isinstance(data.get("hash"), str):
-        raise ConfigError(
-            f"{path} must hold {{'hash': str, 'config': {{...}}}} as minirl wrote "
-            "it; it was changed by hand or damaged"
-        )
-    try:
-        return from_dict(RunConfig, data["config"]).check()
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None

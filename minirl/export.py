@@ -32,8 +32,8 @@ def export_run(
     run_dir, out, step: int | None = None, dtype: str | None = None, force: bool = False
 ) -> Path:
     """Write the checkpoint of `step` (default: the latest) of the run in `run_dir` to `out`."""
-    from minirl.config import load_config
     from minirl.inputs import load_tokenizer
+    from minirl.run_dir import load_config
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").exists():

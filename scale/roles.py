@@ -59,7 +59,7 @@ class TrainerRole:
         self._dirty = True
 
     # Trainer-side checkpoints (--checkpoints): every process writes and reads its own shards;
-    # the controller's checkpoint holds only a reference (minirl.runner.save_checkpoint).
+    # the controller's checkpoint holds only a reference (minirl.run_dir.save_checkpoint).
 
     def checkpoint_directory(self) -> str | None:
         return None if self.checkpoints is None else self.checkpoints.directory
@@ -250,20 +250,20 @@ def drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
     """The controller's loop over engine, trainer and verifier workers (Ray jobs): open or
     resume the run directory (locked meanwhile), publish the start by reference, train,
     checkpoint, summarize."""
-    from minirl.runner import lock_run_dir
+    from minirl.run_dir import lock_run_dir
 
     with lock_run_dir(args.run_dir):
         return _drive(args, cfg, tokenizer, task, engine, trainer, verifier)
 
 
 def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
-    from minirl import runner
+    from minirl import run_dir
     from minirl.controller import Controller
     from minirl.data.mixture import Mixture
     from minirl.inputs import train_prompts
     from scale.tensorstore_weights import TensorStoreWeightStore
 
-    ckpts, restored = runner.open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
+    ckpts, restored = run_dir.open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
     store = ReferenceStore(TensorStoreWeightStore(args.weights, keep=args.keep))
     controller = Controller(
         cfg,
@@ -277,10 +277,10 @@ def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
     )
     trainer_side = trainer.call("checkpoint_directory").result() is not None
     if restored is not None:
-        runner.restore_run(
+        run_dir.restore_run(
             restored, controller, args.run_dir
         )  # the trainer job loads the checkpoint
-        runner.record_config(cfg, args.run_dir)
+        run_dir.record_config(cfg, args.run_dir)
         print(
             f"resumed {args.run_dir} at step {controller.counters.steps} "
             f"(version {controller.counters.version})",
@@ -292,7 +292,7 @@ def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
     store.put(first.version, first)
     engine.call("load_weights", first.version, first).result()
     c.engine_version = first.version
-    record = runner.StepRecorder(cfg, args.run_dir, ckpts, controller, trainer_side=trainer_side)
+    record = run_dir.StepRecorder(cfg, args.run_dir, ckpts, controller, trainer_side=trainer_side)
     t0 = time.perf_counter()
     while c.steps < cfg.rl.steps:
         m = controller.step()
@@ -311,6 +311,6 @@ def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
         "weights": store.versions(),
         "verifier": scored,
     }
-    runner.write_json(args.run_dir, "summary.json", summary)
+    run_dir.write_json(args.run_dir, "summary.json", summary)
     print(f"done: {json.dumps(summary)}", flush=True)
     return summary

@@ -89,7 +89,7 @@ class CheckedLock:
 
 
 def test_every_issued_prompt_is_in_flight_whenever_a_snapshot_could_be_taken():
-    """A checkpoint is a snapshot taken under the controller's lock (runner.save_checkpoint).
+    """A checkpoint is a snapshot taken under the controller's lock (run_dir.save_checkpoint).
     Whenever the rollout thread lets go of the lock, every prompt the mixture has issued must be
     in flight (nothing is buffered here): a prompt a snapshot saw neither buffered nor in flight
     would never be trained by a resumed run (a race an async kill-and-resume test once hit)."""

@@ -10,7 +10,8 @@ from minirl.config import EvalConfig, RLConfig, SFTConfig, TaskSpec, make_config
 from minirl.configlib import ConfigError
 from minirl.controller import Counters
 from minirl.metrics_log import read_metrics
-from minirl.runner import Run, checkpoint_due, open_run_dir
+from minirl.run_dir import checkpoint_due, open_run_dir
+from minirl.runner import Run
 from minirl.trees import assert_trees_equal
 
 

@@ -16,7 +16,8 @@ import pytest
 from minirl.checkpoints import CheckpointManager
 from minirl.config import make_config
 from minirl.metrics_log import truncate_metrics
-from minirl.runner import Run, lock_run_dir
+from minirl.run_dir import lock_run_dir
+from minirl.runner import Run
 from minirl.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +62,7 @@ def test_a_second_writer_is_refused_and_a_killed_one_releases_the_lock(run_copy,
         [
             sys.executable,
             "-c",
-            "import sys, time; from minirl.runner import lock_run_dir\n"
+            "import sys, time; from minirl.run_dir import lock_run_dir\n"
             "with lock_run_dir(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)",
             str(run_copy),
         ],

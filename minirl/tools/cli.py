@@ -35,9 +35,9 @@ from minirl.config import (
     config_from_args,
     default_run_dir,
     input_overrides,
-    load_config,
 )
 from minirl.configlib import ConfigError, describe, override, to_dict
+from minirl.run_dir import load_config
 
 
 def cmd_train(args) -> int:
