@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minirl.config import add_config_arguments, config_from_args
+from minirl.config_args import add_config_arguments, config_from_args
 from minirl.controller import Controller
 from minirl.data.mixture import Mixture
 from minirl.losses import get_preset

@@ -34,7 +34,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from minirl.config import add_config_arguments
+    from minirl.config_args import add_config_arguments
 
     add_config_arguments(p)
     p.add_argument(
@@ -159,7 +159,7 @@ def remote_verifier(args):
     (program_synthesis) uploads it from its repository the first time the service asks."""
     if not args.verifier_url:
         return None
-    from minirl.config import config_from_args
+    from minirl.config_args import config_from_args
     from minirl.data import get_task
     from minirl.workers import InProcessWorker
     from scale.remote_verifier import RemoteVerifier
@@ -177,7 +177,7 @@ def remote_verifier(args):
 def run(args) -> None:
     import ray
 
-    from minirl.config import config_from_args, default_run_dir
+    from minirl.config_args import config_from_args, default_run_dir
     from minirl.runner import Run, summary_json
     from scale.roles import role_config
 

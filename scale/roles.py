@@ -170,7 +170,7 @@ def role_config(args):
     """(config, tokenizer, task) of a role, from the same flags `minirl train` takes (--preset,
     --set, --model DIR, --data FILE): every role builds the same tokenizer from the model
     directory, so ids and EOS agree across hosts."""
-    from minirl.config import config_from_args
+    from minirl.config_args import config_from_args
     from minirl.configlib import override
     from minirl.inputs import load_tokenizer, make_task
 

@@ -170,7 +170,7 @@ def main() -> None:
     files = sorted(f.name for f in base.iterdir() if f.is_file())
     print(f"\nStep 1. {stamp()} the base model directory: {', '.join(files)}")
 
-    from minirl.config import config_from_args
+    from minirl.config_args import config_from_args
     from minirl.tools.cli import build_parser
 
     data = base / "data"

@@ -30,7 +30,7 @@ import json
 import sys
 from pathlib import Path
 
-from minirl.config import (
+from minirl.config_args import (
     add_config_arguments,
     config_from_args,
     default_run_dir,

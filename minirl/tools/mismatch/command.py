@@ -16,7 +16,7 @@ import time
 
 import jax
 
-from minirl.config import add_config_arguments, config_from_args
+from minirl.config_args import add_config_arguments, config_from_args
 from minirl.tools.mismatch.table import diagnose, format_table, source_names
 
 DESCRIPTION = (
