@@ -46,8 +46,8 @@ from multiprocess.connection import wait
 
 from minirl.types import Rollout, Score
 from minirl.verifiers.base import Verifier
+from minirl.verifiers.child_io import remove_tree
 from minirl.verifiers.isolation import kill_thread_sandboxes
-from minirl.verifiers.sandbox import remove_tree
 
 
 @dataclasses.dataclass(frozen=True)

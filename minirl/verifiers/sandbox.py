@@ -65,11 +65,10 @@ process of the user; RLIMIT_AS counts virtual memory, which over-counts for runt
 site, no .pyc; not `-I`, because -I implies -E, which would ignore our PYTHONHASHSEED=0 (the
 environment is ours anyway, so -E would add nothing) — fixed hashing keeps rewards deterministic.
 
-Parent-side care: stdout is read with a byte cap (a flood never fills our memory); files are read
-back with O_NOFOLLOW (a planted symlink cannot make us read /etc/shadow); the temp dir is
-removed without following symlinks. `preexec_fn` runs Python between fork and exec, which is
-safe in the single-threaded pool workers this is designed for. The child-side steps and the
-uid bookkeeping live in `isolation.py`.
+Parent-side care (capped reads, no symlink followed, a removal that never fails) lives in
+`child_io.py`; the child-side steps and the uid bookkeeping in `isolation.py`. `preexec_fn` runs
+Python between fork and exec, which is safe in the single-threaded pool workers this is
+designed for.
 """
 
 from __future__ import annotations
@@ -79,7 +78,6 @@ import functools
 import math
 import os
 import resource
-import selectors
 import shutil
 import signal
 import stat
@@ -90,10 +88,10 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 
+from minirl.verifiers.child_io import communicate, read_back, remove_tree
 from minirl.verifiers.isolation import BOX, kill_uid, make_preexec, sandbox_uid
 
 MODES = ("uid", "userns", "none")
-STDERR_CAP = 64 * 1024
 
 _MEMORY_MARKERS = (b"MemoryError", b"bad_alloc", b"Cannot allocate memory", b"out of memory")
 
@@ -193,134 +191,6 @@ def _sandbox_env(mode: str, box: str) -> dict[str, str]:
     }
 
 
-def _feed(fd: int, pending: memoryview) -> memoryview:
-    """Write what the pipe takes now; returns what is left (nothing if the program closed its
-    input: it stopped reading, which is fine)."""
-    try:
-        return pending[os.write(fd, pending[: 1 << 16]) :]
-    except BlockingIOError:
-        return pending
-    except BrokenPipeError:
-        return pending[:0]
-
-
-def _selector(proc: subprocess.Popen, streams, feeding: bool):
-    """A selector on the program's output pipes (non-blocking), its stdin when there is input
-    to feed (else stdin is closed now), and its pidfd where the kernel has them (exit
-    notification without polling). Returns (selector, pidfd or None)."""
-    sel = selectors.DefaultSelector()
-    for fd in streams:
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
-    if feeding:
-        os.set_blocking(proc.stdin.fileno(), False)
-        sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
-    else:
-        proc.stdin.close()
-    pidfd = os.pidfd_open(proc.pid) if hasattr(os, "pidfd_open") else None
-    if pidfd is not None:
-        sel.register(pidfd, selectors.EVENT_READ)
-    return sel, pidfd
-
-
-def _communicate(proc: subprocess.Popen, stdin: bytes, limits: Limits, deadline: float):
-    """Feed stdin, read stdout/stderr with caps, stop at exit, deadline or output overflow.
-    Returns (stdout, stderr, wall_timeout, output_exceeded). Does not reap the child."""
-    out, err = bytearray(), bytearray()
-    wall_timeout = output_exceeded = exited = False
-    streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
-    pending = memoryview(stdin)
-    sel, pidfd = _selector(proc, streams, bool(pending))
-
-    def read(fd: int) -> int:  # bytes read; 0 at EOF, -1 if nothing there right now
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return -1
-        buf = streams[fd]
-        buf += chunk[: max(0, (limits.output_bytes + 1 if buf is out else STDERR_CAP) - len(buf))]
-        return len(chunk)
-
-    try:
-        while not (exited or output_exceeded):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                wall_timeout = True
-                break
-            for key, _ in sel.select(min(remaining, 0.05) if pidfd is None else remaining):
-                fd = key.fd
-                if fd == pidfd:
-                    exited = True
-                elif fd in streams:
-                    if read(fd) == 0:
-                        sel.unregister(fd)
-                else:  # stdin
-                    pending = _feed(fd, pending)
-                    if not pending:
-                        sel.unregister(fd)
-                        proc.stdin.close()
-            output_exceeded = len(out) > limits.output_bytes
-            if pidfd is None and not exited:
-                exited = (
-                    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-                )
-        for fd in streams:  # whatever the program wrote before it exited
-            while read(fd) > 0 and len(out) <= limits.output_bytes:
-                pass
-        output_exceeded = len(out) > limits.output_bytes
-    finally:
-        sel.close()
-        if pidfd is not None:
-            os.close(pidfd)
-    return bytes(out[: limits.output_bytes]), bytes(err), wall_timeout, output_exceeded
-
-
-def _read_back(path: str, cap: int) -> bytes | None:
-    """A regular file's bytes, never following a symlink the program may have planted."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(cap)
-    finally:
-        os.close(fd)
-
-
-def remove_tree(path: str) -> None:
-    """Delete a directory a program wrote into, never following its symlinks. Never raises.
-
-    shutil.rmtree is fd-based (no symlink is followed) but recursive: a program that builds a
-    directory chain a few thousand deep makes it fail with RecursionError. The fallback is
-    coreutils, which walks any depth iteratively, first giving back the owner's rights the
-    program may have taken from its directories (chmod -R does not follow symlinks either)."""
-    if not path or not os.path.lexists(path):
-        return
-    try:
-        shutil.rmtree(path)
-        return
-    except (OSError, RecursionError):
-        pass
-    for argv in (["chmod", "-R", "u+rwx", "--", path], ["rm", "-rf", "--", path]):
-        try:
-            subprocess.run(
-                argv,
-                env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
-                check=False,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=120,
-            )
-        except (OSError, subprocess.SubprocessError):
-            pass
-    if os.path.lexists(path):
-        warnings.warn(f"minirl sandbox: could not remove {path}", RuntimeWarning, stacklevel=2)
-
-
 def _rlimits(limits: Limits) -> tuple[tuple[int, int, int], ...]:
     """(resource, soft, hard) for a run. CPU in whole seconds (the exact limit is checked on the
     measured usage); the hard CPU limit one second later kills what ignores SIGXCPU."""
@@ -364,8 +234,8 @@ def _run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
         except (OSError, subprocess.SubprocessError) as e:
             return RunResult(None, error=f"could not start {argv[0]!r} ({mode} mode): {e}")
         try:
-            out, err, wall_timeout, exceeded = _communicate(
-                proc, stdin, limits, start + limits.wall_limit_s
+            out, err, wall_timeout, exceeded = communicate(
+                proc, stdin, limits.output_bytes, start + limits.wall_limit_s
             )
         finally:
             try:
@@ -379,7 +249,7 @@ def _run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 stream.close()
         wall = time.monotonic() - start
-        got = {name: _read_back(os.path.join(box, name), 64 << 20) for name in collect}
+        got = {name: read_back(os.path.join(box, name), 64 << 20) for name in collect}
         return RunResult(
             returncode=proc.returncode,
             stdout=out,

@@ -14,9 +14,10 @@ import threading
 import pytest
 
 from minirl.verifiers import Limits, SandboxConfig, isolation_mode, run_sandboxed
+from minirl.verifiers.child_io import remove_tree
 from minirl.verifiers.isolation import sandbox_uid, thread_uids
 from minirl.verifiers.pool import private_temp_dir, remove_stale_scratch
-from minirl.verifiers.sandbox import MODES, python_interpreter, remove_tree
+from minirl.verifiers.sandbox import MODES, python_interpreter
 
 FAST = Limits(cpu_s=1.0, wall_s=2.0)
 
@@ -157,10 +158,10 @@ def test_sandbox_uids_are_fresh_per_run_and_grouped_by_thread():
 
 UNPRIVILEGED_SCRIPT = """
 import importlib.util, json, os, sys, types
-# a bare interpreter (no numpy): load only the two stdlib-only sandbox modules, by path
+# a bare interpreter (no numpy): load only the stdlib-only sandbox modules, by path
 for name in ("minirl", "minirl.verifiers"):
     sys.modules[name] = types.ModuleType(name)
-for name in ("isolation", "sandbox"):
+for name in ("isolation", "child_io", "sandbox"):
     path = os.path.join(sys.argv[1], name + ".py")
     spec = importlib.util.spec_from_file_location("minirl.verifiers." + name, path)
     sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
