@@ -47,7 +47,6 @@ import numpy as np
 from minirl.config_args import add_config_arguments, config_from_args
 from minirl.controller import Controller
 from minirl.data.mixture import Mixture
-from minirl.losses import get_preset
 from minirl.metrics_log import MetricsWriter, format_table, read_metrics
 from minirl.runner import Run
 from minirl.tools.plots import plot_mismatch
@@ -87,7 +86,7 @@ def run_arm(arm: str, cfg, base, evaluator: Run, run_dir: Path, steps: int) -> d
     run = Run(cfg, run_dir, progress=False, log=lambda *a: None)
     engine = run.engine(0, base)
     trainer = Trainer(
-        cfg.model, base, get_preset(cfg.rl.loss), cfg.trainer, sampling=cfg.engine.sampling.scoring
+        cfg.model, base, cfg.rl.objective(), cfg.trainer, sampling=cfg.engine.sampling.scoring
     )
     store = InMemoryWeightStore(keep=max(4, cfg.rl.reload_every + 2))
     controller = Controller(

@@ -26,6 +26,8 @@ from typing import Any
 
 from minirl.configlib import ConfigError, override
 from minirl.engine import EngineConfig
+from minirl.losses import Objective, get_preset
+from minirl.losses.presets import BEHAVIOUR_CAP, has_behaviour_cap, with_behaviour_cap
 from minirl.model import ModelConfig
 from minirl.tokenizer import CharTokenizer
 from minirl.trainer import TrainerConfig
@@ -76,6 +78,7 @@ class RLConfig:
     """The controller's knobs (RLAX §3; AReaL §5; LOSSES.md for the loss presets)."""
 
     loss: str = "grpo"  # loss preset (minirl.losses.list_presets()), e.g. grpo, dapo, decoupled_ppo
+    behaviour_cap: float = 5.0  # decoupled_ppo: tokens with c = pi_prox/mu above this leave the loss (AReaL's bound); 0 = uncapped (the paper's Eq. 5)
     steps: int = 200  # train steps (weight versions) to run
     time_budget: float = 0.0  # stop RL after this many seconds (0 = no limit)
     prompts_per_step: int = 32  # prompts per train batch
@@ -112,6 +115,11 @@ class RLConfig:
                 raise ValueError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_lag < 0 or self.eta < 0 or self.time_budget < 0 or self.seed < 0:
             raise ValueError("rl.max_lag, rl.eta, rl.time_budget and rl.seed must be >= 0")
+        get_preset(self.loss)  # an unknown name fails here, before any work starts
+        if not (self.behaviour_cap == 0 or self.behaviour_cap >= 1):
+            raise ValueError(
+                f"rl.behaviour_cap must be 0 (uncapped) or >= 1, got {self.behaviour_cap}"
+            )
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"rl.scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
         if self.workers not in ("inprocess", "process"):
@@ -129,6 +137,13 @@ class RLConfig:
                 f"rl.max_lag={self.max_lag} < rl.reload_every={self.reload_every}: "
                 "every rollout would be too stale to train on"
             )
+
+    def objective(self) -> Objective:
+        """The loss this run trains with: the preset `loss`, its bound on c set by `behaviour_cap`."""
+        objective = get_preset(self.loss)
+        if not has_behaviour_cap(objective):
+            return objective
+        return with_behaviour_cap(objective, self.behaviour_cap or None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +232,12 @@ class RunConfig:
                 if getattr(self.data, f.name) != getattr(DataConfig(), f.name)
             ]
             raise ConfigError(f"data.{changed[0]} does nothing without a dataset (--data FILE)")
+        rl = self.rl
+        if rl.behaviour_cap != BEHAVIOUR_CAP and not has_behaviour_cap(get_preset(rl.loss)):
+            raise ConfigError(
+                f"rl.behaviour_cap={rl.behaviour_cap} does nothing with rl.loss={rl.loss}: only "
+                "decoupled_ppo and decoupled_ppo_mis bound c = pi_prox/mu"
+            )
         return self
 
 

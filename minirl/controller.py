@@ -48,7 +48,6 @@ from minirl.data.filters import dynamic_filter
 from minirl.data.mixture import Mixture
 from minirl.diagnostics import batch_diagnostics
 from minirl.evaluation import decode_rollouts
-from minirl.losses import get_preset
 from minirl.metrics_log import flatten_metrics
 from minirl.scheduler import Request
 from minirl.types import Rollout, Score
@@ -104,7 +103,7 @@ class Controller:
         self.cfg, self.rl = cfg, cfg.rl
         # DAPO's dynamic sampling is part of its preset (Objective.dynamic_filtering), so
         # `rl.loss=dapo` filters without also setting rl.dynamic_filter.
-        self.dynamic_filter = cfg.rl.dynamic_filter or get_preset(cfg.rl.loss).dynamic_filtering
+        self.dynamic_filter = cfg.rl.dynamic_filter or cfg.rl.objective().dynamic_filtering
         self.engine, self.trainer, self.verifier, self.store = engine, trainer, verifier, store
         self.mixture, self.tokenizer, self.max_new_tokens = mixture, tokenizer, max_new_tokens
         self.clock, self.log = clock, log

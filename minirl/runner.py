@@ -20,7 +20,6 @@ from minirl.data.mixture import Mixture
 from minirl.engine import Engine
 from minirl.evaluation import evaluate, heldout_prompts
 from minirl.inputs import load_tokenizer, make_engine, make_task, make_verifier, train_prompts
-from minirl.losses import get_preset
 from minirl.metrics_log import truncate_metrics
 from minirl.run_dir import (
     RunStopped,
@@ -220,7 +219,7 @@ class Run:
         store (the caller publishes the start: `controller.params()`)."""
         cfg, rl = self.cfg, self.cfg.rl
         model_cfg, trainer_cfg, tokenizer = cfg.model, cfg.trainer, self.tokenizer
-        loss, scoring = get_preset(rl.loss), cfg.engine.sampling.scoring
+        loss, scoring = rl.objective(), cfg.engine.sampling.scoring
         place = self.placement
         make_trainer = lambda: Trainer(model_cfg, base, loss, trainer_cfg, sampling=scoring)  # noqa: E731
         controller = Controller(

@@ -204,7 +204,6 @@ def trainer_role(args) -> TrainerRole:
     the FSDP mesh `args.mesh`, the TensorStore store `args.weights`, and with `args.checkpoints`
     its own Orbax checkpoints. Built in each Ray actor of the trainer job by
     `python -m scale.launch ray --weights ...` (scale/ray_run.py)."""
-    from minirl.losses import get_preset
     from minirl.trainer import Trainer
     from scale import mesh as M
     from scale.tensorstore_weights import TensorStoreWeightStore
@@ -217,7 +216,7 @@ def trainer_role(args) -> TrainerRole:
         return Trainer(
             cfg.model,
             start,
-            get_preset(cfg.rl.loss),
+            cfg.rl.objective(),
             cfg.trainer,
             placement=M.RowPlacement(mesh, M.fsdp()),
             sampling=cfg.engine.sampling.scoring,

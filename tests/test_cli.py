@@ -21,12 +21,31 @@ def test_config_lists_every_knob_with_its_meaning(capsys):
         ("rl.scheduler=fast", "rl.scheduler must be one of"),
         ("trainer.exact=true", "unknown key 'trainer.exact'"),  # how tokens are scored: engine.*
         ("rl", "must look like key=value"),
+        ("rl.loss=grpoo", "unknown loss preset 'grpoo'"),
+        ("rl.behaviour_cap=0.5", "rl.behaviour_cap must be 0 (uncapped) or >= 1"),
+        ("rl.behaviour_cap=3", "rl.behaviour_cap=3.0 does nothing with rl.loss=grpo"),
     ],
 )
 def test_bad_overrides_are_clear_errors(capsys, assignment, message):
     assert main(["config", "--set", assignment]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_behaviour_cap_reaches_decoupled_ppo_in_any_order():
+    """rl.behaviour_cap sets decoupled PPO's bound on c (AReaL's 5 by default, 0 = the paper's
+    uncapped Eq. 5), whichever of the two settings comes first on the command line."""
+    from minirl.config import make_config
+
+    def cap(*sets):
+        (part,) = make_config("fixture", list(sets)).rl.objective().importance
+        return part.cap
+
+    assert cap("rl.loss=decoupled_ppo") == 5.0
+    assert cap("rl.behaviour_cap=3", "rl.loss=decoupled_ppo") == 3.0
+    assert cap("rl.loss=decoupled_ppo_mis", "rl.behaviour_cap=2") == 2.0
+    assert cap("rl.loss=decoupled_ppo", "rl.behaviour_cap=0") is None
+    assert cap("rl.loss=naive_ppo") is None  # AReaL's naive baseline has no bound
 
 
 def test_unknown_preset_and_help(capsys):

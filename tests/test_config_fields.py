@@ -136,6 +136,7 @@ def test_every_setting_is_read_by_the_part_it_configures(reads, tmp_path, monkey
             "trainer.num_minibatches=2",
             "trainer.remat=dots",
             "rl.loss=decoupled_ppo",
+            "rl.behaviour_cap=3.0",
             "log.tensorboard=true",
             "log.wandb=minirl-test",
             "log.samples_every=1",

@@ -6,6 +6,7 @@
     clipped_ratio(eps_lo, eps_hi)   clip(r_it, 1-eps_lo, 1+eps_hi)   CISPO (MiniMax-M1 Eq. 4)
     geometric_sequence_ratio        s_i = exp(sum_t m_it l_it / n_i) GSPO
     correction                      c_it = pi_prox / mu         decoupled PPO (AReaL Eq. 5)
+    correction(cap)                 c_it 1[c_it <= cap]         decoupled PPO as AReaL runs it
     truncated_correction(C_tis)     min(c_it, C_tis)            TIS (Yao et al.; VeXact Eq. 6)
 
 An objective holds a tuple of these; IS is their product (the empty tuple is IS = 1). RLAX
@@ -75,10 +76,26 @@ class GeometricSequenceRatio:
 
 @dataclasses.dataclass(frozen=True)
 class Correction:
-    """IS_it = c_it = pi_prox / mu: behaviour-to-proximal correction of decoupled PPO (AReaL)."""
+    """IS_it = c_it = pi_prox / mu: behaviour-to-proximal correction of decoupled PPO (AReaL).
+
+    With a `cap`, a token whose c_it exceeds it is DROPPED (IS_it = 0) while the denominators
+    still count it: what AReaL's released trainer does with its behaviour-weight bound
+    (`rejection_sampling: {level: token, action: mask, metric: ratio, upper: 5.0}` in its example
+    configs, formerly `behave_imp_weight_cap=5.0` with mode `token_mask`; the loss keeps the
+    token count from before the mask, areal/utils/functional/functional.py, `ppo_actor_loss_fn`).
+    On stale data the uncapped c of Eq. 5 can reach hundreds on a few tokens (lesson 07); the cap
+    stops those tokens from steering the step. `cap=None` is the paper's uncapped form. The
+    share of dropped tokens is the loss metric `is_weight_zero_fraction`."""
+
+    cap: float | None = None
+
+    def __post_init__(self):
+        if self.cap is not None and not self.cap >= 1.0:
+            raise ValueError(f"Correction.cap must be >= 1 (or None: uncapped), got {self.cap}")
 
     def __call__(self, ctx: Context) -> jax.Array:  # [b, T]
-        return jnp.exp(ctx.log_c)
+        c = jnp.exp(ctx.log_c)
+        return c if self.cap is None else jnp.where(c <= self.cap, c, 0.0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,8 @@ Reported (finalize_metrics):
   rejected_token_fraction       completion tokens not counted (token or sequence rejection)
   rejected_sequence_fraction    sequences dropped by the sequence rule
   is_weight_mean/max            IS_it over counted tokens
+  is_weight_zero_fraction       counted tokens whose IS_it is 0: dropped by decoupled PPO's bound
+                                on c (still counted in the denominators, unlike rejection)
   entropy                       mean per-token entropy, when the trainer passed it
   zero_centred_pos/neg          sum over counted tokens with A > 0 (A < 0) of A (c - 1): VeXact
                                 Eq. 5's zero-centred contribution, 0 when pi_prox = mu; its sign
@@ -82,6 +84,7 @@ def slice_metrics(
         "kl_behav_k3_sum": _sum(c - 1.0 - log_c, valid),
         "is_weight_sum": _sum(sg(is_weight), mask),
         "is_weight_max": _max(sg(is_weight), mask),
+        "is_weight_zero": _sum((sg(is_weight) == 0.0).astype(jnp.float32), mask),
         "zero_centred_pos": _sum(zc, mask * (a > 0)),
         "zero_centred_neg": _sum(zc, mask * (a < 0)),
     }
@@ -129,6 +132,7 @@ def finalize_metrics(merged) -> dict[str, jax.Array]:
         "rejected_sequence_fraction": m["rejected_sequences"] / jnp.maximum(m["sequences"], 1.0),
         "is_weight_mean": m["is_weight_sum"] / counted,
         "is_weight_max": m["is_weight_max"],
+        "is_weight_zero_fraction": m["is_weight_zero"] / counted,
         "zero_centred_pos": m["zero_centred_pos"],
         "zero_centred_neg": m["zero_centred_neg"],
         "tokens": m["tokens"],

@@ -11,18 +11,20 @@
     cispo            token_mean     clip(r, 0, 1.28)      group_norm          logprob                 -
     gspo             sequence_mean  s_i                   group_norm          gspo_clipped(3e-4,4e-4) -
     ppo              token_mean     1                     gae(1, 1)           clipped_ratio(.2,.2,dual 3)  -
-    decoupled_ppo    token_mean     c = pi_prox/mu        group_norm+whiten   clipped_ratio(.2,.2)    -
+    decoupled_ppo    token_mean     c 1[c <= 5]           group_norm+whiten   clipped_ratio(.2,.2)    -
     naive_ppo        token_mean     c = pi_prox/mu        group_norm+whiten   clipped_ratio on pi/mu  -
 
 Variants, for any preset, by function or by name suffix (applied left to right):
     with_tis(p, cap=2.0)                    `<name>_tis`: IS *= min(c, cap) (replaces c if present)
+    with_behaviour_cap(p, cap)              decoupled PPO's bound on c (None: the paper's uncapped c)
     with_rejection(p, token=(lo, hi),       `<name>_mis`: token rejection (0.5, 5.0) then sequence
                    sequence=(stat, U))      rejection ("mean_k1", 0.01)
 e.g. `get_preset("grpo_tis")`, `get_preset("decoupled_ppo_tis_mis", log_ratio_clamp=5.0)`.
 
 Defaults: eps and beta as in each paper (DeepSeekMath beta = 0.04; DAPO eps_hi = 0.28; CISPO
 without a lower bound; GSPO 3e-4 / 4e-4; dual clip 3, Ye et al.; AReaL eps 0.2 with batch-normalised
-advantages). REINFORCE++'s k2 coefficient 1e-3 and the `_mis` thresholds are our choices (the
+advantages; its released trainer drops tokens with c > 5 from the loss, see `Correction`).
+REINFORCE++'s k2 coefficient 1e-3 and the `_mis` thresholds are our choices (the
 token band is IcePop's [0.5, 5]; the sequence threshold 0.01 on |mean log c| keeps sequences whose
 geometric-mean correction is within 1%): tune them. PPO here has no critic (AReaL's set-up: GAE
 with gamma = lambda = 1 and V = 0 gives every token the sequence reward); `get_preset("ppo",
@@ -158,13 +160,18 @@ def ppo() -> Objective:
     )
 
 
+BEHAVIOUR_CAP = 5.0  # AReaL's bound on c = pi_prox/mu (its example configs' `upper: 5.0`)
+
+
 def decoupled_ppo() -> Objective:
-    """AReaL Eq. 5: sum_t sg[pi_prox/mu] min(u A, clip(u) A), u = pi_theta/pi_prox, with
-    advantages normalised over the global batch."""
+    """AReaL Eq. 5: sum_t sg[c] min(u A, clip(u) A), c = pi_prox/mu, u = pi_theta/pi_prox, with
+    advantages normalised over the global batch; as AReaL's released trainer runs it, tokens
+    with c > 5 are dropped from the sum (still counted in the mean). `with_behaviour_cap(p,
+    None)` gives the paper's uncapped Eq. 5."""
     return Objective(
         name="decoupled_ppo",
         aggregation=TokenMean(),
-        importance=(Correction(),),
+        importance=(Correction(cap=BEHAVIOUR_CAP),),
         advantage=GroupNorm(eps=1e-6, whiten=True),
         gradient_term=ClippedRatio(eps_lo=0.2, eps_hi=0.2),
     )
@@ -212,6 +219,23 @@ def with_tis(objective: Objective, cap: float = 2.0) -> Objective:
     return dataclasses.replace(
         objective, name=f"{objective.name}_tis", importance=(*parts, TruncatedCorrection(cap))
     )
+
+
+def with_behaviour_cap(objective: Objective, cap: float | None) -> Objective:
+    """The objective with its behaviour correction c bounded by `cap` (None: uncapped). Only
+    for objectives that weight by c with a bound (decoupled PPO); others raise ValueError."""
+    if not has_behaviour_cap(objective):
+        raise ValueError(
+            f"loss {objective.name!r} has no bound on c = pi_prox/mu to set "
+            "(decoupled_ppo and its _mis variant have one)"
+        )
+    parts = tuple(Correction(cap) if isinstance(p, Correction) else p for p in objective.importance)
+    return dataclasses.replace(objective, importance=parts)
+
+
+def has_behaviour_cap(objective: Objective) -> bool:
+    """True if the objective weights by c with a bound (the bound `with_behaviour_cap` sets)."""
+    return any(isinstance(p, Correction) and p.cap is not None for p in objective.importance)
 
 
 def with_rejection(

@@ -22,7 +22,7 @@ from minirl.losses import (
     with_rejection,
     with_tis,
 )
-from minirl.losses.presets import decoupled_ppo, grpo, reinforce_pp
+from minirl.losses.presets import decoupled_ppo, grpo, reinforce_pp, with_behaviour_cap
 
 # ---------------------------------------------------------------- numpy advantages (by loops)
 
@@ -210,12 +210,14 @@ def J_ppo(logp, d, values=None, gamma=1.0, lam=1.0, value_coef=0.0, new_values=N
     return J
 
 
-def J_decoupled_ppo(logp, d, cap=None, mask=None):
+def J_decoupled_ppo(logp, d, cap=None, mask=None, drop=None):
     """AReaL Eq. 5: 1/sum|o| sum_t (pi_prox/mu) min(u A, clip(u, 0.8, 1.2) A), u = pi_theta/pi_prox,
-    A group-normalised then normalised over the batch's (counted) tokens. TIS: pi_prox/mu capped."""
+    A group-normalised then normalised over the batch's (counted) tokens. TIS: pi_prox/mu capped.
+    `drop`: AReaL's released bound, tokens with pi_prox/mu > drop weigh 0 but stay in 1/sum|o|."""
     m = d["mask"] if mask is None else mask
     A = whiten_tokens(np.asarray(_tok(adv_group_norm(d["R"], d["gids"]), d)), m)
     c = _c(d) if cap is None else jnp.minimum(_c(d), cap)
+    c = c if drop is None else jnp.where(c <= drop, c, 0.0)
     surr = c * _ppo_min(_r(logp, d), jnp.asarray(A, jnp.float32), 0.2, 0.2)
     return jnp.where(m > 0, surr, 0.0).sum() / m.sum()
 
@@ -269,7 +271,19 @@ CASES = {
     "cispo": (lambda: get_preset("cispo"), J_cispo, {}, "clip"),
     "gspo": (lambda: get_preset("gspo"), J_gspo, {"log_ratio_scale": 1e-3}, "clip"),
     "ppo": (lambda: get_preset("ppo"), J_ppo, {"log_ratio_scale": 0.8}, "dual"),
-    "decoupled_ppo": (lambda: get_preset("decoupled_ppo"), J_decoupled_ppo, {}, "clip"),
+    # the paper's uncapped Eq. 5, and the bound AReaL's trainer adds (tokens with c > cap dropped)
+    "decoupled_ppo": (
+        lambda: with_behaviour_cap(decoupled_ppo(), None),
+        J_decoupled_ppo,
+        {},
+        "clip",
+    ),
+    "decoupled_ppo_capped": (
+        lambda: with_behaviour_cap(decoupled_ppo(), 1.5),
+        lambda lp, d: J_decoupled_ppo(lp, d, drop=1.5),
+        {},
+        "drop",
+    ),
     "naive_ppo": (lambda: get_preset("naive_ppo"), J_naive_ppo, {}, "clip"),
     "dapo_tis": (
         lambda: get_preset("dapo_tis"),
@@ -315,6 +329,11 @@ def _check_active(kind, metrics, d, prepared, objective):
         assert ((adv < 0) & (r > 3.0) & (d["mask"] > 0)).any()
     if kind == "tis":
         assert float(metrics["correction_max"]) > objective.importance[-1].cap
+    if kind == "drop":  # some counted tokens above the cap, some below
+        c = np.asarray(_c(d))[d["mask"] > 0]
+        cap = objective.importance[0].cap
+        assert 0 < (c > cap).sum() < c.size
+        assert float(metrics["is_weight_zero_fraction"]) == pytest.approx((c > cap).mean())
     if kind == "reject":
         assert 0.0 < float(metrics["rejected_token_fraction"]) < 1.0
         assert 0.0 < float(metrics["rejected_sequence_fraction"]) < 1.0
@@ -463,6 +482,11 @@ def test_registry():
     assert [type(p).__name__ for p in get_preset("decoupled_ppo_tis").importance] == [
         "TruncatedCorrection"
     ]
+    # decoupled PPO drops tokens with c > 5 as AReaL's trainer does; naive PPO has no bound
+    assert [(type(p).__name__, p.cap) for p in get_preset("decoupled_ppo").importance] == [
+        ("Correction", 5.0)
+    ]
+    assert [p.cap for p in get_preset("naive_ppo").importance] == [None]
     mis = get_preset("grpo_mis")
     assert (mis.token_reject.lo, mis.token_reject.hi) == (0.5, 5.0)
     assert mis.sequence_reject.stat == "mean_k1"
