@@ -19,6 +19,9 @@ Reported (finalize_metrics):
   is_weight_mean/max            IS_it over counted tokens
   is_weight_zero_fraction       counted tokens whose IS_it is 0: dropped by decoupled PPO's bound
                                 on c (still counted in the denominators, unlike rejection)
+  is_weight_ess                 Kish's effective sample size of the IS weights, as a share of the
+                                counted tokens: (sum w)^2 / (n sum w^2); 1 when every w is equal,
+                                small when a few tokens carry the weighted gradient
   entropy                       mean per-token entropy, when the trainer passed it
   zero_centred_pos/neg          sum over counted tokens with A > 0 (A < 0) of A (c - 1): VeXact
                                 Eq. 5's zero-centred contribution, 0 when pi_prox = mu; its sign
@@ -84,6 +87,7 @@ def slice_metrics(
         "kl_behav_k3_sum": _sum(c - 1.0 - log_c, valid),
         "is_weight_sum": _sum(sg(is_weight), mask),
         "is_weight_max": _max(sg(is_weight), mask),
+        "is_weight_sq_sum": _sum(sg(is_weight) ** 2, mask),
         "is_weight_zero": _sum((sg(is_weight) == 0.0).astype(jnp.float32), mask),
         "zero_centred_pos": _sum(zc, mask * (a > 0)),
         "zero_centred_neg": _sum(zc, mask * (a < 0)),
@@ -133,6 +137,8 @@ def finalize_metrics(merged) -> dict[str, jax.Array]:
         "is_weight_mean": m["is_weight_sum"] / counted,
         "is_weight_max": m["is_weight_max"],
         "is_weight_zero_fraction": m["is_weight_zero"] / counted,
+        "is_weight_ess": m["is_weight_sum"] ** 2
+        / jnp.maximum(counted * m["is_weight_sq_sum"], jnp.finfo(jnp.float32).tiny),
         "zero_centred_pos": m["zero_centred_pos"],
         "zero_centred_neg": m["zero_centred_neg"],
         "tokens": m["tokens"],

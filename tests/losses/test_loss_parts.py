@@ -406,6 +406,15 @@ def test_rejection_and_tis_metrics_on_the_example():
     # IS = min(c, 2) on all 8 tokens: (1 + 2 + .8 + 1.2 + .4 + 1 + 2 + .9) / 8 = 9.3 / 8
     close(metrics["is_weight_mean"], 9.3 / 8)
     close(metrics["is_weight_max"], 2.0)
+    # ESS = (sum w)^2 / (n sum w^2) = 9.3^2 / (8 (1 + 4 + .64 + 1.44 + .16 + 1 + 4 + .81))
+    close(metrics["is_weight_ess"], 9.3**2 / (8 * 13.05))
+    close(metrics["is_weight_zero_fraction"], 0.0)
+    # decoupled PPO's bound at 2.2 drops c = 2.5 and c = 6 (IS 0), keeps their count:
+    # w = 1, 0, .8, 1.2, .4, 1, 0, .9 -> zero share 2/8, ESS 5.3^2 / (8 * 5.05)
+    _, capped = get_preset("decoupled_ppo", importance=(Correction(cap=2.2),))(INPUTS, LOGP)
+    close(capped["is_weight_zero_fraction"], 2 / 8)
+    close(capped["is_weight_mean"], 5.3 / 8)
+    close(capped["is_weight_ess"], 5.3**2 / (8 * 5.05))
     # clipped: DAPO's mask (0.2, 0.28) drops r = 1.5 (A > 0) and r = 0.7 (A < 0), keeps
     # r = 1.25 < 1.28; the TIS cap clips c = 2.5 and c = 6.0 -> 4 distinct tokens of 8
     close(metrics["clip_fraction"], 4 / 8)
