@@ -120,9 +120,15 @@ EXPECTED = {
         prints=["staleness = eta on every step after the first eta: True", "AReaL Table 2"],
         check=lambda r: (
             r["lag_equals_eta"]
-            and r["decoupled_never_clips"]
-            and r["inside_the_step"]["eta0"]["clip_naive"] == 0.0  # fresh data: nothing clipped
-            and r["inside_the_step"]["eta4"]["clip_naive"] > 0.0  # stale data: clipped at once
+            and r["naive_clips_more_when_stale"]
+            and r["inside_the_step"]["eta0"]["dropped"] == 0.0  # fresh data: c = 1, none dropped
+            and r["inside_the_step"]["eta4"]["ess_uncapped"] < 1.0  # stale data: unequal weights
+            and set(r["shape_of_table_2"])
+            == {
+                "naive_degrades_with_eta",
+                "decoupled_near_the_oracle",
+                "decoupled_beats_naive_when_stale",
+            }
         ),
     ),
     "08_training_inference_mismatch.py": dict(
@@ -144,6 +150,8 @@ EXPECTED = {
             and all(abs(row["median_mean_rho"] - 1) < 0.02 for row in r["table"])
             and r["table"][-1]["median_max_rho"] > r["table"][0]["median_max_rho"]
             and all(v for k, v in r["claims"].items() if k != "baseline_rmse_flat_as_in_the_paper")
+            and r["regimes"]["claims"]["kl_flat_at_the_smallest_rate"]  # lr 1e-7: the paper's KL
+            and set(r["regimes"]["tables"]) == {"0.0003", "1e-07"}
         ),
     ),
     "10_preemption.py": dict(

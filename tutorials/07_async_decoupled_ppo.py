@@ -1,12 +1,12 @@
 """Lesson 07 — asynchronous RL and decoupled PPO: naive PPO against decoupled PPO on stale data.
 
-    python tutorials/07_async_decoupled_ppo.py         # full mode (about 6 min of CPU time)
+    python tutorials/07_async_decoupled_ppo.py         # full mode (about 14 min of CPU time)
     python tutorials/07_async_decoupled_ppo.py --fast  # fast mode (about 15 s; what CI runs)
 
 Writes `naive_vs_decoupled.png`, `results.json` and one run directory per setting (`runs/`) into
 `--out` (default `runs/tutorials/07_async_decoupled_ppo`). Uses `minirl.runner.Run` with
-`rl.eta`, `rl.batch_order` and the loss presets `naive_ppo` and `decoupled_ppo`
-(minirl/losses/presets.py). Mirrors, in miniature: AReaL Table 2 and Fig. 5 (final accuracy for
+`rl.eta`, `rl.batch_order`, `trainer.num_minibatches`, the loss presets `naive_ppo` and
+`decoupled_ppo` and `rl.behaviour_cap` (minirl/losses/presets.py). Mirrors, in miniature: AReaL Table 2 and Fig. 5 (final accuracy for
 maximum staleness eta in {0, 1, 2, 4, 8, 16, inf}, with and without the decoupled objective).
 
 
@@ -53,17 +53,27 @@ AReaL's result (a 1.5B model, 250 steps, math): naive PPO loses accuracy on stal
 42.0 at eta = 0, 23.3 at eta = 4, 35.8 at eta = 16), while decoupled PPO stays close to the
 oracle (42.2 at eta = 4, 38.7 at eta = 16).
 
-THE TASK AND THE SCHEDULE. The grid has 7 settings, and at this scale one run is noisy, so each
-runs with two seeds: 14 runs in all. To fit in minutes, the lesson uses minirl's smallest task,
-the one the tests use (`fixture`, minirl/data/fixture.py): the prompt is a number such as `482:`,
-and any completion that starts with a digit of the same parity earns reward 1. A randomly
+THE BOUND ON c. On stale data c = pi_prox/mu is heavy-tailed: a token the policy now likes far
+more than when it was sampled can weigh hundreds of times more than the others. AReaL's released
+trainer does not run Eq. 5 as written: a token whose c exceeds 5 is DROPPED from the loss (its
+weight is 0; it still counts in the token mean's denominator). minirl's `decoupled_ppo` does the
+same (`Correction(cap=5.0)`, docs/losses.md has the AReaL source); `rl.behaviour_cap=0` gives the
+paper's uncapped form. The lesson runs three arms: `naive_ppo`, `decoupled_ppo` (with the bound)
+and `uncapped`. Two loss metrics show what the bound does: `is_weight_zero_fraction`, the share
+of tokens it dropped, and `is_weight_ess`, Kish's effective sample size of the weights as a share
+of the tokens, (sum c)^2 / (n sum c^2): 1 when all weights are equal, small when a few tokens
+carry the step.
+
+THE TASK AND THE SCHEDULE. Per seed: the oracle (eta = 0) once, and the three arms at eta = 1,
+4 and 16: 10 runs; three seeds, 30 runs. To fit in minutes, the lesson uses minirl's smallest
+task, the one the tests use (`fixture`, minirl/data/fixture.py): the prompt is a number such as
+`482:`, and any completion that starts with a digit of the same parity earns reward 1. A randomly
 initialised model (no warm start) writes a digit about 7% of the time. Learning to "write a
 digit" lifts the reward to about 0.5; reading the prompt's last digit and matching its parity
-lifts it to 1. Each run has 100 steps of 32 prompts x 8 samples, with a learning rate of 3e-3
-and ONE update per step (as in lessons 05 and 06). So decoupled PPO's own clip never acts (r = 1
-when the gradient is taken), and the comparison isolates what differs: the centre of naive PPO's
-clip, and decoupled PPO's weight c. AReaL makes several mini-batch updates per step
-(`trainer.num_minibatches`).
+lifts it to 1. Each run has 150 steps of 32 prompts x 8 samples and, as in AReaL (its Table 3:
+"PPO Minibatches 4"), FOUR mini-batch updates per step (`trainer.num_minibatches=4`) at a
+learning rate of 1e-3. So decoupled PPO's own clip, centred on pi_prox, acts from the second
+update on; naive PPO's, centred on mu, acts from the first.
 
 The runs use the LOCKSTEP scheduler. Generation runs eta batches ahead LOGICALLY: the engine
 produces the next batches with the weights it has, then the trainer trains. So the staleness is
@@ -72,111 +82,123 @@ free-running `async` scheduler, where wall-clock time is the point.)
 
 WHAT THE SCRIPT DOES
 --------------------
-1. Builds one config per (loss, eta, seed): `make_config("fixture", overrides)` with
-   `rl.eta=<eta>`, `rl.batch_order=oldest`, `rl.loss=naive_ppo|decoupled_ppo`, `rl.seed` and
+1. Builds one config per (arm, eta, seed): `make_config("fixture", overrides)` with
+   `rl.eta=<eta>`, `rl.batch_order=oldest`, `trainer.num_minibatches=4`, the arm's
+   `rl.loss=naive_ppo|decoupled_ppo` (and `rl.behaviour_cap=0` for `uncapped`), `rl.seed` and
    `sft.seed` (the initial weights). Fast mode: 8 steps, eta in {0, 1, 4}, one seed.
 2. Runs each with `Run(cfg, run_dir).train()` and reads its metrics.jsonl.
 3. Checks that the staleness is what eta promises: exactly eta versions on every step after the
-   first eta. Prints, per eta, how far mu is from pi_prox (KL and the largest c), which share of
-   the tokens each loss clipped, and the share of groups whose 8 samples did not all get the same
-   reward (only those carry a learning signal).
+   first eta. Prints, per eta, how far mu is from pi_prox (KL and the largest c), the effective
+   sample size of c without and with the bound and the share of tokens the bound dropped, which
+   share of the tokens each clip masked, and the share of groups whose 8 samples did not all get
+   the same reward (only those carry a learning signal).
 4. Prints AReaL Table 2 in miniature: the training reward over the last 10 steps and held-out
-   pass@1 after RL, naive against decoupled, per eta. Plots the reward curves and the table.
+   pass@1 after RL, per arm and eta, and checks the table's two findings (naive PPO degrades with
+   eta; decoupled PPO stays near the oracle). Plots the reward curves and the table.
 
 Expected output (full mode, measured)
 -------------------------------------
-Measured on 2026-11-23 with `python tutorials/07_async_decoupled_ppo.py --out /tmp/t11/m07/out`,
-library at commit b79de54, on a shared virtual machine with 2 cores (nproc = 2), under load from
-other jobs (load average 9-15). It took 1,138 s of wall time and 328 s of CPU time (user + sys).
-The numbers do not depend on the machine's load: the same 14 runs made earlier, a few at a time,
-gave the same held-out pass@1 to the last printed digit. The figure is
-figures/07_async_decoupled_ppo.png.
+Measured on 2026-11-25 with `python tutorials/07_async_decoupled_ppo.py --out OUT`, library at
+commit e95468a, on a shared virtual machine with 2 cores (nproc = 2), under load from other jobs
+(load average 1-6). It took 1,099 s of wall time and 822 s of CPU time (user + sys). Lockstep
+runs do not depend on the load. The figure is figures/07_async_decoupled_ppo.png.
 
-The result reproduces only in part, and the part that fails is the paper's main claim.
+AReaL Table 2's shape does NOT appear here, in AReaL's own training set-up (four mini-batch
+updates, its bound on c), over three seeds:
 
-- The staleness is exactly eta, and the mechanism AReaL describes is there, in large numbers.
-  The further mu is from pi_prox (KL 0.02 at eta = 1, 0.22 at eta = 4, 0.79 at eta = 16), the
-  more tokens naive PPO's clip masks before the step has changed anything: 5.7%, 21% and 47% of
-  them. Decoupled PPO, centred on pi_prox, never clips (one update per batch).
+- Naive PPO does not degrade with eta: held-out pass@1 0.988, 0.902 and 0.935 at eta = 1, 4 and
+  16, against 0.953 for the on-policy oracle. Its clip, centred on mu, masks 9%, 22% and 41% of
+  the tokens, far more than decoupled PPO's (3-4%), exactly as AReaL describes the mechanism.
 
-- Naive PPO degrades as eta grows, as in AReaL: held-out pass@1 0.910 at eta = 1, 0.836 at eta =
-  4, 0.654 at eta = 16 (training reward 0.897, 0.832, 0.606). With two seeds per setting, eta =
-  1 beating the on-policy oracle (0.910 against 0.807) is within the spread between seeds (the
-  oracle's two seeds: 0.73 and 0.88).
+- Decoupled PPO falls behind naive PPO as eta grows, with or without the bound: 0.884 / 0.633 /
+  0.605 with it, 0.868 / 0.660 / 0.486 without (eta = 1 / 4 / 16). Its failed runs collapse to
+  one answer before learning the rule (held-out 0.344 = 22/64, "always odd", three times; mixed
+  groups at eta = 4: 0.18-0.20 of the groups, against 0.33 for naive PPO).
 
-- Decoupled PPO does NOT hold the oracle's level: it ends lower than naive PPO at eta = 1 and 4
-  (0.678 and 0.662), and ties it at eta = 16 (0.656 against 0.654). All 6 of its stale runs
-  stopped improving by step 40, 4 of them at a training reward of about 0.5, the level of "write
-  any digit", and 2 at about 0.65. By then almost every group's 8 samples got the same reward
-  (mixed groups: 0.05-0.10 of the groups on average, 0-0.03 at the end, against 0.22-0.77 for
-  naive PPO), so no learning signal was left: the policy had become nearly deterministic before
-  it learned the parity rule. Four of those runs (both seeds at eta = 16, seed 1 at eta = 1 and
-  4) ended with held-out pass@1 0.656 = 42/64, exactly the share of even numbers among the 64
-  test prompts: they answer every prompt with an even digit. The on-policy oracle lost its mixed
-  groups too, but later and at a higher reward.
+- Why, in numbers: at this scale one version moves the policy far. KL(mu||pi_prox) is 0.05, 0.48
+  and 1.14 per token at eta = 1, 4, 16 (lesson 09 puts one version of the paper-scale PipelineRL
+  run at a few 1e-6), and c reaches 208, 2183 and 3689. The weights are so unequal that the
+  uncapped decoupled step rests on an effective 88%, 69% and 30% of its tokens. AReaL's bound
+  drops only 0.1-1.2% of the tokens but lifts that to 96%, 82% and 62%, and it is what keeps
+  decoupled PPO above the uncapped form at eta = 16 (0.605 against 0.486); it does not close the
+  gap to naive PPO. Naive PPO's badly centred clip masks precisely the tokens with the largest
+  pi_theta/mu, so it takes smaller, less noisy steps: a brake that AReaL's 1.5B model at a small
+  learning rate does not need, because there c stays near 1.
 
-- A reading of why, consistent with these numbers but not proven by them: decoupled PPO
-  multiplies each token's gradient by c = pi_prox/mu, which reached 34 at eta = 1 and 599 at eta
-  = 4. The largest weights go to tokens the policy already favours much more than when they were
-  sampled, so decoupled PPO pushed hardest exactly where the policy was already moving, and it
-  collapsed early. Naive PPO's badly centred clip masks those same tokens (A > 0 and pi_theta/mu
-  > 1.2), which here acted as a brake and kept the samples diverse for longer. AReaL trains a
-  1.5B model with a small learning rate, where a version moves the policy far less than a step
-  of 3e-3 moves this tiny one, so c stays near 1.
+- Side measurements (the sweep behind this lesson, same task, two seeds, eta = 4, ONE update per
+  step; held-out pass@1, seeds 0 and 1): at learning rate 1e-3 the oracle 0.754 / 0.883, naive
+  0.809 / 0.973, decoupled with the bound 0.895 / 0.867, uncapped 0.598 / 0.867; at 3e-4 the
+  oracle 0.836 / 0.961, naive 0.875 / 0.922, with the bound 0.754 / 0.824, uncapped 0.832 /
+  0.852. Over learning rates 3e-4 to 3e-3 and one or four updates, decoupled PPO's mean over seeds
+  never beat naive PPO's at eta >= 4 here (a single seed did: 0.895 against 0.809). A harder cap that truncates c at 2 instead of dropping (`decoupled_ppo_tis`, lesson
+  08; 100 steps, one update, learning rate 3e-3, two seeds) gave 0.719 / 0.711 / 0.711 at eta =
+  1 / 4 / 16: flat across eta as AReaL reports, but below naive PPO at eta = 1 and 4. Command for
+  one such run: `minirl train --preset fixture --set rl.loss=LOSS --set rl.eta=4 --set rl.seed=S
+  --set sft.seed=S --set rl.batch_order=oldest --set rl.steps=150 --set trainer.learning_rate=LR
+  --set eval.prompts=64 --set rl.checkpoint_every=1000` (and `--set rl.behaviour_cap=0` for the
+  uncapped form).
 
-- Two side measurements support that reading (run with the CLI, not by this script). Capping c
-  at 2 (`decoupled_ppo_tis`, lesson 08) removed the early stall: held-out pass@1 0.719, 0.711
-  and 0.711 at eta = 1, 4 and 16 (mean of the same two seeds), flat across eta as AReaL reports
-  for decoupled PPO, above naive PPO at eta = 16 but still below it at eta = 1 and 4. Command,
-  per seed S and eta E: `minirl train --preset fixture --set rl.loss=decoupled_ppo_tis --set
-  rl.eta=E --set rl.seed=S --set sft.seed=S --set rl.batch_order=oldest --set rl.steps=100 --set
-  rl.prompts_per_step=32 --set rl.group_size=8 --set eval.prompts=64 --set
-  rl.checkpoint_every=1000`. And on lesson 05's task (scratchpad addition, its warm start, 40
-  steps of 16 prompts x 8 samples, one seed, 32 held-out prompts, before RL 0.680) the picture
-  was the same: at learning rate 3e-4, held-out pass@1 0.586 on-policy, 0.496 (naive) and 0.312
-  (decoupled) at eta = 4, 0.395 and 0.176 at eta = 16. At lesson 05's learning rate, 1e-4,
-  staleness 16 changed nothing: 0.699 on-policy, 0.680 naive, 0.707 decoupled (naive PPO clipped
-  0.9% of the tokens). Command: `minirl train --preset arithmetic --set task.args.max_operands=3
-  --set task.args.max_digits=2 --set model.dim=128 --set model.head_dim=32 --set
-  model.mlp_dim=384 --set sft.steps=300 --set rl.steps=40 --set rl.prompts_per_step=16 --set
-  rl.batch_order=oldest --set rl.checkpoint_every=1000 --set eval.prompts=32 --set
-  trainer.learning_rate=LR --set rl.loss=LOSS --set rl.eta=E`.
+    mode: full   task 'fixture' (parity) with ['rl.scheduler=lockstep', 'rl.batch_order=oldest', 'trainer.num_minibatches=4', 'trainer.learning_rate=1e-3', 'rl.checkpoint_every=1000', 'rl.steps=150', 'rl.prompts_per_step=32', 'rl.group_size=8', 'eval.prompts=64']
 
-    mode: full   task 'fixture' (parity) with ['rl.scheduler=lockstep', 'rl.batch_order=oldest', 'rl.checkpoint_every=1000', 'rl.steps=100', 'rl.prompts_per_step=32', 'rl.group_size=8', 'eval.prompts=64']
-
-    Step 1-2. one run per (loss, eta, seed), seeds [0, 1]: Run(cfg, run_dir).train()
-      seed 0  decoupled_ppo  eta =  0: 100 steps in   54s, final reward 0.685, held-out pass@1 0.062 -> 0.730
-      seed 0  naive_ppo      eta =  1: 100 steps in   72s, final reward 0.882, held-out pass@1 0.062 -> 0.883
-      seed 0  decoupled_ppo  eta =  1: 100 steps in   78s, final reward 0.682, held-out pass@1 0.062 -> 0.699
-      seed 0  naive_ppo      eta =  4: 100 steps in   69s, final reward 0.735, held-out pass@1 0.062 -> 0.742
-      seed 0  decoupled_ppo  eta =  4: 100 steps in   87s, final reward 0.637, held-out pass@1 0.062 -> 0.668
-      seed 0  naive_ppo      eta = 16: 100 steps in   90s, final reward 0.591, held-out pass@1 0.062 -> 0.562
-      seed 0  decoupled_ppo  eta = 16: 100 steps in   98s, final reward 0.478, held-out pass@1 0.062 -> 0.656
-      seed 1  decoupled_ppo  eta =  0: 100 steps in   98s, final reward 0.815, held-out pass@1 0.055 -> 0.883
-      seed 1  naive_ppo      eta =  1: 100 steps in   83s, final reward 0.912, held-out pass@1 0.055 -> 0.938
-      seed 1  decoupled_ppo  eta =  1: 100 steps in   86s, final reward 0.478, held-out pass@1 0.055 -> 0.656
-      seed 1  naive_ppo      eta =  4: 100 steps in   88s, final reward 0.930, held-out pass@1 0.055 -> 0.930
-      seed 1  decoupled_ppo  eta =  4: 100 steps in   73s, final reward 0.478, held-out pass@1 0.055 -> 0.656
-      seed 1  naive_ppo      eta = 16: 100 steps in   70s, final reward 0.621, held-out pass@1 0.055 -> 0.746
-      seed 1  decoupled_ppo  eta = 16: 100 steps in   80s, final reward 0.478, held-out pass@1 0.055 -> 0.656
+    Step 1-2. one run per (arm, eta, seed), seeds [0, 1, 2]: Run(cfg, run_dir).train()
+      seed 0  decoupled_ppo  eta =  0: 150 steps in   45s, final reward 0.803, held-out pass@1 0.062 -> 0.859
+      seed 0  naive_ppo      eta =  1: 150 steps in   61s, final reward 0.952, held-out pass@1 0.062 -> 0.996
+      seed 0  decoupled_ppo  eta =  1: 150 steps in   46s, final reward 0.493, held-out pass@1 0.062 -> 0.656
+      seed 0  uncapped       eta =  1: 150 steps in   86s, final reward 0.748, held-out pass@1 0.062 -> 0.660
+      seed 0  naive_ppo      eta =  4: 150 steps in   64s, final reward 0.807, held-out pass@1 0.062 -> 0.715
+      seed 0  decoupled_ppo  eta =  4: 150 steps in   28s, final reward 0.771, held-out pass@1 0.062 -> 0.820
+      seed 0  uncapped       eta =  4: 150 steps in   27s, final reward 0.720, held-out pass@1 0.062 -> 0.719
+      seed 0  naive_ppo      eta = 16: 150 steps in   29s, final reward 0.889, held-out pass@1 0.062 -> 0.863
+      seed 0  decoupled_ppo  eta = 16: 150 steps in   28s, final reward 0.536, held-out pass@1 0.062 -> 0.637
+      seed 0  uncapped       eta = 16: 150 steps in   28s, final reward 0.662, held-out pass@1 0.062 -> 0.793
+      seed 1  decoupled_ppo  eta =  0: 150 steps in   25s, final reward 0.996, held-out pass@1 0.055 -> 1.000
+      seed 1  naive_ppo      eta =  1: 150 steps in   26s, final reward 0.936, held-out pass@1 0.055 -> 0.969
+      seed 1  decoupled_ppo  eta =  1: 150 steps in   35s, final reward 0.991, held-out pass@1 0.055 -> 0.996
+      seed 1  uncapped       eta =  1: 150 steps in   40s, final reward 0.888, held-out pass@1 0.055 -> 0.953
+      seed 1  naive_ppo      eta =  4: 150 steps in   53s, final reward 0.988, held-out pass@1 0.055 -> 1.000
+      seed 1  decoupled_ppo  eta =  4: 150 steps in   54s, final reward 0.738, held-out pass@1 0.055 -> 0.734
+      seed 1  uncapped       eta =  4: 150 steps in   53s, final reward 0.887, held-out pass@1 0.055 -> 0.590
+      seed 1  naive_ppo      eta = 16: 150 steps in   58s, final reward 0.952, held-out pass@1 0.055 -> 0.992
+      seed 1  decoupled_ppo  eta = 16: 150 steps in   61s, final reward 0.754, held-out pass@1 0.055 -> 0.836
+      seed 1  uncapped       eta = 16: 150 steps in   25s, final reward 0.506, held-out pass@1 0.055 -> 0.344
+      seed 2  decoupled_ppo  eta =  0: 150 steps in   17s, final reward 0.996, held-out pass@1 0.086 -> 1.000
+      seed 2  naive_ppo      eta =  1: 150 steps in   18s, final reward 1.000, held-out pass@1 0.086 -> 1.000
+      seed 2  decoupled_ppo  eta =  1: 150 steps in   17s, final reward 0.991, held-out pass@1 0.086 -> 1.000
+      seed 2  uncapped       eta =  1: 150 steps in   18s, final reward 1.000, held-out pass@1 0.086 -> 0.992
+      seed 2  naive_ppo      eta =  4: 150 steps in   18s, final reward 0.981, held-out pass@1 0.086 -> 0.992
+      seed 2  decoupled_ppo  eta =  4: 150 steps in   20s, final reward 0.506, held-out pass@1 0.086 -> 0.344
+      seed 2  uncapped       eta =  4: 150 steps in   35s, final reward 0.963, held-out pass@1 0.086 -> 0.672
+      seed 2  naive_ppo      eta = 16: 150 steps in   29s, final reward 0.954, held-out pass@1 0.086 -> 0.949
+      seed 2  decoupled_ppo  eta = 16: 150 steps in   28s, final reward 0.694, held-out pass@1 0.086 -> 0.344
+      seed 2  uncapped       eta = 16: 150 steps in   28s, final reward 0.545, held-out pass@1 0.086 -> 0.320
 
     Step 3. inside the train steps (steps after the first eta; means over steps and seeds)
-      eta staleness KL(mu|pi_prox)  max c   clipped tokens: naive decoupled   mixed groups: naive decoupled
-        0       0.0         0.0000    1.0                    0.0%      0.0%                  0.17      0.17
-        1       1.0         0.0248   33.8                    5.7%      0.0%                  0.22      0.06
-        4       4.0         0.2194  599.0                   21.4%      0.0%                  0.44      0.10
-       16      16.0         0.7939  524.4                   47.0%      0.0%                  0.77      0.05
-      -> staleness = eta on every step after the first eta: True;  decoupled PPO never clips with one update per step (r = pi_theta/pi_prox = 1): True
+      eta  lag KL(mu|pi_prox)  max c  ESS of c: uncapped capped dropped  clipped: naive decoupled  mixed groups: naive decoupled uncapped
+        0  0.0         0.0000      1                1.00   1.00   0.00%            2.4%      2.4%                 0.12      0.12     0.12
+        1  1.0         0.0475    208                0.88   0.96   0.08%            9.2%      2.7%                 0.20      0.15     0.16
+        4  4.0         0.4829   2183                0.69   0.82   0.32%           22.1%      3.7%                 0.33      0.20     0.18
+       16 16.0         1.1380   3689                0.30   0.62   1.18%           40.9%      3.9%                 0.59      0.28     0.20
+      -> staleness = eta on every step after the first eta: True;  on stale data naive PPO's clip (centred on mu) masks more tokens than decoupled PPO's: True
 
-    Step 4. AReaL Table 2 in miniature: mean over seeds (each seed); training reward = mean of the last 10 steps; held-out pass@1 after RL (before RL: 0.059)
-             eta      train reward: naive              decoupled          held-out: naive              decoupled
-      0 (oracle)                              0.750 (0.69, 0.81)                              0.807 (0.73, 0.88)
-               1       0.897 (0.88, 0.91)     0.580 (0.68, 0.48)       0.910 (0.88, 0.94)     0.678 (0.70, 0.66)
-               4       0.832 (0.73, 0.93)     0.558 (0.64, 0.48)       0.836 (0.74, 0.93)     0.662 (0.67, 0.66)
-              16       0.606 (0.59, 0.62)     0.478 (0.48, 0.48)       0.654 (0.56, 0.75)     0.656 (0.66, 0.66)
-      wall time 1126s, CPU time 326s
+    Step 4. AReaL Table 2 in miniature (held-out pass@1 before RL: 0.068)
+      training reward, mean of the last 10 steps
+             eta                   naive_ppo             decoupled_ppo                  uncapped
+      0 (oracle)    0.932 (0.80, 1.00, 1.00)  0.932 (0.80, 1.00, 1.00)  0.932 (0.80, 1.00, 1.00)
+               1    0.963 (0.95, 0.94, 1.00)  0.825 (0.49, 0.99, 0.99)  0.879 (0.75, 0.89, 1.00)
+               4    0.925 (0.81, 0.99, 0.98)  0.671 (0.77, 0.74, 0.51)  0.857 (0.72, 0.89, 0.96)
+              16    0.932 (0.89, 0.95, 0.95)  0.661 (0.54, 0.75, 0.69)  0.571 (0.66, 0.51, 0.54)
+      held-out pass@1 after RL
+             eta                   naive_ppo             decoupled_ppo                  uncapped
+      0 (oracle)    0.953 (0.86, 1.00, 1.00)  0.953 (0.86, 1.00, 1.00)  0.953 (0.86, 1.00, 1.00)
+               1    0.988 (1.00, 0.97, 1.00)  0.884 (0.66, 1.00, 1.00)  0.868 (0.66, 0.95, 0.99)
+               4    0.902 (0.71, 1.00, 0.99)  0.633 (0.82, 0.73, 0.34)  0.660 (0.72, 0.59, 0.67)
+              16    0.935 (0.86, 0.99, 0.95)  0.605 (0.64, 0.84, 0.34)  0.486 (0.79, 0.34, 0.32)
+      naive_degrades_with_eta              False
+      decoupled_near_the_oracle            False
+      decoupled_beats_naive_when_stale     False
+      wall time 1097s, CPU time 820s
 
-    wrote /tmp/t11/m07/out/naive_vs_decoupled.png and /tmp/t11/m07/out/results.json
+        wrote OUT/naive_vs_decoupled.png and OUT/results.json
 """
 
 from __future__ import annotations
@@ -194,30 +216,46 @@ from minirl.config import make_config
 from minirl.metrics_log import read_metrics
 from minirl.runner import Run
 
-LOSSES = ("naive_ppo", "decoupled_ppo")
+# The three objectives compared, as `--set` overrides: AReaL's baseline, decoupled PPO as AReaL's
+# trainer runs it (c = pi_prox/mu bounded: tokens with c > 5 leave the loss), and the paper's
+# Eq. 5 as written (no bound: rl.behaviour_cap=0).
+ARMS = {
+    "naive_ppo": ["rl.loss=naive_ppo"],
+    "decoupled_ppo": ["rl.loss=decoupled_ppo"],
+    "uncapped": ["rl.loss=decoupled_ppo", "rl.behaviour_cap=0"],
+}
+ORACLE = "decoupled_ppo"  # eta = 0: on fresh data the three are the same loss; one run stands in
 COMMON = [
     "rl.scheduler=lockstep",  # eta batches ahead, logically: the same staleness on any machine
     "rl.batch_order=oldest",  # AReaL: train on the oldest data first, so staleness = eta
+    "trainer.num_minibatches=4",  # AReaL Table 3: 4 PPO mini-batch updates per train step
+    "trainer.learning_rate=1e-3",
     "rl.checkpoint_every=1000",  # only the final checkpoint
 ]
 FULL = dict(
     overrides=[
         *COMMON,
-        "rl.steps=100",
+        "rl.steps=150",
         "rl.prompts_per_step=32",
         "rl.group_size=8",
         "eval.prompts=64",
     ],
     etas=(0, 1, 4, 16),
-    seeds=(0, 1),
+    seeds=(0, 1, 2),
     last=10,  # "final reward" = mean training reward over the last 10 steps
 )
 FAST = dict(overrides=[*COMMON, "rl.steps=8", "eval.prompts=8"], etas=(0, 1, 4), seeds=(0,), last=3)
+STYLE = {"naive_ppo": "--", "decoupled_ppo": "-", "uncapped": ":"}
 
 
 def settings(etas):
-    """(loss, eta) pairs: eta = 0 once (on fresh data the two losses are the same), then both."""
-    return [("decoupled_ppo", 0)] + [(loss, eta) for eta in etas if eta > 0 for loss in LOSSES]
+    """(arm, eta) pairs: eta = 0 once (on fresh data the losses are the same), then every arm."""
+    return [(ORACLE, 0)] + [(arm, eta) for eta in etas if eta > 0 for arm in ARMS]
+
+
+def arm_at(arm: str, eta: int) -> str:
+    """The run that stands for `arm` at `eta` (the oracle for every arm at eta = 0)."""
+    return ORACLE if eta == 0 else arm
 
 
 def train(overrides: list[str], run_dir: Path) -> tuple[dict, list[dict]]:
@@ -233,52 +271,165 @@ def mean_of(records: list[dict], key: str, start: int = 0) -> float:
 
 
 def plot(runs: dict, etas, seeds, path: Path) -> None:
-    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    fig = Figure(figsize=(13, 4.4), layout="constrained")
     ax, bx = fig.subplots(1, 2, width_ratios=(3, 2))
     colors = dict(zip(etas, ("black", "tab:blue", "tab:orange", "tab:red"), strict=False))
-    for loss, eta in settings(etas):
+    for arm, eta in settings(etas):
         reward = np.mean(
-            [[r["reward/mean"] for r in runs[(loss, eta, seed)]["records"]] for seed in seeds],
+            [[r["reward/mean"] for r in runs[(arm, eta, seed)]["records"]] for seed in seeds],
             axis=0,
         )  # mean over seeds, per step
         window = min(10, len(reward))
         smooth = np.convolve(reward, np.ones(window) / window, mode="valid")
-        label = "eta = 0 (oracle)" if eta == 0 else f"eta = {eta}, {loss.replace('_', ' ')}"
+        label = "eta = 0 (oracle)" if eta == 0 else f"eta = {eta}, {arm.replace('_', ' ')}"
         ax.plot(
             np.arange(window, len(reward) + 1),
             smooth,
             color=colors[eta],
-            linestyle="--" if loss == "naive_ppo" else "-",
+            linestyle=STYLE[arm],
             label=label,
         )
     ax.set_xlabel("RL step (= weight version)")
-    ax.set_ylabel(f"training reward ({min(10, len(reward))}-step average, mean of seeds)")
+    ax.set_ylabel("training reward (10-step average, mean of seeds)")
     ax.set_ylim(0, 1)
     ax.set_title(
-        "naive PPO (dashed) vs decoupled PPO (solid) on data exactly eta versions old", fontsize=9
+        "naive (dashed), decoupled with AReaL's bound c <= 5 (solid), uncapped Eq. 5 (dotted)",
+        fontsize=9,
     )
     ax.legend(fontsize=7, ncol=2, loc="lower right")
     stale = [eta for eta in etas if eta > 0]
     x = np.arange(len(stale))
-    for offset, loss, color in (
-        (-0.2, "naive_ppo", "tab:gray"),
-        (0.2, "decoupled_ppo", "tab:blue"),
+    for offset, arm, color in (
+        (-0.27, "naive_ppo", "tab:gray"),
+        (0.0, "decoupled_ppo", "tab:blue"),
+        (0.27, "uncapped", "tab:purple"),
     ):
-        per_seed = np.array([[runs[(loss, eta, seed)]["after"] for seed in seeds] for eta in stale])
+        per_seed = np.array([[runs[(arm, eta, seed)]["after"] for seed in seeds] for eta in stale])
         bars = bx.bar(
-            x + offset, per_seed.mean(axis=1), 0.4, color=color, label=loss.replace("_", " ")
+            x + offset, per_seed.mean(axis=1), 0.27, color=color, label=arm.replace("_", " ")
         )
-        bx.bar_label(bars, fmt="%.2f", fontsize=7)
+        bx.bar_label(bars, fmt="%.2f", fontsize=6)
         for i, values in enumerate(per_seed):  # one dot per seed
-            bx.plot([x[i] + offset] * len(values), values, "k.", markersize=4)
-    oracle = np.mean([runs[("decoupled_ppo", 0, seed)]["after"] for seed in seeds])
+            bx.plot([x[i] + offset] * len(values), values, "k.", markersize=3)
+    oracle = np.mean([runs[(ORACLE, 0, seed)]["after"] for seed in seeds])
     bx.axhline(oracle, color="black", linestyle=":", label=f"eta = 0 (oracle) {oracle:.2f}")
     bx.set_xticks(x, [f"eta = {eta}" for eta in stale])
     bx.set_ylabel("held-out pass@1 after RL (bars: mean, dots: seeds)")
-    bx.set_ylim(0, 1.05)
+    bx.set_ylim(0, 1.1)
     bx.set_title("AReaL Table 2 in miniature", fontsize=9)
-    bx.legend(fontsize=7, loc="upper right")
+    bx.legend(fontsize=7, loc="lower left")
     fig.savefig(path, dpi=110)
+
+
+def run_all(s: dict, out: Path) -> dict:
+    """Steps 1-2: one run per (arm, eta, seed)."""
+    runs = {}
+    for seed in s["seeds"]:
+        for arm, eta in settings(s["etas"]):
+            overrides = [
+                *s["overrides"],
+                *ARMS[arm],
+                f"rl.eta={eta}",
+                f"rl.seed={seed}",
+                f"sft.seed={seed}",  # the initial weights
+            ]
+            t0 = time.perf_counter()
+            summary, records = train(overrides, out / "runs" / f"{arm}_eta{eta}_seed{seed}")
+            run = runs[(arm, eta, seed)] = {
+                "records": records,
+                "before": summary["before"]["pass@1"],
+                "after": summary["after"]["pass@1"],
+                "final_reward": mean_of(records, "reward/mean", -s["last"]),
+            }
+            print(
+                f"  seed {seed}  {arm:14s} eta = {eta:2d}: {len(records)} steps in "
+                f"{time.perf_counter() - t0:4.0f}s, final reward {run['final_reward']:.3f}, "
+                f"held-out pass@1 {run['before']:.3f} -> {run['after']:.3f}"
+            )
+    return runs
+
+
+def inside_the_step(runs: dict, etas, seeds) -> tuple[dict, bool]:
+    """Step 3: per eta, means over the steps after the first eta (and over seeds)."""
+    print(
+        f"  {'eta':>3s} {'lag':>4s} {'KL(mu|pi_prox)':>14s} {'max c':>6s}  "
+        f"{'ESS of c: uncapped':>18s} {'capped':>6s} {'dropped':>7s}  "
+        f"{'clipped: naive':>14s} {'decoupled':>9s}  {'mixed groups: naive':>19s} "
+        f"{'decoupled':>9s} {'uncapped':>8s}"
+    )
+
+    def stat(arm, eta, key, reduce=np.mean):
+        records = [
+            r for seed in seeds for r in runs[(arm_at(arm, eta), eta, seed)]["records"][eta:]
+        ]
+        return float(reduce([r[key] for r in records]))
+
+    lag_ok, table = True, {}
+    for eta in etas:
+        lag_ok &= all(
+            r["lag/mean"] == eta
+            for arm in ARMS
+            for seed in seeds
+            for r in runs[(arm_at(arm, eta), eta, seed)]["records"][eta:]
+        )
+        row = table[eta] = {
+            "staleness": stat(ORACLE, eta, "lag/mean"),
+            "kl_behav_k3": stat(ORACLE, eta, "train/kl_behav_k3"),
+            "correction_max": stat("uncapped", eta, "train/correction_max", np.max),
+            "ess_uncapped": stat("uncapped", eta, "train/is_weight_ess"),
+            "ess_capped": stat("decoupled_ppo", eta, "train/is_weight_ess"),
+            "dropped": stat("decoupled_ppo", eta, "train/is_weight_zero_fraction"),
+            **{
+                f"clip_{a}": stat(a, eta, "train/clip_fraction")
+                for a in ("naive_ppo", "decoupled_ppo")
+            },
+            **{f"mixed_{a}": stat(a, eta, "reward/mixed_groups") for a in ARMS},
+        }
+        print(
+            f"  {eta:3d} {row['staleness']:4.1f} {abs(row['kl_behav_k3']):14.4f} "
+            f"{row['correction_max']:6.0f}  {row['ess_uncapped']:18.2f} {row['ess_capped']:6.2f} "
+            f"{row['dropped']:7.2%}  {row['clip_naive_ppo']:14.1%} {row['clip_decoupled_ppo']:9.1%}  "
+            f"{row['mixed_naive_ppo']:19.2f} {row['mixed_decoupled_ppo']:9.2f} "
+            f"{row['mixed_uncapped']:8.2f}"
+        )
+    return table, lag_ok
+
+
+def table_2(runs: dict, etas, seeds, key: str, title: str) -> dict:
+    """Step 4: one of AReaL Table 2's halves, per eta and arm: mean over seeds (each seed)."""
+    print(f"  {title}")
+    width = 7 + 6 * len(seeds)
+    print(f"  {'eta':>10s}   " + " ".join(f"{arm:>{width}s}" for arm in ARMS))
+    means = {}
+    for eta in etas:
+        cells = []
+        for arm in ARMS:
+            values = [runs[(arm_at(arm, eta), eta, seed)][key] for seed in seeds]
+            means[(arm, eta)] = float(np.mean(values))
+            each = ", ".join(f"{v:.2f}" for v in values)
+            cells.append(
+                f"{np.mean(values):.3f} ({each})" if len(values) > 1 else f"{values[0]:.3f}"
+            )
+        label = "0 (oracle)" if eta == 0 else str(eta)
+        print(f"  {label:>10s}   " + " ".join(f"{c:>{width}s}" for c in cells))
+    return means
+
+
+def shape_of_table_2(held_out: dict, etas) -> dict:
+    """AReaL Table 2's two findings, read off held-out pass@1 (means over seeds)."""
+    stale = [eta for eta in etas if eta > 0]
+    oracle = held_out[(ORACLE, 0)]
+    return {
+        "naive_degrades_with_eta": all(
+            held_out[("naive_ppo", b)] < held_out[("naive_ppo", a)]
+            for a, b in zip(stale, stale[1:], strict=False)
+        ),
+        "decoupled_near_the_oracle": all(
+            held_out[("decoupled_ppo", eta)] >= oracle - 0.05 for eta in stale
+        ),
+        "decoupled_beats_naive_when_stale": held_out[("decoupled_ppo", stale[-1])]
+        > held_out[("naive_ppo", stale[-1])],
+    }
 
 
 def main() -> None:
@@ -289,111 +440,38 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     s = FAST if args.fast else FULL
-    etas, seeds, last = s["etas"], s["seeds"], s["last"]
+    etas, seeds = s["etas"], s["seeds"]
     wall0, cpu0 = time.perf_counter(), time.process_time()
     print(
         f"mode: {'fast' if args.fast else 'full'}   task 'fixture' (parity) with {s['overrides']}"
     )
 
-    # Step 1 and 2: one run per (loss, eta, seed).
     print(
-        f"\nStep 1-2. one run per (loss, eta, seed), seeds {list(seeds)}: Run(cfg, run_dir).train()"
+        f"\nStep 1-2. one run per (arm, eta, seed), seeds {list(seeds)}: Run(cfg, run_dir).train()"
     )
-    runs = {}
-    for seed in seeds:
-        for loss, eta in settings(etas):
-            overrides = [
-                *s["overrides"],
-                f"rl.loss={loss}",
-                f"rl.eta={eta}",
-                f"rl.seed={seed}",
-                f"sft.seed={seed}",
-            ]  # sft.seed: the initial weights
-            t0 = time.perf_counter()
-            summary, records = train(overrides, out / "runs" / f"{loss}_eta{eta}_seed{seed}")
-            run = runs[(loss, eta, seed)] = {
-                "records": records,
-                "before": summary["before"]["pass@1"],
-                "after": summary["after"]["pass@1"],
-                "final_reward": mean_of(records, "reward/mean", -last),
-            }
-            print(
-                f"  seed {seed}  {loss:14s} eta = {eta:2d}: {len(records)} steps in "
-                f"{time.perf_counter() - t0:4.0f}s, final reward {run['final_reward']:.3f}, "
-                f"held-out pass@1 {run['before']:.3f} -> {run['after']:.3f}"
-            )
+    runs = run_all(s, out)
 
-    # Step 3: the staleness eta promises, and what it does inside a train step.
     print(
         "\nStep 3. inside the train steps (steps after the first eta; means over steps and seeds)"
     )
-    print(
-        f"  {'eta':>3s} {'staleness':>9s} {'KL(mu|pi_prox)':>14s} {'max c':>6s}   "
-        f"{'clipped tokens: naive':>21s} {'decoupled':>9s}   {'mixed groups: naive':>19s} "
-        f"{'decoupled':>9s}"
+    table3, lag_ok = inside_the_step(runs, etas, seeds)
+    naive_clips_more = all(
+        row["clip_naive_ppo"] > row["clip_decoupled_ppo"] for eta, row in table3.items() if eta > 0
     )
-    lag_ok, table3 = True, {}
-
-    def stat(loss, eta, key, reduce=np.mean):
-        return float(
-            reduce([r[key] for seed in seeds for r in runs[(loss, eta, seed)]["records"][eta:]])
-        )
-
-    for eta in etas:
-        naive = "decoupled_ppo" if eta == 0 else "naive_ppo"  # eta = 0: one run stands for both
-        for loss in dict.fromkeys((naive, "decoupled_ppo")):  # each run once
-            lag_ok &= all(
-                r["lag/mean"] == eta
-                for seed in seeds
-                for r in runs[(loss, eta, seed)]["records"][eta:]
-            )
-        row = table3[eta] = {
-            "staleness": stat("decoupled_ppo", eta, "lag/mean"),
-            "kl_behav_k3": stat("decoupled_ppo", eta, "train/kl_behav_k3"),
-            "correction_max": stat("decoupled_ppo", eta, "train/correction_max", np.max),
-            "clip_naive": stat(naive, eta, "train/clip_fraction"),
-            "clip_decoupled": stat("decoupled_ppo", eta, "train/clip_fraction"),
-            "mixed_naive": stat(naive, eta, "reward/mixed_groups"),
-            "mixed_decoupled": stat("decoupled_ppo", eta, "reward/mixed_groups"),
-        }
-        print(
-            f"  {eta:3d} {row['staleness']:9.1f} {abs(row['kl_behav_k3']):14.4f} "
-            f"{row['correction_max']:6.1f}   {row['clip_naive']:21.1%} "
-            f"{row['clip_decoupled']:9.1%}   {row['mixed_naive']:19.2f} "
-            f"{row['mixed_decoupled']:9.2f}"
-        )
-    decoupled_unclipped = all(row["clip_decoupled"] == 0.0 for row in table3.values())
     print(
-        f"  -> staleness = eta on every step after the first eta: {lag_ok};  decoupled PPO "
-        f"never clips with one update per step (r = pi_theta/pi_prox = 1): {decoupled_unclipped}"
+        f"  -> staleness = eta on every step after the first eta: {lag_ok};  on stale data naive "
+        f"PPO's clip (centred on mu) masks more tokens than decoupled PPO's: {naive_clips_more}"
     )
 
-    # Step 4: AReaL Table 2 in miniature.
-    def cell(loss, eta, key):
-        values = [runs[(loss, eta, seed)][key] for seed in seeds]
-        each = ", ".join(f"{v:.2f}" for v in values)
-        return f"{np.mean(values):.3f} ({each})" if len(values) > 1 else f"{values[0]:.3f}"
-
-    before = np.mean([runs[("decoupled_ppo", 0, seed)]["before"] for seed in seeds])
-    print(
-        f"\nStep 4. AReaL Table 2 in miniature: mean over seeds (each seed); training reward = "
-        f"mean of the last {last} steps; held-out pass@1 after RL (before RL: {before:.3f})"
+    before = np.mean([runs[(ORACLE, 0, seed)]["before"] for seed in seeds])
+    print(f"\nStep 4. AReaL Table 2 in miniature (held-out pass@1 before RL: {before:.3f})")
+    reward = table_2(
+        runs, etas, seeds, "final_reward", f"training reward, mean of the last {s['last']} steps"
     )
-    width = 22 if len(seeds) > 1 else 9
-    print(
-        f"  {'eta':>10s}   {'train reward: naive':>{width}s} {'decoupled':>{width}s}   "
-        f"{'held-out: naive':>{width}s} {'decoupled':>{width}s}"
-    )
-    print(
-        f"  {'0 (oracle)':>10s}   {cell('decoupled_ppo', 0, 'final_reward'):>{2 * width + 1}s}   "
-        f"{cell('decoupled_ppo', 0, 'after'):>{2 * width + 1}s}"
-    )
-    for eta in etas[1:]:
-        print(
-            f"  {eta:10d}   {cell('naive_ppo', eta, 'final_reward'):>{width}s} "
-            f"{cell('decoupled_ppo', eta, 'final_reward'):>{width}s}   "
-            f"{cell('naive_ppo', eta, 'after'):>{width}s} {cell('decoupled_ppo', eta, 'after'):>{width}s}"
-        )
+    held_out = table_2(runs, etas, seeds, "after", "held-out pass@1 after RL")
+    shape = shape_of_table_2(held_out, etas)
+    for claim, holds in shape.items():
+        print(f"  {claim:36s} {holds}")
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     print(f"  wall time {wall:.0f}s, CPU time {cpu:.0f}s")
 
@@ -403,19 +481,23 @@ def main() -> None:
             {
                 "mode": "fast" if args.fast else "full",
                 "overrides": s["overrides"],
+                "arms": ARMS,
                 "etas": list(etas),
                 "seeds": list(seeds),
                 "lag_equals_eta": lag_ok,
-                "decoupled_never_clips": decoupled_unclipped,
+                "naive_clips_more_when_stale": naive_clips_more,
                 "inside_the_step": {f"eta{eta}": row for eta, row in table3.items()},
+                "final_reward": {f"{a}/eta{e}": v for (a, e), v in reward.items()},
+                "held_out": {f"{a}/eta{e}": v for (a, e), v in held_out.items()},
+                "shape_of_table_2": shape,
                 "runs": {
-                    f"{loss}/eta{eta}/seed{seed}": {
+                    f"{arm}/eta{eta}/seed{seed}": {
                         "final_reward": run["final_reward"],
                         "pass@1_before": run["before"],
                         "pass@1_after": run["after"],
                         "reward_per_step": [r["reward/mean"] for r in run["records"]],
                     }
-                    for (loss, eta, seed), run in runs.items()
+                    for (arm, eta, seed), run in runs.items()
                 },
                 "seconds": wall,
                 "cpu_seconds": cpu,
@@ -424,7 +506,7 @@ def main() -> None:
         )
     )
     print(f"\nwrote {out / 'naive_vs_decoupled.png'} and {out / 'results.json'}")
-    if not (lag_ok and decoupled_unclipped):
+    if not (lag_ok and naive_clips_more):
         raise SystemExit("the staleness or the clip is not what this lesson claims: see above")
 
 
