@@ -37,16 +37,15 @@ mean / p95 / max of both |log pi_theta - log pi_old| over the first update's cou
 numerics (the training graph vs the recompute graph), the second adds the decode-vs-forward gap;
 for tokens of older versions the second also holds the real policy change since then.
 
-Placement (the one door to devices): every micro-batch array enters the jitted functions through
-`placement.rows(x)` (axis 0 = rows) and every row-shaped result leaves through
-`placement.host(x)` (minirl/placement.py). The default, `HostPlacement`, hands numpy to jit (one
-device, no mesh); scale/mesh.py's `RowPlacement` splits the rows over a mesh's data axes, which
-with parameters placed by `scale.mesh.place_params` makes the step data- and FSDP-parallel.
+Placement (the one door to devices): micro-batch arrays enter the jitted functions through
+`placement.rows(x)` and row-shaped results leave through `placement.host(x)`
+(minirl/placement.py). `HostPlacement` (the default) hands numpy to jit; scale/mesh.py's
+`RowPlacement` splits rows over a mesh's data axes: with `scale.mesh.place_params`, data and FSDP.
 
-The parts live in their own files: minirl/microbatch.py plans micro-batches, minirl/forward.py
-is the engine-matched forward with its remat policy and the per-micro-batch gradient,
-minirl/optimizer.py the guarded AdamW update. This file holds the state (params, optimizer
-state, counters) and the order of operations.
+The parts live in their own files: minirl/trainer_config.py the knobs, minirl/microbatch.py the
+micro-batch plan, minirl/forward.py the engine-matched forward with its remat policy and the
+per-micro-batch gradient, minirl/optimizer.py the guarded AdamW update. This file holds the
+state (params, optimizer state, counters) and the order of operations.
 
 How it stays fast on a CPU: the NNX model is split once (`nnx.split`); the forward, the
 per-micro-batch gradient accumulation and the optimizer update are pure functions under
@@ -56,16 +55,14 @@ parameter arrays `params()` handed out, and donating the optimizer state made XL
 (minirl/optimizer.py). The hand-written dense backward and the causal block skipping in
 minirl/exact.py are what brought the `small` step to the matmul-peak target (docs/trainer.md).
 
-Simplified on purpose: no mesh of its own (scale/ places parameters and rows); no critic
-(objectives with `needs_values` are refused: the model has no value head); rows are padded, not
-packed padding-free (the model has no segment mask).
+Simplified on purpose: no mesh of its own (scale/ places parameters and rows); no critic (the
+model has no value head: objectives with `needs_values` are refused); rows are padded, not packed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import time
 from typing import Any
 
@@ -78,7 +75,6 @@ from minirl import microbatch as mbt
 from minirl import optimizer
 from minirl.diagnostics import first_update_dlogp
 from minirl.forward import (
-    REMAT_POLICIES,
     ForwardSpec,
     accumulate_fn,
     forward_fn,
@@ -89,60 +85,11 @@ from minirl.model import ModelConfig, abstract_model
 from minirl.optimizer import learning_rate
 from minirl.placement import HostPlacement, place_like, shardings_like_params
 from minirl.sampling import Sampling
+from minirl.trainer_config import TrainerConfig
 from minirl.trees import match_template
 from minirl.types import Batch
 
 __all__ = ["Trainer", "TrainerConfig", "learning_rate"]
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainerConfig:
-    """Optimisation and numerics of the trainer. Defaults run the `tiny` model on a laptop CPU."""
-
-    # optimiser: AdamW with global-norm clipping
-    learning_rate: float = 1e-4  # peak learning rate
-    schedule: str = "constant"  # "constant" or "cosine" (after warm-up, down to min_lr_ratio)
-    warmup_steps: int = 0  # train steps of linear warm-up
-    total_steps: int = 1000  # cosine: train steps from start to the end of the decay
-    min_lr_ratio: float = 0.1  # cosine: final learning rate / peak
-    b1: float = 0.9
-    b2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.0  # decoupled (AdamW); applied to matrices only, never to norms
-    max_grad_norm: float = 1.0  # global-norm clipping threshold; 0 = no clipping
-    # batching
-    micro_batch_tokens: int = 4096  # padded tokens (rows x length) per forward/backward pass
-    bucket_minimum: int = 32  # micro-batch lengths are bucket lengths (minirl.batching)
-    ppo_epochs: int = 1  # passes over the batch per train step
-    num_minibatches: int = 1  # optimizer updates per pass (rows shuffled, split evenly)
-    seed: int = 0  # keys the mini-batch shuffle: fold(seed, step, epoch)
-    remat: str = "none"  # "none" | "dots" | "nothing": jax.checkpoint policy per block
-
-    def __post_init__(self):
-        s = self
-        rules = [  # (holds, what must hold)
-            (s.learning_rate > 0 and math.isfinite(s.learning_rate), "learning_rate > 0, finite"),
-            (s.schedule in optimizer.SCHEDULES, f"schedule in {optimizer.SCHEDULES}"),
-            (s.warmup_steps >= 0 and s.total_steps >= 1, "warmup_steps >= 0, total_steps >= 1"),
-            (s.seed >= 0, "seed >= 0"),
-            (
-                s.schedule != "cosine" or s.total_steps > s.warmup_steps,
-                "total_steps > warmup_steps",
-            ),
-            (0.0 <= s.min_lr_ratio <= 1.0, "0 <= min_lr_ratio <= 1"),
-            (0.0 <= s.b1 < 1.0 and 0.0 <= s.b2 < 1.0, "0 <= b1, b2 < 1"),
-            (s.eps > 0 and s.weight_decay >= 0, "eps > 0 and weight_decay >= 0"),
-            (s.max_grad_norm >= 0, "max_grad_norm >= 0 (0 = no clipping)"),
-            (
-                s.micro_batch_tokens >= 1 and s.bucket_minimum >= 1,
-                "micro_batch_tokens, bucket_minimum >= 1",
-            ),
-            (s.ppo_epochs >= 1 and s.num_minibatches >= 1, "ppo_epochs, num_minibatches >= 1"),
-            (s.remat in REMAT_POLICIES, f"remat in {tuple(REMAT_POLICIES)}"),
-        ]
-        for holds, rule in rules:
-            if not holds:
-                raise ValueError(f"TrainerConfig: {rule} must hold; got {self}")
 
 
 # ---------------------------------------------------------------------------------------------
