@@ -6,7 +6,9 @@ position t predicts the next token (teacher forcing):
     sequence   s = prompt (P tokens) + completion (C tokens)
     tokens     s[0 : P+C-1]                  what the model reads
     targets    s[1 : P+C]                    what position t should predict
-    mask       1.0 at t = P-1 .. P+C-2       the targets that are completion tokens
+    mask       1.0 at t = P-1 .. P+C-2       the targets that are completion tokens (times
+                                             rollout.mask: a multi-turn episode's observation
+                                             tokens are read, never trained on)
 
 so completion token c sits at target position P-1+c, and its behaviour log-prob and weight version
 go to that same position. This is exactly how the rollout engine scored it: the logits it sampled
@@ -57,10 +59,11 @@ def _check_rollouts(rollouts: Sequence[Rollout]) -> None:
                 f"rollout {i} (prompt uid {r.prompt.uid}) has a non-finite reward {r.score.reward}"
             )
         c = len(r.tokens)
-        if len(r.logprobs) != c or len(r.versions) != c:
+        m = c if r.mask is None else len(r.mask)
+        if len(r.logprobs) != c or len(r.versions) != c or m != c:
             raise ValueError(
-                f"rollout {i}: tokens, logprobs and versions must have equal lengths, got "
-                f"{c}, {len(r.logprobs)}, {len(r.versions)}"
+                f"rollout {i}: tokens, logprobs, versions and mask must have equal lengths, got "
+                f"{c}, {len(r.logprobs)}, {len(r.versions)}, {m}"
             )
         if len(r.prompt.tokens) == 0:
             raise ValueError(f"rollout {i}: the prompt has no tokens (it should at least hold BOS)")
@@ -103,7 +106,7 @@ def make_batch(rollouts: Sequence[Rollout], pad_id: int, bucket_minimum: int = 3
         n, p, c = lengths[i], len(r.prompt.tokens), len(r.tokens)
         tokens[i, :n] = seq[:-1]
         targets[i, :n] = seq[1:]
-        mask[i, p - 1 : p - 1 + c] = 1.0
+        mask[i, p - 1 : p - 1 + c] = 1.0 if r.mask is None else r.mask
         behaviour[i, p - 1 : p - 1 + c] = r.logprobs
         versions[i, p - 1 : p - 1 + c] = r.versions
         if r.prompt.uid not in seen:

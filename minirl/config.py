@@ -39,12 +39,24 @@ VOCAB = CharTokenizer().vocab_size  # the built-in tasks' character tokenizer
 
 
 FILE_TASK = "file"  # task.name of a run on the dataset files named in `data`
+TOOLS = ("calc", "py")  # task.tools: minirl/envs/calculator.py, minirl/envs/python_tool.py
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
     name: str = "countdown"  # a built-in task (minirl.data.list_tasks()), or "file" (see data.*)
     args: dict = dataclasses.field(default_factory=dict)  # the task's difficulty knobs
+    tools: tuple[
+        str, ...
+    ] = ()  # multi-turn episodes with these tools: calc, py (docs/multiturn.md)
+    max_turns: int = 4  # with tools: assistant turns per episode
+
+    def __post_init__(self):
+        unknown = [t for t in self.tools if t not in TOOLS]
+        if unknown or len(set(self.tools)) != len(self.tools):
+            raise ValueError(f"task.tools: each of {TOOLS} at most once, got {list(self.tools)}")
+        if self.max_turns < 1:
+            raise ValueError(f"task.max_turns must be >= 1, got {self.max_turns}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +244,13 @@ class RunConfig:
                 if getattr(self.data, f.name) != getattr(DataConfig(), f.name)
             ]
             raise ConfigError(f"data.{changed[0]} does nothing without a dataset (--data FILE)")
+        if uses_file and self.task.tools:
+            raise ConfigError(
+                "task.tools works with the built-in tasks only for now: a dataset's prompts "
+                "are rendered with the chat template before an episode could lay them out"
+            )
+        if self.task.max_turns != TaskSpec.max_turns and not self.task.tools:
+            raise ConfigError("task.max_turns does nothing without task.tools")
         rl = self.rl
         if rl.behaviour_cap != BEHAVIOUR_CAP and not has_behaviour_cap(get_preset(rl.loss)):
             raise ConfigError(

@@ -72,6 +72,8 @@ def _parse(text: str, tp: Any, key: str) -> Any:
         except (ValueError, SyntaxError):
             if tp is Any:
                 return text
+            if args in ((str, ...), (str,)):  # words: calc,py -> ("calc", "py")
+                return tuple(w.strip() for w in text.split(",") if w.strip())
             raise ConfigError(
                 f"{key}: expected a Python literal like (1, 2), got {text!r}"
             ) from None

@@ -47,7 +47,7 @@ from minirl.batching import make_batch
 from minirl.data.filters import dynamic_filter
 from minirl.data.mixture import Mixture
 from minirl.diagnostics import batch_diagnostics
-from minirl.evaluation import decode_rollouts
+from minirl.evaluation import assistant_turns, decode_rollouts
 from minirl.metrics_log import flatten_metrics
 from minirl.scheduler import Request
 from minirl.types import Rollout, Score
@@ -394,6 +394,9 @@ class Controller:
             "lag/mean": float(np.mean([self._lag(g) - 1 for g in groups])),
             "buffer/groups": float(len(self.buffer)),
         }
+        episodes = [r for g in groups for r in g.rollouts]
+        if any(r.mask is not None for r in episodes):  # multi-turn (task.tools)
+            out["turns/mean"] = float(np.mean([assistant_turns(r) for r in episodes]))
         out.update(
             flatten_metrics(batch_diagnostics(batch, np.asarray(prox), self.counters.version))
         )

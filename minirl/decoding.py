@@ -7,6 +7,10 @@ the KV cache donated (updated in place):
             bucket) runs through the model with a fresh [R, T] cache; its keys/values are
             written into the rows' slots of the engine's cache; each row's next token is
             sampled from its last real position.
+  extend    a group of held multi-turn slots, each with new tokens [R, T] (the pending last
+            token and an observation, right-padded to a length bucket) appended after the
+            positions its cache already holds — a prefill at a per-slot offset, so an episode's
+            history is never re-run — then each row's next token is sampled, as in prefill.
   decode    `chunk` single-token steps for every slot in one `lax.fori_loop`; step i samples
             completion index `index + i` with the key fold_in(seed, uid, sample, index + i).
             A slot whose budget is spent keeps computing (shapes are static) but stops
@@ -86,16 +90,63 @@ def decode(graphdef, s: Settings, params, cache, last, index, ids, budget, seed,
     return s.layout.write_back(cache, view, starts, budget, s.chunk), toks, logps
 
 
+def extend(
+    graphdef,
+    s: Settings,
+    params,
+    cache,
+    tokens,
+    lengths,
+    slot_ids,
+    starts,
+    ids,
+    index,
+    seed,
+    *,
+    width: int,
+):
+    """tokens [R, T] right-padded, lengths [R]: append them to slots `slot_ids` after the first
+    starts[r] positions (what the host knows each holds: a held slot's device length may have
+    run past its turn's end inside a decode chunk), attending over the first `width` cache
+    positions (enough for every row after the append); sample each row's next token
+    (completion index `index`)."""
+    model = nnx.merge(graphdef, params)
+    t = tokens.shape[1]
+    view = s.layout.view(cache, width)  # [B, W] every slot
+    held = view.lengths.at[slot_ids].set(starts, mode="drop")  # [B]
+    pad = ((0, 0), (0, t), (0, 0), (0, 0))  # room for T new positions after any row's start
+    take = lambda x: jnp.pad(x.at[slot_ids].get(mode="clip"), pad)  # noqa: E731  [R, W+T, K, Dh]
+    rows = KVCache(tuple(map(take, view.k)), tuple(map(take, view.v)), starts)
+    logits, rows = model(tokens, cache=rows, num_new=lengths, exact=s.sampling.exact)  # [R, T, V]
+    put = lambda full, part: full.at[slot_ids].set(part[:, :width], mode="drop")  # noqa: E731
+    added = jnp.zeros_like(held).at[slot_ids].set(lengths, mode="drop")  # [B] 0: untouched
+    view = KVCache(tuple(map(put, view.k, rows.k)), tuple(map(put, view.v, rows.v)), held + added)
+    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [R, V]
+    tok, logp = _sample(s, last, token_keys(seed, ids, index))
+    return s.layout.write_back(cache, view, held, added, t), tok, logp
+
+
+class Compiled(NamedTuple):
+    """The jitted device functions of one setting (the KV cache, argument 1, donated)."""
+
+    prefill: Any
+    decode: Any  # static: width
+    extend: Any  # static: width
+
+
 @functools.lru_cache(maxsize=32)
-def compiled(s: Settings):
-    """The jitted prefill and decode for one static setting (engines with equal settings share
-    them, and so share their compiled executables)."""
+def compiled(s: Settings) -> Compiled:
+    """The jitted prefill, decode and extend for one static setting (engines with equal settings
+    share them, and so share their compiled executables)."""
     graphdef = abstract_model(s.model)[0]
-    prefill_fn = jax.jit(functools.partial(prefill, graphdef, s), donate_argnums=(1,))
-    decode_fn = jax.jit(
-        functools.partial(decode, graphdef, s), donate_argnums=(1,), static_argnames=("width",)
+
+    def jit(fn, **static):
+        return jax.jit(functools.partial(fn, graphdef, s), donate_argnums=(1,), **static)
+
+    width = ("width",)
+    return Compiled(
+        jit(prefill), jit(decode, static_argnames=width), jit(extend, static_argnames=width)
     )
-    return prefill_fn, decode_fn
 
 
 def prepare_params(params: Any, cfg: ModelConfig) -> dict:

@@ -5,14 +5,25 @@ the batching):
 
   load_weights(version, params)   swap in new weights (an nnx.State or its pure-dict form)
   submit(requests)                queue work
-  step() -> [Rollout]             one scheduling round: rebuild interrupted caches, fill free
-                                  slots (prefill), decode `decode_chunk` tokens in every active
-                                  slot, return what finished
+  step() -> [Rollout]             one scheduling round: rebuild interrupted caches, append
+                                  queued observations (multi-turn), fill free slots (prefill),
+                                  decode `decode_chunk` tokens in every active slot, return what
+                                  finished
   interrupt(policy)               "discard": drop in-flight requests, re-queue them from scratch
                                   (RLAX: one weight version per rollout); "continue": keep their
                                   tokens and rebuild their KV cache with the weights in use at
                                   the next step (AReaL / PipelineRL: later tokens, newer version)
   generate(requests)              submit + step() until done
+  extend(uid, sample, tokens, n)  multi-turn: a held episode's observation is appended to its
+                                  slot's KV cache (a prefill at the slot's offset: the history
+                                  is never re-run), then its next turn samples up to n tokens
+  release(uid, sample)            multi-turn: the episode is over; free its slot
+
+A `Request(multi_turn=True)` keeps its slot after each turn: the rollout `step()` returns is the
+episode so far (every turn and observation, `Rollout.mask` marking the policy's tokens), and the
+slot is held until `extend` or `release` (minirl/envs/episodes.py drives this). Its tokens are
+keyed by their position after the prompt, observations included, so a turn's draws depend only
+on the episode so far.
 
 The engine is passive: it never reloads weights or fetches work on its own. Calling
 `load_weights` without `interrupt` lets in-flight sequences continue on their old KV cache with
@@ -52,108 +63,15 @@ import numpy as np
 from minirl import paged_cache as P
 from minirl.cache_layout import layout_of
 from minirl.decoding import Settings, compiled, prepare_params
+from minirl.engine_config import EngineConfig
 from minirl.model import ModelConfig
-from minirl.sampling import Sampling, request_ids
+from minirl.sampling import request_ids
 from minirl.scheduler import Request, Scheduler, finish_reason, prefill_groups
 from minirl.types import Rollout
 
 __all__ = ["Engine", "EngineConfig", "Request"]
 
 POLICIES = ("discard", "continue")
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """Everything about how the engine generates (the model's shapes live in ModelConfig)."""
-
-    slots: int = 8  # sequences decoded together (B)
-    cache_len: int = 256  # S: prompt + completion positions per slot
-    prefill_buckets: tuple[int, ...] = (32, 64, 128)  # prompt lengths pad up to one of these
-    prefill_rows: int = 4  # most prompts per prefill call (row counts: powers of two)
-    decode_chunk: int = 8  # decode steps per jitted call
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1.0 = off
-    stop_sequences: tuple[tuple[int, ...], ...] = ()  # token-id sequences that end a completion
-    eos_ids: tuple[
-        int, ...
-    ] = ()  # token ids that end a completion (kept in it); () = a run uses its tokenizer's
-    exact: bool = False  # fixed-order reductions: log-probs bitwise equal to the trainer's
-    paged: bool = False  # paged KV cache instead of slots x cache_len
-    block_size: int = 16  # paged: positions per block
-    num_blocks: int | None = None  # paged: pool size incl. the null block; None = no saving
-    dtype: str | None = None  # compute dtype override ("float32", "bfloat16"); None = model's
-
-    def __post_init__(self):
-        for name in ("slots", "cache_len", "prefill_rows", "decode_chunk", "block_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
-        t, k, p, blocks = self.temperature, self.top_k, self.top_p, self.num_blocks
-        problems = [
-            (t < 0, f"temperature must be >= 0 (0 = greedy), got {t}"),
-            (not 0.0 < p <= 1.0, f"top_p must be in (0, 1], got {p}"),
-            (k < 0, f"top_k must be >= 0 (0 = off), got {k}"),
-            (
-                any(i < 0 for i in self.eos_ids),
-                f"eos_ids must be token ids >= 0, got {self.eos_ids}",
-            ),
-            (blocks is not None and blocks < 2, f"num_blocks must be None or >= 2, got {blocks}"),
-            (t == 0 and (k or p < 1.0), "greedy decoding (temperature 0) takes no top_k / top_p"),
-            (
-                not self.prefill_buckets or min(self.prefill_buckets) < 1,
-                f"prefill_buckets must be positive lengths, got {self.prefill_buckets}",
-            ),
-            (
-                any(not s or not isinstance(s, tuple) for s in self.stop_sequences),
-                "stop_sequences must be non-empty tuples of token ids",
-            ),
-            (
-                self.dtype not in (None, "float32", "bfloat16"),
-                f"dtype must be None, 'float32' or 'bfloat16', got {self.dtype!r}",
-            ),
-            (
-                self.paged and self.cache_len % self.block_size,
-                f"paged: cache_len {self.cache_len} must be a multiple of block_size {self.block_size}",
-            ),
-            (
-                self.paged and blocks is not None and blocks - 1 < self.blocks_per_slot,
-                f"paged: num_blocks={blocks} cannot hold one full sequence plus the null block",
-            ),
-        ]
-        for bad, message in problems:
-            if bad:
-                raise ValueError(message)
-
-    @property
-    def buckets(self) -> tuple[int, ...]:
-        """Prefill lengths: the configured buckets below cache_len, plus cache_len itself (an
-        interrupted sequence is re-prefilled with up to cache_len - 1 tokens)."""
-        below = {b for b in self.prefill_buckets if b < self.cache_len}
-        return tuple(sorted(below | {self.cache_len}))
-
-    @property
-    def windows(self) -> tuple[int, ...]:
-        """Decode attends over the smallest of these prefixes of the cache that holds every
-        active sequence: 64, 128, ... (block multiples when paged), and cache_len."""
-        step = self.block_size if self.paged else 1
-        widths, w = {self.cache_len}, 64
-        while w < self.cache_len:
-            widths.add(min(self.cache_len, -(-w // step) * step))
-            w *= 2
-        return tuple(sorted(widths))
-
-    @property
-    def blocks_per_slot(self) -> int:
-        return -(-self.cache_len // self.block_size)
-
-    @property
-    def pool_blocks(self) -> int:
-        return self.num_blocks or self.slots * self.blocks_per_slot + 1
-
-    @property
-    def sampling(self) -> Sampling:
-        """How this engine draws tokens; the trainer scores them under `sampling.scoring`."""
-        return Sampling(self.temperature, self.top_k, self.top_p, self.exact)
 
 
 class Engine:
@@ -196,6 +114,7 @@ class Engine:
             "discarded",
             "preempted",
             "rebuilt",
+            "extended",
             "slot_steps",
             "decode_tokens",
         )
@@ -235,8 +154,8 @@ class Engine:
         if self._cache is None:
             self._cache = self._kv.empty()
         self._rebuild()
-        finished = self._admit()
-        if self._sched.active():
+        finished = self._extend() + self._admit()
+        if self._sched.decoding():
             finished += self._decode()
         return finished
 
@@ -254,6 +173,29 @@ class Engine:
             for b in active:
                 self._sched.slots[b].needs_rebuild = True
         return len(active)
+
+    def extend(self, uid: int, sample_index: int, tokens, max_new_tokens: int) -> None:
+        """Queue a held multi-turn episode's observation `tokens` (turn markers included) and
+        its next turn of up to `max_new_tokens` tokens (see the module docstring)."""
+        seq = self._sched.slots[self._sched.find(uid, sample_index)]
+        toks = np.asarray(tokens, np.int32).reshape(-1)
+        if not seq.held:
+            raise ValueError(f"prompt {uid}, sample {sample_index}: no finished turn to extend")
+        if not len(toks) or toks.min() < 0 or toks.max() >= self.model_config.vocab_size:
+            raise ValueError(f"prompt {uid}: observation tokens empty or outside the vocabulary")
+        need = seq.prompt_len + len(seq.tokens) + len(toks) + max_new_tokens
+        if need > self.config.cache_len or max_new_tokens < 1:
+            raise ValueError(
+                f"prompt {uid}: the episode ({need} positions with {max_new_tokens} >= 1 new "
+                f"tokens) would not fit cache_len {self.config.cache_len}"
+            )
+        seq.observe(toks, max_new_tokens)
+
+    def release(self, uid: int, sample_index: int) -> None:
+        """A multi-turn episode is over: free its slot and cache."""
+        b = self._sched.find(uid, sample_index)
+        self._kv.release(b)
+        self._sched.release(b)
 
     def generate(self, requests: Iterable[Request]) -> list[Rollout]:
         """Run `requests` to completion on an idle engine; rollouts in request order."""
@@ -301,8 +243,7 @@ class Engine:
 
     def compile_counts(self) -> dict[str, int]:
         """Compiled executables of the (shared) prefill and decode functions."""
-        prefill, decode = compiled(self._static)
-        return {"prefill": prefill._cache_size(), "decode": decode._cache_size()}
+        return {k: fn._cache_size() for k, fn in compiled(self._static)._asdict().items()}
 
     def memory_stats(self) -> dict[str, int]:
         """KV-cache bytes: allocated (persistent), used now, peak used, and the per-call
@@ -317,20 +258,28 @@ class Engine:
     def _device_cache(self):
         return self._kv.for_device(self._cache)
 
-    def _prefill(self, slots: list[int], rows: int, length: int, rebuild: bool):
-        """Prefill `slots` (prompts, or prompt + tokens[:-1] when rebuilding) in one call."""
+    def _prefill(self, slots: list[int], rows: int, length: int, kind: str):
+        """One prefill call for `slots`; `kind` says what each runs (`Sequence.feed`): "prompt",
+        "rebuild" (a fresh cache) or "extend" (appended after what the slot's cache holds)."""
         c = self.config
         tokens = np.zeros((rows, length), np.int32)
         lengths, slot_ids = np.ones(rows, np.int32), np.full(rows, c.slots, np.int32)
         ids, index = np.zeros((rows, 3), np.uint32), np.zeros(rows, np.int32)
         for r, b in enumerate(slots):
             seq = self._sched.slots[b]
-            toks = seq.cached_tokens() if rebuild else np.asarray(seq.request.prompt.tokens)
+            toks, index[r] = seq.feed(kind)
             tokens[r, : len(toks)], lengths[r], slot_ids[r] = toks, len(toks), b
-            ids[r], index[r] = request_ids(seq.request.prompt.uid, seq.request.sample_index), 0
-        prefill, _ = compiled(self._static)
-        args = (tokens, lengths, slot_ids, ids, index, np.uint32(self.seed))
-        self._cache, tok, logp = prefill(self._params, self._device_cache(), *args)
+            ids[r] = request_ids(seq.request.prompt.uid, seq.request.sample_index)
+        fns, cache = compiled(self._static), self._device_cache()
+        rows_in, keys_in = (tokens, lengths, slot_ids), (ids, index, np.uint32(self.seed))
+        if kind == "extend":  # after what each slot holds (its device length may run past)
+            starts = np.zeros(rows, np.int32)
+            starts[: len(slots)] = [self._sched.slots[b].cache_len for b in slots]
+            width = next(w for w in c.windows if w >= max(starts + lengths))
+            out = fns.extend(self._params, cache, *rows_in, starts, *keys_in, width=width)
+        else:
+            out = fns.prefill(self._params, cache, *rows_in, *keys_in)
+        self._cache, tok, logp = out
         self.stats["prefill_calls"] += 1
         self.stats["prefill_rows"] += len(slots)
         return tok, logp
@@ -340,7 +289,7 @@ class Engine:
         slots, c = self._sched.slots, self.config
         todo = [(b, slots[b].cache_len) for b in self._sched.active() if slots[b].needs_rebuild]
         for length, rows, group in prefill_groups(todo, c.buckets, c.prefill_rows):
-            self._prefill(group, rows, length, rebuild=True)
+            self._prefill(group, rows, length, "rebuild")
             for b in group:
                 slots[b].needs_rebuild = False
             self.stats["rebuilt"] += len(group)
@@ -360,15 +309,34 @@ class Engine:
             if not admitted:
                 break
             for length, rows, group in prefill_groups(admitted, c.buckets, c.prefill_rows):
-                tok, logp = self._prefill(group, rows, length, rebuild=False)
+                tok, logp = self._prefill(group, rows, length, "prompt")
                 tok, logp = np.asarray(tok), np.asarray(logp)
                 for r, b in enumerate(group):
                     finished += self._append(b, tok[r : r + 1], logp[r : r + 1])
         return finished
 
+    def _extend(self) -> list[Rollout]:
+        """Append each queued observation to its slot's cache and sample the next turn's first
+        token (a turn can finish on it)."""
+        c, slots, finished = self.config, self._sched.slots, []
+        todo = [b for b in self._sched.active() if slots[b].observation is not None]
+        budget = np.zeros(c.slots, np.int32)
+        for b in todo:
+            fed = 1 + len(slots[b].observation) + c.decode_chunk
+            budget[b] = min(fed, c.cache_len - slots[b].cache_len)
+        self._reserve(budget)  # may preempt (re-queue) some of them
+        todo = [(b, 1 + len(slots[b].observation)) for b in todo if slots[b] is not None]
+        for length, rows, group in prefill_groups(todo, c.buckets, c.prefill_rows):
+            tok, logp = map(np.asarray, self._prefill(group, rows, length, "extend"))
+            for r, b in enumerate(group):
+                slots[b].observation_cached()
+                finished += self._append(b, tok[r : r + 1], logp[r : r + 1])
+            self.stats["extended"] += len(group)
+        return finished
+
     def _reserve(self, budget: np.ndarray) -> None:
-        """Make room for this chunk in every active slot, preempting the youngest sequences
-        (re-queued from scratch) while the cache is short (only a paged pool ever is)."""
+        """Make room for budget[b] more positions in every active slot, preempting the youngest
+        sequences (re-queued from scratch) while the cache is short (only a paged pool ever is)."""
         for b in sorted(self._sched.active(), key=lambda b: self._sched.slots[b].order):
             seq = self._sched.slots[b]
             while seq is not None and not self._kv.ensure(b, seq.cache_len + int(budget[b])):
@@ -382,10 +350,10 @@ class Engine:
     def _decode(self) -> list[Rollout]:
         c, slots = self.config, self._sched.slots
         budget = np.zeros(c.slots, np.int32)
-        for b in self._sched.active():
+        for b in self._sched.decoding():
             budget[b] = min(c.decode_chunk, slots[b].remaining)
         self._reserve(budget)
-        active = self._sched.active()
+        active = self._sched.decoding()
         last, index = np.zeros(c.slots, np.int32), np.zeros(c.slots, np.int32)
         ids = np.zeros((c.slots, 3), np.uint32)
         for b in active:
@@ -394,7 +362,7 @@ class Engine:
         ends = [slots[b].cache_len + int(budget[b]) for b in active]  # positions after the chunk
         self._peak_tokens = max(self._peak_tokens, sum(ends))
         width = next(w for w in c.windows if w >= max(ends))
-        _, decode = compiled(self._static)
+        decode = compiled(self._static).decode
         args = (last, index, ids, budget, np.uint32(self.seed))
         self._cache, toks, logps = decode(self._params, self._device_cache(), *args, width=width)
         toks, logps = np.asarray(toks), np.asarray(logps)  # [B, N] the one sync per chunk
@@ -414,8 +382,10 @@ class Engine:
             self.stats["tokens"] += 1
             reason = finish_reason(seq, self.config.eos_ids, self.config.stop_sequences)
             if reason is not None:
-                self._kv.release(b)
-                self._sched.release(b)
+                seq.held = seq.request.multi_turn  # a held slot keeps its cache for extend()
+                if not seq.held:
+                    self._kv.release(b)
+                    self._sched.release(b)
                 self.stats["finished"] += 1
                 return [seq.to_rollout(reason)]
         return []

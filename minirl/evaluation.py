@@ -27,16 +27,32 @@ def decode_rollouts(rollouts: list[Rollout], tokenizer) -> None:
         r.text = tokenizer.decode(r.tokens)
 
 
-def evaluate(engine, task, tokenizer, prompts: list[Prompt], samples: int) -> dict[str, float]:
-    """pass@1, pass@`samples` and mean completion length of the engine's current weights."""
+def evaluate(
+    engine, task, tokenizer, prompts: list[Prompt], samples: int, verifier=None
+) -> dict[str, float]:
+    """pass@1, pass@`samples`, mean reward and completion length of the engine's current
+    weights, scored by `verifier` (default: the task's). Multi-turn episodes (an EpisodeRunner
+    as the engine, its EpisodeScores as the verifier) also report the mean assistant turns."""
     requests = [Request(p, i, task.max_new_tokens) for p in prompts for i in range(samples)]
     rollouts = engine.generate(requests)
     decode_rollouts(rollouts, tokenizer)
-    rewards = np.array([s.reward for s in task.verifier.score(rollouts)], np.float64)
+    scores = (task.verifier if verifier is None else verifier).score(rollouts)
+    rewards = np.array([s.reward for s in scores], np.float64)
     success = (rewards >= 1.0).reshape(len(prompts), samples)
-    return {
+    out = {
         "pass@1": float(success.mean()),
         f"pass@{samples}": float(success.any(axis=1).mean()),
         "reward": float(rewards.mean()),
         "length": float(np.mean([len(r.tokens) for r in rollouts])),
     }
+    if any(r.mask is not None for r in rollouts):
+        out["turns"] = float(np.mean([assistant_turns(r) for r in rollouts]))
+    return out
+
+
+def assistant_turns(rollout: Rollout) -> int:
+    """How many turns the policy wrote: runs of mask-1 tokens (1 for a single-turn rollout)."""
+    if rollout.mask is None:
+        return 1
+    policy = np.asarray(rollout.mask) > 0
+    return int(np.sum(policy & ~np.concatenate([[False], policy[:-1]])))

@@ -18,6 +18,7 @@ was trained on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from pathlib import Path
 
@@ -27,15 +28,38 @@ from minirl.engine import Engine
 from minirl.tokenizer import CharTokenizer
 
 
-def make_engine(cfg, tokenizer) -> Engine:
+def make_engine(cfg, tokenizer):
     """The rollout engine of a run: `cfg.engine`, its EOS ids (engine.eos_ids, or the
-    tokenizer's when that is empty), sampling keyed by rl.seed."""
+    tokenizer's when that is empty), sampling keyed by rl.seed. With `task.tools` it is an
+    `EpisodeRunner` over that engine (the same interface; multi-turn episodes, each scored by
+    its environment), whose turns also end after a tool call's closing tag."""
     ecfg = (
         cfg.engine
         if cfg.engine.eos_ids
         else dataclasses.replace(cfg.engine, eos_ids=tuple(tokenizer.eos_ids))
     )
-    return Engine(cfg.model, ecfg, seed=cfg.rl.seed)
+    if not cfg.task.tools:
+        return Engine(cfg.model, ecfg, seed=cfg.rl.seed)
+    from minirl.envs import EpisodeConfig, EpisodeRunner, ToolTaskEnv, Turns, stop_sequences
+
+    tools, task = make_tools(cfg), make_task(cfg, tokenizer)
+    stops = tuple(dict.fromkeys(ecfg.stop_sequences + stop_sequences(tools, tokenizer)))
+    engine = Engine(cfg.model, dataclasses.replace(ecfg, stop_sequences=stops), seed=cfg.rl.seed)
+    episodes = EpisodeConfig(max_turns=cfg.task.max_turns)
+    return EpisodeRunner(engine, lambda: ToolTaskEnv(task, tools), Turns(tokenizer), episodes)
+
+
+def make_tools(cfg) -> list:
+    """The tools named in `task.tools` (minirl/envs/), one of each per process (the Python
+    tool holds a sandbox worker: every engine and warm start of a run shares it)."""
+    return [_tool(name) for name in cfg.task.tools]
+
+
+@functools.cache
+def _tool(name: str):
+    from minirl.envs import Calculator, PythonTool
+
+    return {"calc": Calculator, "py": PythonTool}[name]()
 
 
 def load_tokenizer(cfg: RunConfig):
@@ -49,7 +73,12 @@ def load_tokenizer(cfg: RunConfig):
 
 
 def make_verifier(cfg: RunConfig):
-    """The verifier of the run's task (built on its own, e.g. inside a verifier process)."""
+    """The verifier of the run's task (built on its own, e.g. inside a verifier process); with
+    `task.tools` the episodes arrive scored by their environments (`EpisodeScores`)."""
+    if cfg.task.tools:
+        from minirl.envs import EpisodeScores
+
+        return EpisodeScores()
     if cfg.task.name != FILE_TASK:
         from minirl.data import get_task
 

@@ -55,16 +55,20 @@ class Run:
                 f"{self.tokenizer.vocab_size}"
             )
         self.task = make_task(cfg, self.tokenizer)
+        # with task.tools the episodes arrive scored by their environments (EpisodeScores)
+        self.verifier = make_verifier(cfg) if cfg.task.tools else self.task.verifier
         check_available(cfg)  # a tracker asked for and not installed: before any work
 
-    def engine(self, version: int, params) -> Engine:
+    def engine(self, version: int, params):
+        """A rollout engine holding `params` (with task.tools: an EpisodeRunner over one)."""
         engine = make_engine(self.cfg, self.tokenizer)
         engine.load_weights(version, params)
         return engine
 
     def evaluate(self, engine) -> dict[str, float]:
         prompts = heldout_prompts(self.task, self.cfg.eval.prompts)
-        return evaluate(engine, self.task, self.tokenizer, prompts, self.cfg.eval.samples)
+        samples = self.cfg.eval.samples
+        return evaluate(engine, self.task, self.tokenizer, prompts, samples, self.verifier)
 
     def train(self, resume: bool = True, force: bool = False) -> dict:
         """Warm start, evaluate, RL, evaluate; the run directory is locked for the whole time.
@@ -226,7 +230,7 @@ class Run:
             cfg,
             engine=place.engine(lambda: make_engine(cfg, tokenizer), engine),
             trainer=place.trainer(make_trainer),
-            verifier=place.verifier(lambda: make_verifier(cfg), self.task.verifier),
+            verifier=place.verifier(lambda: make_verifier(cfg), self.verifier),
             store=InMemoryWeightStore(keep=max(4, rl.reload_every + 2)),
             mixture=Mixture({self.task.name: train_prompts(self.task)}, seed=rl.seed),
             tokenizer=self.tokenizer,

@@ -14,6 +14,12 @@ A `Sequence` keeps the invariant of the engine's KV cache: the cache of its slot
 prompt and every generated token except the last one, which is "pending" — fed to the model at
 the next decode step. So `cache_len = len(prompt) + len(tokens) - 1`.
 
+Multi-turn episodes (`Request.multi_turn`, minirl/envs/episodes.py): when a turn finishes, the
+sequence is `held` — it keeps its slot and KV cache — until the caller either queues an
+observation (`observe`: the engine appends it to the cache, then the next turn decodes) or
+releases it. `tokens` then holds every turn and observation after the prompt; `mask` marks the
+policy's own tokens (1.0) against observation tokens (0.0, log-prob 0, version -1).
+
 Simplified on purpose: admission is first-come-first-served (no priorities, no fairness between
 prompts); preemption picks the youngest sequence (the one that loses least work).
 """
@@ -36,7 +42,8 @@ class Request:
 
     prompt: Prompt
     sample_index: int = 0
-    max_new_tokens: int = 64
+    max_new_tokens: int = 64  # per turn
+    multi_turn: bool = False  # after each turn keep the slot and its cache (Engine.extend)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -57,6 +64,11 @@ class Sequence:
         self.logprobs: list[float] = []
         self.versions: list[int] = []
         self.needs_rebuild = False  # set by interrupt("continue"): re-prefill before decoding
+        self.mask: list[float] = []  # 1.0: sampled by the policy; 0.0: an observation token
+        self.turn_start = 0  # index in `tokens` of the current turn's first sampled token
+        self.budget = request.max_new_tokens  # tokens the current turn may sample
+        self.held = False  # multi-turn: a turn ended; waits for observe() or release
+        self.observation: np.ndarray | None = None  # observe()d tokens, not yet in the cache
 
     @property
     def prompt_len(self) -> int:
@@ -69,16 +81,47 @@ class Sequence:
 
     @property
     def remaining(self) -> int:
-        return self.request.max_new_tokens - len(self.tokens)
+        return self.budget - (len(self.tokens) - self.turn_start)
+
+    @property
+    def decoding(self) -> bool:
+        """Takes part in the next decode chunk (not held, no observation waiting)."""
+        return not self.held and self.observation is None
 
     def cached_tokens(self) -> np.ndarray:
         """What the cache holds: prompt + tokens[:-1]   # [cache_len] int32"""
         return np.concatenate([self.request.prompt.tokens, self.tokens[:-1]]).astype(np.int32)
 
+    def feed(self, kind: str) -> tuple[np.ndarray, int]:
+        """What a prefill of `kind` runs for this sequence, and the completion index of the token
+        it samples: "prompt" (admission), "rebuild" (what the cache holds: interrupt "continue")
+        or "extend" (the pending last token and the observation, after what the cache holds)."""
+        if kind == "prompt":
+            return np.asarray(self.request.prompt.tokens, np.int32), 0
+        if kind == "rebuild":
+            return self.cached_tokens(), 0
+        fed = np.concatenate([self.tokens[-1:], self.observation]).astype(np.int32)
+        return fed, len(self.tokens) + len(self.observation)
+
     def append(self, token: int, logprob: float, version: int) -> None:
         self.tokens.append(int(token))
         self.logprobs.append(float(logprob))
         self.versions.append(int(version))
+        self.mask.append(1.0)
+
+    def observe(self, tokens: np.ndarray, max_new_tokens: int) -> None:
+        """A held turn's successor: `tokens` go into the cache at the next step, then the next
+        turn samples up to `max_new_tokens` tokens."""
+        self.held, self.observation, self.budget = False, tokens, max_new_tokens
+
+    def observation_cached(self) -> None:
+        """The extension prefill wrote the observation into the cache: it joins `tokens`."""
+        n = len(self.observation)
+        self.tokens += self.observation.tolist()
+        self.logprobs += [0.0] * n
+        self.versions += [-1] * n
+        self.mask += [0.0] * n
+        self.observation, self.turn_start = None, len(self.tokens)
 
     def to_rollout(self, reason: str) -> Rollout:
         return Rollout(
@@ -88,6 +131,7 @@ class Sequence:
             logprobs=np.array(self.logprobs, np.float32),
             versions=np.array(self.versions, np.int32),
             finish_reason=reason,
+            mask=np.array(self.mask, np.float32) if self.request.multi_turn else None,
         )
 
 
@@ -95,11 +139,13 @@ def finish_reason(
     seq: Sequence, eos_ids: Seq[int], stop_sequences: Seq[tuple[int, ...]]
 ) -> str | None:
     """Why `seq` must stop after its last token, or None. EOS and stop-sequence tokens stay in
-    the completion (they were sampled and have behaviour log-probs the trainer needs)."""
+    the completion (they were sampled and have behaviour log-probs the trainer needs). A stop
+    sequence counts only inside the current turn (never across an observation)."""
     if seq.tokens[-1] in eos_ids:
         return "eos"
+    turn = seq.tokens[seq.turn_start :]
     for stop in stop_sequences:
-        if len(seq.tokens) >= len(stop) and tuple(seq.tokens[-len(stop) :]) == stop:
+        if len(turn) >= len(stop) and tuple(turn[-len(stop) :]) == stop:
             return "stop"
     if seq.remaining <= 0:
         return "length"
@@ -146,9 +192,21 @@ class Scheduler:
     def active(self) -> list[int]:
         return [b for b, seq in enumerate(self.slots) if seq is not None]
 
+    def decoding(self) -> list[int]:
+        return [b for b, seq in enumerate(self.slots) if seq is not None and seq.decoding]
+
     @property
     def idle(self) -> bool:
-        return not self.queue and not self.active()
+        """Nothing to do until the caller acts: no queue, every slot free or held."""
+        return not self.queue and all(self.slots[b].held for b in self.active())
+
+    def find(self, uid: int, sample_index: int) -> int:
+        """The slot of the sequence in flight for (prompt uid, sample index)."""
+        for b in self.active():
+            req = self.slots[b].request
+            if (req.prompt.uid, req.sample_index) == (uid, sample_index):
+                return b
+        raise KeyError(f"no sequence in flight for prompt {uid}, sample {sample_index}")
 
     def admit(self, slot: int) -> Sequence:
         """Move the queue head into `slot`."""

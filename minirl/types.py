@@ -53,6 +53,11 @@ class Rollout:
     `logprobs[c]` is the behaviour log-prob log mu of `tokens[c]` under the distribution the
     engine actually sampled from (temperature applied); `versions[c]` is the weight version that
     produced it. `text` is filled by whoever decodes (the controller), `score` by a verifier.
+
+    A multi-turn episode (minirl/envs/) is one Rollout: `tokens` are every assistant turn and
+    every observation after the prompt, in order, and `mask[c]` is 1.0 where the policy sampled
+    `tokens[c]` and 0.0 on observation tokens (which carry log-prob 0 and version -1). `mask`
+    None means every token is the policy's (a single turn).
     """
 
     prompt: Prompt
@@ -63,11 +68,14 @@ class Rollout:
     finish_reason: str  # "eos" | "stop" | "length"
     text: str = ""
     score: Score | None = None
+    mask: np.ndarray | None = None  # [C] float32 1.0 on the policy's tokens; None = all
 
     @property
     def oldest_version(self) -> int:
-        """The weight version of the oldest token: what staleness (lag) is measured from."""
-        return int(self.versions.min()) if len(self.versions) else -1
+        """The weight version of the oldest policy token: what staleness (lag) is measured
+        from (observation tokens, version -1, were produced by no policy)."""
+        versions = self.versions if self.mask is None else self.versions[self.mask > 0]
+        return int(versions.min()) if len(versions) else -1
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ from minirl import serialization
 from minirl.batching import make_batch
 from minirl.configlib import config_hash
 from minirl.hashed_files import atomic_write
-from minirl.inputs import initial_params
+from minirl.inputs import initial_params, make_tools
 from minirl.model import ModelConfig
 from minirl.trainer import Trainer, TrainerConfig
 from minirl.types import Rollout, Score
@@ -34,8 +34,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINIRL_CACHE", Path.home() / ".cache" / "minirl"))
 
 
-def demonstration_rollouts(task, tokenizer, start: int, count: int, seed: int) -> list[Rollout]:
-    """Demonstrations of train prompts start..start+count-1, as rollouts make_batch can pack."""
+def demonstration_rollouts(
+    task, tokenizer, start: int, count: int, seed: int, tools: tuple = ()
+) -> list[Rollout]:
+    """Demonstrations of train prompts start..start+count-1, as rollouts make_batch can pack.
+    With `tools` (Tool objects) they are laid out as episodes (minirl/envs/tool_task.py: a
+    task's tool demonstration, tool output masked, else its own demonstration as one turn)."""
+    if tools:
+        from minirl.envs import Turns, demonstration_episode
+
+        turns = Turns(tokenizer)
+        return [
+            demonstration_episode(task, task.prompt(i, "train"), turns, tools, sample=seed)
+            for i in range(start, start + count)
+        ]
     out = []
     for i in range(start, start + count):
         prompt = task.prompt(i, "train")
@@ -99,11 +111,12 @@ def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[
     if sft.steps == 0:
         return params, {"cached": False, "steps": 0}
     trainer = Trainer(cfg.model, params, None, trainer_cfg)
+    tools = tuple(make_tools(cfg)) if cfg.task.tools else ()
     t0, losses = time.perf_counter(), []
     bar = tqdm(range(sft.steps), desc="warm start (SFT)", disable=not progress, leave=False)
     for step in bar:
         demos = demonstration_rollouts(
-            task, tokenizer, step * sft.batch_size, sft.batch_size, sft.seed
+            task, tokenizer, step * sft.batch_size, sft.batch_size, sft.seed, tools
         )
         m = trainer.sft_step(make_batch(demos, tokenizer.pad_id))
         losses.append(m["loss"])

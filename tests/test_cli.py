@@ -24,12 +24,31 @@ def test_config_lists_every_knob_with_its_meaning(capsys):
         ("rl.loss=grpoo", "unknown loss preset 'grpoo'"),
         ("rl.behaviour_cap=0.5", "rl.behaviour_cap must be 0 (uncapped) or >= 1"),
         ("rl.behaviour_cap=3", "rl.behaviour_cap=3.0 does nothing with rl.loss=grpo"),
+        ("task.tools=calc,shell", "task.tools: each of ('calc', 'py') at most once"),
+        ("task.tools=calc,calc", "task.tools: each of ('calc', 'py') at most once"),
+        ("task.max_turns=3", "task.max_turns does nothing without task.tools"),
+        ("task.max_turns=0", "task.max_turns must be >= 1"),
     ],
 )
 def test_bad_overrides_are_clear_errors(capsys, assignment, message):
     assert main(["config", "--set", assignment]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_tools_parse_as_words_or_literals_and_need_a_built_in_task(tmp_path, capsys):
+    """task.tools=calc,py and task.tools='("calc",)' both parse; a dataset file is refused."""
+    from minirl.config import make_config
+
+    assert make_config("fixture", ["task.tools=calc,py"]).task.tools == ("calc", "py")
+    assert make_config("fixture", ['task.tools=("calc",)']).task.tools == ("calc",)
+    assert make_config("fixture", ['task.tools=["py"]']).task.tools == ("py",)
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n')
+    args = ["--preset", "fixture", "--data", str(data), "--set", "task.tools=calc"]
+    assert main(["train", "--run-dir", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err
+    assert "task.tools works with the built-in tasks only" in err and "Traceback" not in err
 
 
 def test_behaviour_cap_reaches_decoupled_ppo_in_any_order():

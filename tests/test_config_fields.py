@@ -144,6 +144,17 @@ def test_every_setting_is_read_by_the_part_it_configures(reads, tmp_path, monkey
             "rl.checkpoint_every=1",
         ],
     )
+    _train(
+        tmp_path / "tools",
+        "fixture",
+        [
+            "task.name=arithmetic",
+            'task.args={"max_digits": 1, "max_operands": 3}',
+            "task.tools=calc",
+            "task.max_turns=2",
+            "engine.cache_len=64",
+        ],
+    )
     model = make_model_dir(tmp_path / "model", arch="qwen3")
     data = tmp_path / "train.jsonl"
     data.write_text(

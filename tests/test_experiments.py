@@ -211,3 +211,19 @@ def test_apart_experiment_fast_mode(tmp_path):
             assert set(result[arm]["cores_seen"]["trainer"]) == {"1"}
             assert result[arm]["cpu_per_wall"]["trainer"] <= 1.05  # one core at most
     assert (tmp_path / "apart.png").exists()
+
+
+@pytest.mark.slow
+def test_tools_experiment_fast_mode(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    script = str(ROOT / "experiments" / "tools.py")
+    subprocess.run(
+        [sys.executable, script, "--fast", "--out", str(tmp_path)],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=900,
+    )
+    result = json.loads((tmp_path / "tools.json").read_text())
+    calc = result["seeds"]["0"]["calc"]
+    assert calc["after"]["calls"] > 0 and len(calc["train_rewards"]) == 2

@@ -201,6 +201,27 @@ EXPECTED = {
             and (not r["transformers"]["checked"] or r["transformers"]["equal_to_1e-4"])
         ),
     ),
+    "14_tools_and_turns.py": dict(
+        files=["tool_vs_no_tool.png"],
+        prints=[
+            "observations appended to held caches, 0 re-prefills",
+            "bitwise equal True",
+            "ValueError: the chat template is not append-only",
+            "RL with the calculator beats RL without it",
+        ],
+        check=lambda r: (
+            r["exact"]["bitwise_equal"]
+            and r["exact"]["after_observation"] > 0
+            and r["template"]["refused_at_turn"] == 2
+            and r["episode"]["extended"] > 0
+            and r["episode"]["rebuilt"] == 0
+            and all(
+                0.0 <= arm[w] <= 1.0
+                for arm in r["rl"]["arms"].values()
+                for w in ("before", "after")
+            )
+        ),
+    ),
 }
 
 

@@ -140,3 +140,10 @@ class Arithmetic:
     def demonstration(self, prompt: Prompt, sample: int = 0) -> str:
         """The perfect scratchpad (there is only one, so `sample` is ignored)."""
         return scratchpad(prompt.meta["operands"], prompt.meta["reverse_digits"])
+
+    def tool_demonstration(self, prompt: Prompt) -> tuple[str, str, str]:
+        """With a calculator (minirl/envs/): (tool, its argument, the answer turn) — the whole
+        sum in one call, then `#### sum` written as the task writes answers."""
+        total = str(sum(prompt.meta["operands"]))
+        answer = total[::-1] if prompt.meta["reverse_digits"] else total
+        return "calc", prompt.text.rstrip("="), f"#### {answer}"
