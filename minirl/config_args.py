@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from minirl.config import DEFAULT_PRESET, FILE_TASK, PRESETS, STALENESS, make_config
+from minirl.config import DEFAULT_PRESET, FILE_TASK, make_config
+from minirl.run_presets import PRESETS, STALENESS
 
 
 def add_config_arguments(
