@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -207,7 +208,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {
-        "command": " ".join(["python experiments/mismatch.py", *(argv or [])]),
+        "command": " ".join(
+            ["python experiments/mismatch.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
         "load": os.getloadavg(),
