@@ -61,11 +61,11 @@ def prefill(graphdef, s: Settings, params, cache, tokens, lengths, slot_ids, ids
     `slot_ids`, sample each row's next token (completion index `index`) from its last logits."""
     model = nnx.merge(graphdef, params)
     rows, t = tokens.shape
+    cache_in = KVCache.zeros(s.model, rows, t)
     logits, fresh = model(
-        tokens, cache=KVCache.zeros(s.model, rows, t), num_new=lengths, exact=s.sampling.exact
-    )  # [R, T, V]
-    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [R, V]
-    tok, logp = _sample(s, last, token_keys(seed, ids, index))
+        tokens, cache=cache_in, num_new=lengths, exact=s.sampling.exact, last_only=True
+    )
+    tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index))  # logits [R, 1, V]
     return s.layout.write_rows(cache, fresh, slot_ids, lengths), tok, logp
 
 
@@ -117,12 +117,13 @@ def extend(
     pad = ((0, 0), (0, t), (0, 0), (0, 0))  # room for T new positions after any row's start
     take = lambda x: jnp.pad(x.at[slot_ids].get(mode="clip"), pad)  # noqa: E731  [R, W+T, K, Dh]
     rows = KVCache(tuple(map(take, view.k)), tuple(map(take, view.v)), starts)
-    logits, rows = model(tokens, cache=rows, num_new=lengths, exact=s.sampling.exact)  # [R, T, V]
+    logits, rows = model(
+        tokens, cache=rows, num_new=lengths, exact=s.sampling.exact, last_only=True
+    )
     put = lambda full, part: full.at[slot_ids].set(part[:, :width], mode="drop")  # noqa: E731
     added = jnp.zeros_like(held).at[slot_ids].set(lengths, mode="drop")  # [B] 0: untouched
     view = KVCache(tuple(map(put, view.k, rows.k)), tuple(map(put, view.v, rows.v)), held + added)
-    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [R, V]
-    tok, logp = _sample(s, last, token_keys(seed, ids, index))
+    tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index))  # logits [R, 1, V]
     return s.layout.write_back(cache, view, held, added, t), tok, logp
 
 

@@ -366,11 +366,15 @@ class Transformer(nnx.Module):
         if not cfg.tie_embeddings:
             self.lm_head = _param(rngs, (cfg.dim, cfg.vocab_size), 1.0 / math.sqrt(cfg.dim), cfg)
 
-    def __call__(self, tokens, cache: KVCache | None = None, num_new=None, exact: bool = False):
+    def __call__(
+        self, tokens, cache: KVCache | None = None, num_new=None, exact=False, last_only=False
+    ):
         """tokens [B, T] int32, right-padded. Without a cache: full causal forward from position
         0, returns logits [B, T, V] (float32). With a cache: row b's tokens go to cache indices
         cache.lengths[b] + t, `num_new` [B] (default T) of them are real; returns
-        (logits [B, T, V], new cache)."""
+        (logits [B, T, V], new cache). `last_only` (with a cache): logits [B, 1, V] of each
+        row's last real token only — a prefill samples from nothing else, and with a 152k
+        vocabulary the LM head over every position is a quarter of a prefill's FLOPs."""
         cfg = self.cfg
         b, t = tokens.shape
         starts = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
@@ -384,13 +388,15 @@ class Transformer(nnx.Module):
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
+        if num_new is None:
+            num_new = jnp.full((b,), t, jnp.int32)
         x = self.final_norm(x, exact)
+        if last_only:  # after the norm: gathered before it, bf16 exact mode rounded differently
+            x = jnp.take_along_axis(x, (num_new - 1)[:, None, None], axis=1)  # [B, 1, D]
         head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
         logits = X.dense(x, head.astype(x.dtype), exact).astype(jnp.float32)  # [B, T, V]
         if cache is None:
             return logits
-        if num_new is None:
-            num_new = jnp.full((b,), t, jnp.int32)
         return logits, KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
 
 

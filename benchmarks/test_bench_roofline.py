@@ -1,0 +1,168 @@
+"""Benchmark: the engine's decode step and prefill against their roofline (issue #20).
+
+Run alone (the machine must be otherwise idle; each real-size row takes 1-3 minutes, most of it
+compiles and the random init; benchmarks/roofline.py says how each limit is computed):
+
+    python -m pytest benchmarks/test_bench_roofline.py -q -s                    # every row
+    python -m pytest benchmarks/test_bench_roofline.py -q -s -k "small or 0.5b-float32"
+
+Shapes: `small` (25M), Qwen2.5-0.5B and Qwen3-0.6B (their config.json shapes, 152k vocabulary,
+random weights), weights and compute in float32 or bfloat16, slots 1, 8 and 32. Workload: every
+slot gets a 16-token prompt (cache_len 64, one prefill bucket of 16, up to 8 rows per prefill
+call), temperature 1, no top-k/top-p, no EOS.
+
+  decode step  (time of 40 new tokens - time of 8) / 32: the prefill and the first chunk cancel,
+               what is left is the steady decode step at a mean context of 40 positions
+  prefill      time of 1 new token (prefill + sample, no decode) per prefill call
+  sampling     sample_tokens + the behaviour log-prob on [slots, V] logits, jitted: its share
+               of a decode step (target <= 10%)
+  hf           (Qwen2.5-0.5B, float32, 1 and 32 slots) transformers' generate on the same weights
+               (torch CPU eager, 2 threads), the same difference of two lengths: engine speed-up
+
+Printed per row: each limit, the bound (memory or compute), the engine's time and its efficiency
+(limit / time; 1.0 = at the roofline). Targets (issue #20): decode >= 0.6 of the roofline at 1
+slot and >= 0.5 at 32 on the 0.5B shape, >= 2x transformers. Nothing is asserted about time.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (BENCHMARKING.md)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
+from roofline import best_time, copy_rate, decode_limit, prefill_limit  # noqa: E402
+
+from minirl.engine import Engine, EngineConfig, Request  # noqa: E402
+from minirl.model import (  # noqa: E402
+    ModelConfig,
+    init_model,
+    token_logprobs,  # noqa: E402
+)
+from minirl.sampling import Sampling, sample_tokens  # noqa: E402
+from minirl.types import Prompt  # noqa: E402
+
+PROMPT, SHORT, LONG = 16, 8, 40
+SHAPES = ("small", "qwen2.5-0.5b", "qwen3-0.6b")
+ROWS = [(s, d, b) for s in SHAPES for d in ("float32", "bfloat16") for b in (1, 8, 32)]
+
+
+@functools.lru_cache(maxsize=1)  # one model in memory at a time (a 0.6B one is 2.4 GB in fp32)
+def model(shape: str, dtype: str):
+    cfg = ModelConfig.preset(shape, dtype=dtype, param_dtype=dtype)
+    return cfg, nnx.to_pure_dict(nnx.split(init_model(cfg, seed=0))[1])
+
+
+def requests(cfg, slots: int, new: int, seed: int) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(3, min(cfg.vocab_size, 30_000), (slots, PROMPT)).astype(np.int32)
+    return [Request(Prompt(seed * 1000 + i, "b", "", p), 0, new) for i, p in enumerate(prompts)]
+
+
+def generate_time(engine, cfg, slots: int, new: int) -> float:
+    """Best of two timed runs after a warm-up (compiles excluded), fresh prompts each time."""
+    engine.generate(requests(cfg, slots, new, seed=new))
+    times = []
+    for r in range(2):
+        reqs = requests(cfg, slots, new, seed=100 * new + r)
+        t0 = time.perf_counter()
+        engine.generate(reqs)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def sampling_time(cfg, slots: int) -> float:
+    logits = jnp.asarray(np.random.default_rng(0).standard_normal((slots, cfg.vocab_size)))
+    keys = jax.random.split(jax.random.key(0), slots)
+    s = Sampling(temperature=1.0)
+
+    @jax.jit
+    def sample(keys, logits):
+        tok = sample_tokens(keys, logits, s)
+        return tok, token_logprobs(logits[:, None], tok[:, None], s)[:, 0]
+
+    return best_time(lambda: sample(keys, logits))
+
+
+def hf_step_time(cfg, params, slots: int) -> float:
+    """transformers' decode step on the same weights: (40 new - 8 new) / 32, best of two."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from minirl.hf import save_hf
+
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_hf(params, cfg, tmp, architecture="Qwen2ForCausalLM")
+        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    ids = torch.tensor(np.random.default_rng(1).integers(3, 30_000, (slots, PROMPT)))
+
+    def run(new):
+        kwargs = dict(do_sample=True, top_k=0, max_new_tokens=new, min_new_tokens=new)
+        with torch.no_grad():
+            hf.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0, **kwargs)
+
+    run(2)
+    times = {}
+    for new in (SHORT, LONG):
+        best = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            run(new)
+            best = min(best, time.perf_counter() - t0)
+        times[new] = best
+    return (times[LONG] - times[SHORT]) / (LONG - SHORT)
+
+
+@pytest.mark.parametrize("shape,dtype,slots", ROWS, ids=[f"{s}-{d}-{b}" for s, d, b in ROWS])
+def test_roofline(benchmark, shape, dtype, slots):
+    cfg, params = model(shape, dtype)
+    rates = {"copy": copy_rate()}
+    engine = Engine(
+        cfg,
+        EngineConfig(
+            slots=slots,
+            cache_len=64,
+            prefill_buckets=(PROMPT,),
+            prefill_rows=min(slots, 8),
+            decode_chunk=8,
+            temperature=1.0,
+        ),
+    )
+    engine.load_weights(0, params)
+    step = (generate_time(engine, cfg, slots, LONG) - generate_time(engine, cfg, slots, SHORT)) / (
+        LONG - SHORT
+    )
+    calls = -(-slots // 8)
+    prefill = generate_time(engine, cfg, slots, 1) / calls
+    benchmark.pedantic(lambda: engine.generate(requests(cfg, slots, SHORT, 7)), rounds=1)
+    jdtype = jnp.dtype(dtype)
+    decode = decode_limit(cfg, slots, PROMPT + (SHORT + LONG) / 2, rates, jdtype)
+    fill = prefill_limit(cfg, min(slots, 8), PROMPT, rates, jdtype)
+    info = {
+        "copy_gb_per_s": round(rates["copy"] / 1e9, 1),
+        "decode_step_ms": round(1e3 * step, 2),
+        "decode_limit_ms": round(1e3 * decode["limit_s"], 2),
+        "decode_bound": decode["bound"],
+        "decode_efficiency": round(decode["limit_s"] / step, 3),
+        "decode_memory_efficiency": round(decode["memory_s"] / step, 3),  # bytes / copy rate
+        "decode_chain_gflops": round(decode["chain_gflops"], 1),
+        "prefill_ms": round(1e3 * prefill, 2),
+        "prefill_limit_ms": round(1e3 * fill["limit_s"], 2),
+        "prefill_bound": fill["bound"],
+        "prefill_efficiency": round(fill["limit_s"] / prefill, 3),
+        "sampling_share_of_step": round(sampling_time(cfg, slots) / step, 3),
+    }
+    if shape == "qwen2.5-0.5b" and dtype == "float32" and slots in (1, 32):
+        hf = hf_step_time(cfg, params, slots)
+        info["hf_step_ms"] = round(1e3 * hf, 2)
+        info["vs_hf"] = round(hf / step, 2)
+    benchmark.extra_info.update(info)
+    print(f"\n[roofline {shape} {dtype} slots={slots}] {info}")
