@@ -97,31 +97,28 @@ def weight_bytes(cfg: ModelConfig, itemsize: int, rows: int) -> float:
     return itemsize * (dense + rows * cfg.dim)
 
 
-def decode_limit(cfg: ModelConfig, slots: int, context: float, rates: dict, dtype) -> dict:
-    """The roofline of one decode step of `slots` rows at mean `context` positions."""
+def decode_limit(cfg: ModelConfig, slots: int, context: float, copy: float, dtype) -> dict:
+    """The roofline of one decode step of `slots` rows at mean `context` positions (`copy`:
+    the same-run copy rate, bytes/s)."""
     item = jnp.dtype(dtype).itemsize
     chain_s, chain_flops = matmul_chain_time(cfg, slots, dtype)
     flops = chain_flops + attention_flops(cfg, slots, context)
     moved = weight_bytes(cfg, item, slots) + kv_bytes(cfg, slots * (context + 1), item)
-    memory_s = moved / rates["copy"]
-    compute_s = chain_s * flops / chain_flops  # at the chain's own rate for this shape
-    return {
-        "memory_s": memory_s,
-        "compute_s": compute_s,
-        "limit_s": max(memory_s, compute_s),
-        "bound": "memory" if memory_s >= compute_s else "compute",
-        "chain_gflops": chain_flops / chain_s / 1e9,
-    }
+    return _limit(moved / copy, chain_s, chain_flops, flops)
 
 
-def prefill_limit(cfg: ModelConfig, rows: int, length: int, rates: dict, dtype) -> dict:
+def prefill_limit(cfg: ModelConfig, rows: int, length: int, copy: float, dtype) -> dict:
     """The roofline of one prefill of `rows` x `length` tokens (the LM head on the last only)."""
     item = jnp.dtype(dtype).itemsize
     chain_s, chain_flops = matmul_chain_time(cfg, rows * length, dtype, head=False)
     head_flops = 2.0 * rows * cfg.dim * cfg.vocab_size
     flops = chain_flops + head_flops + attention_flops(cfg, rows * length, length / 2)
     moved = weight_bytes(cfg, item, rows * length) + kv_bytes(cfg, rows * length, item)
-    memory_s = moved / rates["copy"]
+    return _limit(moved / copy, chain_s, chain_flops, flops)
+
+
+def _limit(memory_s: float, chain_s: float, chain_flops: float, flops: float) -> dict:
+    """The larger of the memory time and `flops` at the chain's own rate for this shape."""
     compute_s = chain_s * flops / chain_flops
     return {
         "memory_s": memory_s,

@@ -124,7 +124,7 @@ def hf_step_time(cfg, params, slots: int) -> float:
 @pytest.mark.parametrize("shape,dtype,slots", ROWS, ids=[f"{s}-{d}-{b}" for s, d, b in ROWS])
 def test_roofline(benchmark, shape, dtype, slots):
     cfg, params = model(shape, dtype)
-    rates = {"copy": copy_rate()}
+    copy = copy_rate()
     engine = Engine(
         cfg,
         EngineConfig(
@@ -144,10 +144,10 @@ def test_roofline(benchmark, shape, dtype, slots):
     prefill = generate_time(engine, cfg, slots, 1) / calls
     benchmark.pedantic(lambda: engine.generate(requests(cfg, slots, SHORT, 7)), rounds=1)
     jdtype = jnp.dtype(dtype)
-    decode = decode_limit(cfg, slots, PROMPT + (SHORT + LONG) / 2, rates, jdtype)
-    fill = prefill_limit(cfg, min(slots, 8), PROMPT, rates, jdtype)
+    decode = decode_limit(cfg, slots, PROMPT + (SHORT + LONG) / 2, copy, jdtype)
+    fill = prefill_limit(cfg, min(slots, 8), PROMPT, copy, jdtype)
     info = {
-        "copy_gb_per_s": round(rates["copy"] / 1e9, 1),
+        "copy_gb_per_s": round(copy / 1e9, 1),
         "decode_step_ms": round(1e3 * step, 2),
         "decode_limit_ms": round(1e3 * decode["limit_s"], 2),
         "decode_bound": decode["bound"],

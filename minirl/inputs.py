@@ -28,11 +28,12 @@ from minirl.engine import Engine
 from minirl.tokenizer import CharTokenizer
 
 
-def make_engine(cfg, tokenizer):
+def make_engine(cfg, tokenizer, task=None):
     """The rollout engine of a run: `cfg.engine`, its EOS ids (engine.eos_ids, or the
     tokenizer's when that is empty), sampling keyed by rl.seed. With `task.tools` it is an
     `EpisodeRunner` over that engine (the same interface; multi-turn episodes, each scored by
-    its environment), whose turns also end after a tool call's closing tag."""
+    its environment), whose turns also end after a tool call's closing tag; `task` is the run's
+    (built from cfg when None, e.g. inside an engine process)."""
     ecfg = (
         cfg.engine
         if cfg.engine.eos_ids
@@ -42,7 +43,8 @@ def make_engine(cfg, tokenizer):
         return Engine(cfg.model, ecfg, seed=cfg.rl.seed)
     from minirl.envs import EpisodeConfig, EpisodeRunner, ToolTaskEnv, Turns, stop_sequences
 
-    tools, task = make_tools(cfg), make_task(cfg, tokenizer)
+    tools = make_tools(cfg)
+    task = task if task is not None else make_task(cfg, tokenizer)
     stops = tuple(dict.fromkeys(ecfg.stop_sequences + stop_sequences(tools, tokenizer)))
     engine = Engine(cfg.model, dataclasses.replace(ecfg, stop_sequences=stops), seed=cfg.rl.seed)
     episodes = EpisodeConfig(max_turns=cfg.task.max_turns)

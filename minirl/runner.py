@@ -61,7 +61,7 @@ class Run:
 
     def engine(self, version: int, params):
         """A rollout engine holding `params` (with task.tools: an EpisodeRunner over one)."""
-        engine = make_engine(self.cfg, self.tokenizer)
+        engine = make_engine(self.cfg, self.tokenizer, self.task)
         engine.load_weights(version, params)
         return engine
 

@@ -111,7 +111,7 @@ def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[
     if sft.steps == 0:
         return params, {"cached": False, "steps": 0}
     trainer = Trainer(cfg.model, params, None, trainer_cfg)
-    tools = tuple(make_tools(cfg)) if cfg.task.tools else ()
+    tools = tuple(make_tools(cfg))  # () without task.tools
     t0, losses = time.perf_counter(), []
     bar = tqdm(range(sft.steps), desc="warm start (SFT)", disable=not progress, leave=False)
     for step in bar:

@@ -83,6 +83,20 @@ def _metrics(run_dir):
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _assert_same_run(ref_dir, killed_dir, *keys):
+    """Both runs end at step STEPS with bitwise-equal weights and optimizer state, and log the
+    same reward, loss, gradient norm and `keys` at every step."""
+    ref, got = CheckpointManager(ref_dir).restore(), CheckpointManager(killed_dir).restore()
+    assert ref.step == got.step == STEPS
+    assert_trees_equal(got.params, ref.params)
+    assert_trees_equal(got.opt_state, ref.opt_state)
+    a, b = _metrics(ref_dir), _metrics(killed_dir)
+    assert [r["step"] for r in b] == list(range(1, STEPS + 1))
+    for x, y in zip(a, b, strict=True):
+        for key in ("reward/mean", "train/loss", "train/grad_norm", *keys):
+            assert x[key] == y[key], (x["step"], key)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("staleness", ["on_policy", "one_step_off"])
 def test_lockstep_resume_after_sigkill_is_bitwise_exact(tmp_path, staleness):
@@ -90,16 +104,7 @@ def test_lockstep_resume_after_sigkill_is_bitwise_exact(tmp_path, staleness):
     _run(tmp_path / "ref", extra)
     killed = _run_with_kills(tmp_path / "killed", extra, kills=3, seed=len(staleness))
     assert killed >= 1
-    ref = CheckpointManager(tmp_path / "ref").restore()
-    got = CheckpointManager(tmp_path / "killed").restore()
-    assert ref.step == got.step == STEPS
-    assert_trees_equal(got.params, ref.params)
-    assert_trees_equal(got.opt_state, ref.opt_state)
-    a, b = _metrics(tmp_path / "ref"), _metrics(tmp_path / "killed")
-    assert [r["step"] for r in b] == list(range(1, STEPS + 1))
-    for x, y in zip(a, b, strict=True):
-        for key in ("reward/mean", "train/loss", "train/grad_norm", "mismatch/mean_abs_dlogp"):
-            assert x[key] == y[key], (x["step"], key)
+    _assert_same_run(tmp_path / "ref", tmp_path / "killed", "mismatch/mean_abs_dlogp")
 
 
 # Multi-turn episodes with a calculator (task.tools, docs/multiturn.md) on the fixture model: a
@@ -121,16 +126,7 @@ def test_multi_turn_run_resumes_bitwise_after_sigkill(tmp_path):
     assert killed >= 1
     summary = json.loads((tmp_path / "ref" / "summary.json").read_text())
     assert summary["before"]["turns"] > 1.2  # the episodes really are multi-turn
-    ref = CheckpointManager(tmp_path / "ref").restore()
-    got = CheckpointManager(tmp_path / "killed").restore()
-    assert ref.step == got.step == STEPS
-    assert_trees_equal(got.params, ref.params)
-    assert_trees_equal(got.opt_state, ref.opt_state)
-    a, b = _metrics(tmp_path / "ref"), _metrics(tmp_path / "killed")
-    assert [r["step"] for r in b] == list(range(1, STEPS + 1))
-    for x, y in zip(a, b, strict=True):
-        for key in ("reward/mean", "train/loss", "train/grad_norm", "length/mean", "turns/mean"):
-            assert x[key] == y[key], (x["step"], key)
+    _assert_same_run(tmp_path / "ref", tmp_path / "killed", "length/mean", "turns/mean")
 
 
 @pytest.mark.slow
