@@ -1,0 +1,15 @@
+"""A pod on a laptop: the real controller and scheduler on simulated parts and virtual time.
+
+Nothing is trained. The engine's replicas keep their requests in the real scheduler, the
+controller makes every batching, staleness and reload decision with its own code, and each
+part's work takes the time a cost model says (issue #17; docs/sim.md):
+
+    costs.py     device presets (datasheet numbers), the roofline of decode / prefill / train
+    workload.py  prompts, completion lengths (log-normal, fixed, a run's own), a verifier
+    parts.py     VirtualClock, SimEngine (replicas over minirl.scheduler), SimTrainer, SimStore
+    run.py       simulate(setup, steps): lockstep through Controller.step, async as events
+    calibrate.py this machine's Device, measured with minirl's own engine and trainer
+    plan.py      `minirl plan`: throughput, utilisation, lag and waste for a cluster, or a sweep
+
+Nothing in minirl's training path imports this package.
+"""

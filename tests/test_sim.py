@@ -1,0 +1,221 @@
+"""The simulator (issue #17): hand-computed costs and schedules, the real controller's decisions
+on virtual time, the event-driven async scheduler against the threaded one, determinism."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from minirl.async_loop import RolloutThread
+from minirl.checkpoints import CheckpointManager
+from minirl.config import RLConfig, make_config
+from minirl.data.mixture import Mixture
+from minirl.engine_config import EngineConfig
+from minirl.inputs import train_prompts
+from minirl.metrics_log import read_metrics
+from minirl.model import ModelConfig
+from minirl.runner import Run
+from minirl.scheduler import Request
+from minirl.sim.costs import DEVICES, SHAPES, Costs, Device
+from minirl.sim.parts import SimEngine, VirtualClock
+from minirl.sim.run import Setup, build, simulate
+from minirl.sim.workload import Lengths, SimPrompts
+from minirl.types import Prompt
+
+# A model small enough to count by hand: 7 matrices of 2x2 per layer, one layer, a 2x4 head.
+TOY = ModelConfig(vocab_size=4, dim=2, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=2,
+                  mlp_dim=2)  # fmt: skip
+
+
+def per_call(seconds: float) -> Costs:
+    """Every engine call costs `seconds`, whatever its size (the roofline terms vanish)."""
+    fast = Device("fast", 1e30, 1e30, 1e30, 1e30, decode_eff=1.0, call_s=seconds)
+    return Costs(TOY, fast)
+
+
+def test_decode_roofline_by_hand():
+    # One decode step, 1 row at context 3, bf16: bytes = 2 x (36 params + 1 x 2 embedding row)
+    # + KV 4 positions x 1 layer x 2 x 1 head x 2 dims x 2 bytes = 76 + 32 = 108;
+    # FLOPs = 2 x 36 + 4 x 1 x 1 x 2 x 1 x 3 = 96.
+    dev = Device("d", peak_flops=96 * 4, hbm_bytes_per_s=108, hbm_bytes=1e9, link_bytes_per_s=36,
+                 decode_eff=1.0)  # fmt: skip
+    costs = Costs(TOY, dev)
+    assert costs.decode_chunk(rows=1, context=3, steps=2) == pytest.approx(2.0)  # memory-bound
+    assert Costs(TOY, dev, engine_devices=2).decode_chunk(1, 3, 2) == pytest.approx(1.0)
+    assert costs.reload() == pytest.approx(2.0)  # 72 bytes of weights over 36 B/s
+    # train: 8 x 36 x 10 tokens FLOPs / (384 FLOP/s x MFU 0.4)
+    assert costs.train_step(10) == pytest.approx(8 * 36 * 10 / (384 * 0.4))
+
+
+def two_requests(slots: int, lengths=(5, 9)):
+    clock = VirtualClock()
+    table = {(uid, 0): n for uid, n in enumerate(lengths)}
+    engine = SimEngine(
+        EngineConfig(
+            slots=slots, cache_len=64, prefill_buckets=(8,), prefill_rows=2, decode_chunk=4
+        ),  # fmt: skip
+        per_call(1.0),
+        Lengths("fixed", (1,), table=table),
+        clock,
+    )
+    prompts = [Prompt(uid, "t", "", np.ones(3, np.int32)) for uid in range(len(lengths))]
+    return engine, clock, [Request(p, 0, 16) for p in prompts]
+
+
+def test_two_request_schedule_by_hand():
+    # Two slots: one prefill call (both prompts, 1 s) samples each first token; request 0 needs
+    # 4 more tokens = 1 chunk, request 1 needs 8 = 2 chunks: done at 1 + 2 = 3 s.
+    engine, clock, requests = two_requests(slots=2)
+    out = engine.generate(requests)
+    assert clock() == pytest.approx(3.0)
+    assert [len(r.tokens) for r in out] == [5, 9]
+    assert [r.finish_reason for r in out] == ["eos", "eos"]
+    stats = engine.work_stats()
+    assert (stats["prefill_calls"], stats["decode_calls"], stats["slot_steps"]) == (1, 2, 16)
+    # One slot: prefill 0 (1 s) + 1 chunk, then prefill 1 (1 s) + 2 chunks = 5 s.
+    engine, clock, requests = two_requests(slots=1)
+    engine.generate(requests)
+    assert clock() == pytest.approx(5.0)
+    # A length capped by max_new_tokens ends for "length", not EOS.
+    engine, clock, requests = two_requests(slots=2, lengths=(5, 40))
+    assert [r.finish_reason for r in engine.generate(requests)] == ["eos", "length"]
+
+
+def test_interrupt_discard_regenerates_and_continue_rebuilds():
+    engine, clock, requests = two_requests(slots=2)
+    replica = engine.replicas[0]
+    replica.submit(requests)
+    replica.step(until=0.0)  # prefill + one chunk: request 0 is done, request 1 at 5 tokens
+    assert replica.interrupt("continue") == 1
+    finished, seconds = replica.step()
+    assert seconds == pytest.approx(2.0) and replica.stats["rebuilt"] == 1  # re-prefill + chunk
+    assert len(finished[0].tokens) == 9
+    engine, clock, requests = two_requests(slots=2)
+    replica = engine.replicas[0]
+    replica.submit(requests)
+    replica.step(until=0.0)
+    replica.interrupt("discard")
+    assert replica.stats["discarded"] == 1 and len(replica.sched.queue) == 1
+
+
+def small_setup(**rl) -> Setup:
+    base = dict(prompts_per_step=4, group_size=2, steps=10)
+    return Setup(
+        costs=Costs(SHAPES["qwen2.5-0.5b"], DEVICES["v5e"]),
+        rl=RLConfig(**{**base, **rl}),
+        engine=EngineConfig(slots=4, cache_len=512, prefill_buckets=(64,), decode_chunk=8),
+        lengths=Lengths.parse("lognormal:4,1", seed=3),
+        max_new_tokens=256,
+        verify_per_rollout_s=0.01,
+        verify_sigma=0.5,
+    )
+
+
+@pytest.fixture(scope="module")
+def real_lockstep(tmp_path_factory):
+    """A real fixture run whose settings make every knob decide something: j = 2 (the engine
+    lags), k = 2 (groups go stale), eta = 2 (generation runs ahead)."""
+    cfg = make_config("fixture")
+    rl = dataclasses.replace(cfg.rl, steps=6, checkpoint_every=6, reload_every=2, max_lag=2, eta=2)
+    cfg = dataclasses.replace(cfg, rl=rl)
+    run_dir = tmp_path_factory.mktemp("real")
+    run = Run(cfg, run_dir, log=lambda *a: None, progress=False)
+    run.train()
+    return cfg, run, run_dir
+
+
+def test_simulated_lockstep_makes_the_real_controllers_decisions(real_lockstep):
+    cfg, run, run_dir = real_lockstep
+    mixture = Mixture({run.task.name: train_prompts(run.task)}, seed=cfg.rl.seed)
+    setup = dataclasses.replace(
+        small_setup(),
+        rl=cfg.rl,
+        engine=cfg.engine,
+        max_new_tokens=run.task.max_new_tokens,
+        lengths=Lengths.parse("lognormal:1,1"),
+    )
+    trace = simulate(setup, cfg.rl.steps, mixture=mixture)
+    real = read_metrics(run_dir)
+    decisions = ["version", "engine_version", "groups_produced", "groups_trained", "groups_stale"]
+    for sim_step, real_step in zip(trace["steps"], real, strict=True):
+        for name in decisions:
+            assert sim_step[f"count/{name}"] == real_step[f"count/{name}"], name
+        assert sim_step["lag/mean"] == real_step["lag/mean"]
+    assert real[-1]["count/groups_stale"] > 0  # the bound k really discarded something
+    snap = CheckpointManager(run_dir).restore().controller_state["controller"]
+    sim_uids = [u for s in trace["steps"] for u in s["trained_uids"]]
+    assert sim_uids == [int(u) for u in snap["trained_uids"]]
+
+
+def run_threaded(setup: Setup, steps: int) -> list[list[int]]:
+    """The async scheduler's own threads (minirl/async_loop.py) on the simulated parts."""
+    ctl, engine = build(setup, VirtualClock())
+    thread = RolloutThread(ctl, engine)
+    thread.start()
+    try:
+        out = []
+        for _ in range(steps):
+            ctl.step_async(thread)
+            out.append([(g.rollouts[0].prompt.uid, g.produced) for g in ctl.last_trained])
+        return out
+    finally:
+        thread.stop()
+        thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("policy", ["discard", "continue"])
+def test_event_driven_async_decides_as_the_threaded_scheduler(policy):
+    setup = small_setup(scheduler="async", eta=0, max_lag=1, reload_policy=policy)
+    threaded = run_threaded(setup, 6)
+    trace = simulate(setup, 6)
+    sim = [s["trained_uids"] for s in trace["steps"]]
+    assert sim == [[uid for uid, _ in step] for step in threaded]
+    assert trace["steps"][-1]["count/groups_produced"] == 6 * 4
+
+
+def test_async_bounds_hold_and_lag_distribution_is_reported():
+    setup = small_setup(scheduler="async", eta=3, max_lag=3, reload_policy="continue")
+    trace = simulate(setup, 12)
+    assert max(s["lag/mean"] for s in trace["steps"]) <= 2  # lag counts from 0: k - 1
+    hist = trace["lag_histogram"]
+    assert len(hist) <= 3 and sum(hist) > 0 and hist[1] + hist[2] > 0
+    sync = simulate(small_setup(), 12)
+    assert trace["seconds_per_step"] < sync["seconds_per_step"]  # run-ahead overlaps the parts
+
+
+def test_doubling_engine_replicas_nearly_halves_generation_time():
+    base = small_setup(prompts_per_step=64, group_size=4)
+    times = []
+    for replicas in (1, 2):
+        trace = simulate(dataclasses.replace(base, replicas=replicas, verify_per_rollout_s=0), 3)
+        gen = [s["time/step"] - s["time/train"] for s in trace["steps"]]
+        times.append(sum(gen))
+    assert 0.45 < times[1] / times[0] < 0.6
+
+
+def test_same_seed_same_trace_other_seed_another():
+    setup = small_setup(scheduler="async", eta=2, max_lag=3)
+    a, b = simulate(setup, 8), simulate(setup, 8)
+    assert a == b
+    other = dataclasses.replace(setup, lengths=Lengths.parse("lognormal:4,1", seed=4))
+    assert simulate(other, 8)["seconds"] != a["seconds"]
+
+
+def test_length_specs_and_their_errors(tmp_path):
+    assert Lengths.parse("fixed:7")(0, 0, cap=5) == 5
+    spec = Lengths.parse("lognormal:3,0")
+    assert spec(1, 2, cap=100) == int(np.ceil(np.exp(3)))
+    (tmp_path / "samples.jsonl").write_text('{"length": 4}\nnot json\n{"length": 6}\n{}\n')
+    run = Lengths.parse(str(tmp_path))
+    assert {run(u, 0, cap=99) for u in range(50)} == {4, 6}
+    for bad in ("lognormal:1", "lognormal:1,-1", "fixed:0", "gamma:1", str(tmp_path / "nope")):
+        with pytest.raises(ValueError, match="expected lognormal"):
+            Lengths.parse(bad)
+
+
+def test_prompts_resume_where_they_stopped():
+    prompts = SimPrompts(prompt_len=5)
+    prompts.next_prompts(3)
+    again = SimPrompts(prompt_len=5)
+    again.load_state(prompts.state())
+    assert [p.uid for p in again.next_prompts(2)] == [3, 4]
