@@ -16,6 +16,7 @@ up; the LM head whole) + the KV cache read over the context + written for the ne
 FLOPs of a decode step: slots x (2 x (non-embedding params + V x D) + 4 x L x H x Dh x context).
 A prefill of R rows x T tokens: R T x 2 x (non-embedding params) + the LM head on R rows + the
 attention, and the weights once. Nothing here times the engine: that is the benchmark's job.
+The byte and FLOP counts are the simulator's (minirl/sim/costs.py): one cost model for both.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minirl.model import ModelConfig
+from minirl.sim.costs import attention_flops, kv_bytes, matrices, weight_bytes
 
 
 def best_time(fn, repeats: int = 3) -> float:
@@ -53,13 +55,6 @@ def copy_rate(nbytes: int = 2**30, repeats: int = 3) -> float:
     return 2 * nbytes / best
 
 
-def matrices(cfg: ModelConfig) -> list[tuple[int, int]]:
-    """(in, out) of every matmul in one forward, in order, the LM head last."""
-    d, h, k, dh, f = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
-    layer = [(d, h * dh), (d, k * dh), (d, k * dh), (h * dh, d), (d, f), (d, f), (f, d)]
-    return layer * cfg.num_layers + [(d, cfg.vocab_size)]
-
-
 def matmul_chain_time(cfg: ModelConfig, rows: int, dtype, head: bool = True) -> tuple[float, float]:
     """(seconds, FLOPs) of the model's matmuls (with the LM head, or without: `head`) on an
     [rows, D] activation, all in one jitted call: the hardware's rate for exactly these shapes."""
@@ -80,21 +75,6 @@ def matmul_chain_time(cfg: ModelConfig, rows: int, dtype, head: bool = True) -> 
 
     flops = 2.0 * rows * sum(a * b for a, b in shapes)
     return best_time(lambda: chain(x, weights)), flops
-
-
-def attention_flops(cfg: ModelConfig, new: int, context: float) -> float:
-    """QK^T and PV of `new` query positions over `context` keys each."""
-    return 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * new * context
-
-
-def kv_bytes(cfg: ModelConfig, positions: float, itemsize: int) -> float:
-    return positions * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * itemsize
-
-
-def weight_bytes(cfg: ModelConfig, itemsize: int, rows: int) -> float:
-    """Every matrix once, the embedding rows looked up, the LM head whole (tied or not)."""
-    dense = sum(a * b for a, b in matrices(cfg))
-    return itemsize * (dense + rows * cfg.dim)
 
 
 def decode_limit(cfg: ModelConfig, slots: int, context: float, copy: float, dtype) -> dict:

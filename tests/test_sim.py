@@ -2,11 +2,13 @@
 on virtual time, the event-driven async scheduler against the threaded one, determinism."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 
 from minirl.async_loop import RolloutThread
+from minirl.batching import bucket_length
 from minirl.checkpoints import CheckpointManager
 from minirl.config import RLConfig, make_config
 from minirl.data.mixture import Mixture
@@ -14,17 +16,20 @@ from minirl.engine_config import EngineConfig
 from minirl.inputs import train_prompts
 from minirl.metrics_log import read_metrics
 from minirl.model import ModelConfig
+from minirl.run_dir import record_config
 from minirl.runner import Run
 from minirl.scheduler import Request
+from minirl.sim.calibrate import fit_run
 from minirl.sim.costs import DEVICES, SHAPES, Costs, Device
 from minirl.sim.parts import SimEngine, VirtualClock
-from minirl.sim.run import Setup, build, simulate
+from minirl.sim.run import AsyncSim, Setup, build, simulate
 from minirl.sim.workload import Lengths, SimPrompts
 from minirl.types import Prompt
 
 # A model small enough to count by hand: 7 matrices of 2x2 per layer, one layer, a 2x4 head.
-TOY = ModelConfig(vocab_size=4, dim=2, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=2,
-                  mlp_dim=2)  # fmt: skip
+TOY = ModelConfig(
+    vocab_size=4, dim=2, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=2, mlp_dim=2
+)
 
 
 def per_call(seconds: float) -> Costs:
@@ -37,8 +42,14 @@ def test_decode_roofline_by_hand():
     # One decode step, 1 row at context 3, bf16: bytes = 2 x (36 params + 1 x 2 embedding row)
     # + KV 4 positions x 1 layer x 2 x 1 head x 2 dims x 2 bytes = 76 + 32 = 108;
     # FLOPs = 2 x 36 + 4 x 1 x 1 x 2 x 1 x 3 = 96.
-    dev = Device("d", peak_flops=96 * 4, hbm_bytes_per_s=108, hbm_bytes=1e9, link_bytes_per_s=36,
-                 decode_eff=1.0)  # fmt: skip
+    dev = Device(
+        "d",
+        peak_flops=96 * 4,
+        hbm_bytes_per_s=108,
+        hbm_bytes=1e9,
+        link_bytes_per_s=36,
+        decode_eff=1.0,
+    )
     costs = Costs(TOY, dev)
     assert costs.decode_chunk(rows=1, context=3, steps=2) == pytest.approx(2.0)  # memory-bound
     assert Costs(TOY, dev, engine_devices=2).decode_chunk(1, 3, 2) == pytest.approx(1.0)
@@ -53,7 +64,7 @@ def two_requests(slots: int, lengths=(5, 9)):
     engine = SimEngine(
         EngineConfig(
             slots=slots, cache_len=64, prefill_buckets=(8,), prefill_rows=2, decode_chunk=4
-        ),  # fmt: skip
+        ),
         per_call(1.0),
         Lengths("fixed", (1,), table=table),
         clock,
@@ -219,3 +230,96 @@ def test_prompts_resume_where_they_stopped():
     again = SimPrompts(prompt_len=5)
     again.load_state(prompts.state())
     assert [p.uid for p in again.next_prompts(2)] == [3, 4]
+
+
+def test_plan_prints_a_sweep_and_refuses_bad_input(capsys, tmp_path):
+    from minirl.tools.cli import main
+
+    args = [
+        "plan",
+        "--model",
+        "qwen2.5-0.5b",
+        "--device",
+        "h100",
+        "--max-new-tokens",
+        "512",
+        "--prompts",
+        "8",
+        "--group-size",
+        "2",
+        "--slots",
+        "8",
+        "--steps",
+        "2",
+    ]
+    plot = tmp_path / "sweep.png"
+    assert main(args + ["--sweep", "engine-devices=1,2", "--plot", str(plot), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out.split("\nwrote")[0])
+    assert [r["engine_devices"] for r in rows] == [1, 2] and [r["replicas"] for r in rows] == [1, 2]
+    assert rows[1]["seconds_per_step"] < rows[0]["seconds_per_step"]
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    for bad, says in [
+        (["--staleness", "1,x"], "expected J,K,ETA"),
+        (["--model", "nope"], "not a known shape"),
+        (["--sweep", "colour=1"], "expected KNOB=V1,V2"),
+        (["--lengths", "gamma:2"], "expected lognormal"),
+        (["--mfu", "2"], "must be in (0, 1]"),
+        (["--steps", "1"], "--steps must be >= 2"),
+    ]:
+        assert main(args + bad) == 2
+        assert says in capsys.readouterr().err
+
+
+def test_colocated_training_shares_the_cores_with_the_engine():
+    """Processor sharing: a step's work goes at 1 / slowdown while the engine is busy and at
+    full speed once it idles; an end planned before a change is void."""
+    sim = AsyncSim(dataclasses.replace(small_setup(scheduler="async"), colocated_slowdown=2.0))
+    sim.training = {
+        "groups": [],
+        "metrics": {},
+        "took": 0.0,
+        "work": 4.0,
+        "since": 0.0,
+        "slow": 1.0,
+        "ticket": -1,
+    }
+    sim._retime_training()  # the engine is busy: 4 s of work take 8
+    first = sim.training["ticket"]
+    assert sim.events[-1][0] == pytest.approx(8.0)
+    sim.now, sim.idle = 2.0, {0}  # at 2 s the engine idles: 1 s of work done, 3 left
+    sim._retime_training()
+    assert sorted(e[0] for e in sim.events if e[2] == "trained") == pytest.approx([5.0, 8.0])
+    sim._on_trained(-1, first)  # the void end changes nothing
+    assert sim.training is not None and sim.ctl.counters.steps == 0
+
+
+def test_this_machine_is_fitted_from_a_lockstep_run(tmp_path):
+    """fit_run recovers per-call costs from a run directory made with known ones."""
+    cfg = make_config("fixture")
+    record_config(cfg, tmp_path)
+    (tmp_path / "samples.jsonl").write_text('{"prompt": "abc", "length": 5}\n' * 4)
+    rows = cfg.rl.prompts_per_step * cfg.rl.group_size
+    chunk = cfg.engine.slots * cfg.engine.decode_chunk
+    lines = []
+    for step, (chunks, longest) in enumerate([(3, 20), (5, 40), (4, 60), (6, 30)] * 2):
+        padded = rows * bucket_length(longest + 4, cfg.trainer.bucket_minimum)
+        made = rows * (step + 1)
+        gen = 0.05 * chunks + 0.002 * rows
+        rec = {
+            "step": step + 1,
+            "time/generate": gen,
+            "time/verify": 1e-4 * rows,
+            "time/train": 0.5 + 1e-4 * padded,
+            "time/publish": 0.01,
+            "time/other": 0.03,
+            "engine/slot_steps": chunks * chunk,
+            "length/max": longest,
+            "count/rollouts_generated": made,
+        }
+        lines.append(json.dumps(rec))
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    m = fit_run(tmp_path)
+    assert m.chunk_s == pytest.approx(0.05) and m.prefill_s == pytest.approx(0.002)
+    assert m.train_call_s == pytest.approx(0.5) and m.train_token_s == pytest.approx(1e-4)
+    assert m.verify_s == pytest.approx(1e-4) and m.reload_s == pytest.approx(0.01)
+    assert m.other_s == pytest.approx(0.02) and m.colocated_slowdown == 1.0

@@ -201,6 +201,23 @@ EXPECTED = {
             and (not r["transformers"]["checked"] or r["transformers"]["equal_to_1e-4"])
         ),
     ),
+    "13_a_pod_on_a_laptop.py": dict(
+        files=["engine_devices_sweep.png"],
+        prints=[
+            "-bound:",
+            "1 slot(s): 5 s",
+            "2 slot(s): 3 s",
+            "async / sync throughput",
+            "stale-32 / stale-16 step time",
+            "steps/hour, engine busy",
+        ],
+        check=lambda r: (
+            r["schedule"] == {"1": 5.0, "2": 3.0}
+            and r["areal"]["speedup"] > 0
+            and set(r["rlax"]) == {"16", "32"}
+            and len(r["plan"]) >= 2
+        ),
+    ),
     "14_tools_and_turns.py": dict(
         files=["tool_vs_no_tool.png"],
         prints=[

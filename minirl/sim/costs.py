@@ -51,7 +51,7 @@ DEVICES: dict[str, Device] = {
         16 * GB,
         1600e9 / 8,
         "cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GB, ICI 1,600 Gbps",
-    ),  # fmt: skip
+    ),
     "v5p": Device(
         "TPU v5p",
         459e12,
@@ -59,7 +59,7 @@ DEVICES: dict[str, Device] = {
         95 * GB,
         4800e9 / 8,
         "cloud.google.com/tpu/docs/v5p: 459 TFLOP/s bf16, 2,765 GB/s HBM2e, 95 GB, ICI 4,800 Gbps",
-    ),  # fmt: skip
+    ),
     "h100": Device(
         "H100 SXM",
         989e12,
@@ -68,7 +68,7 @@ DEVICES: dict[str, Device] = {
         900 * GB,
         "NVIDIA H100 datasheet: 989 TFLOP/s bf16 dense (1,979 with sparsity), 3.35 TB/s HBM3, "
         "80 GB, NVLink 900 GB/s",
-    ),  # fmt: skip
+    ),
 }
 
 # Shapes of public checkpoints the planner knows besides minirl.model.PRESETS (config.json).
@@ -85,7 +85,7 @@ SHAPES: dict[str, ModelConfig] = {
         qkv_bias=True,
         tie_embeddings=False,
         max_seq_len=32768,
-    ),  # fmt: skip
+    ),
     "qwen2.5-32b": ModelConfig(
         vocab_size=152064,
         dim=5120,
@@ -97,7 +97,7 @@ SHAPES: dict[str, ModelConfig] = {
         qkv_bias=True,
         tie_embeddings=False,
         max_seq_len=32768,
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -54,9 +54,18 @@ class Replica:
         self.version = 0
         self.targets: dict[int, int] = {}  # slot -> the length its sequence will reach
         self.stats = dict.fromkeys(
-            ("tokens", "decode_tokens", "slot_steps", "decode_calls", "prefill_calls",
-             "finished", "discarded", "rebuilt"), 0,
-        )  # fmt: skip
+            (
+                "tokens",
+                "decode_tokens",
+                "slot_steps",
+                "decode_calls",
+                "prefill_calls",
+                "finished",
+                "discarded",
+                "rebuilt",
+            ),
+            0,
+        )
 
     def pending(self) -> int:
         return len(self.sched.queue) + len(self.sched.active())
@@ -172,8 +181,9 @@ class SimEngine:
     samples stay together, prompt i to replica i mod R in `generate`, to the least loaded in
     `submit`."""
 
-    def __init__(self, config: EngineConfig, costs: Costs, lengths: Lengths, clock,
-                 replicas: int = 1):  # fmt: skip
+    def __init__(
+        self, config: EngineConfig, costs: Costs, lengths: Lengths, clock, replicas: int = 1
+    ):
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         self.config, self.costs, self.clock = config, costs, clock

@@ -28,6 +28,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from minirl.batching import bucket_length
 from minirl.config import RLConfig
 from minirl.controller import Controller
 from minirl.engine_config import EngineConfig
@@ -53,17 +54,42 @@ class Setup:
     verify_per_rollout_s: float = 0.0
     verify_sigma: float = 0.0  # log-normal spread of the per-rollout latency
     seed: int = 0
+    # engine and trainer on the same cores (async): a part that starts while the other is busy
+    # takes this many times longer (minirl.sim.calibrate measures it for this machine)
+    colocated_slowdown: float = 1.0
+    # async without interruptible generation (AReaL Fig. 6's baseline): a replica due for new
+    # weights takes no new prompts and reloads only once its requests have finished
+    wait_for_in_flight: bool = False
+    controller_s: float = 0.0  # the controller's own work per step (batching, diagnostics)
+    pad_to_bucket: int = (
+        0  # train on padded batches (minirl's trainer: its bucket_minimum); 0 = packed
+    )
+
+
+def trained_tokens(groups, bucket_minimum: int = 0) -> int:
+    """What a train step processes: every rollout's prompt and completion, packed
+    (`bucket_minimum` 0), or padded as minirl's trainer pads: rows x the bucket of the longest
+    (minirl.batching.bucket_length)."""
+    lengths = [len(r.prompt.tokens) + len(r.tokens) for g in groups for r in g.rollouts]
+    if bucket_minimum:
+        return len(lengths) * bucket_length(max(lengths), bucket_minimum)
+    return sum(lengths)
 
 
 class SimController(Controller):
     """The controller with the trainer's tensors replaced by a token count."""
 
     def _train(self, groups):
-        tokens = sum(len(r.tokens) for g in groups for r in g.rollouts)
+        tokens = trained_tokens(groups, self.pad_to_bucket)
         metrics = self.trainer.call("train_step", tokens).result()
         return {f"train/{k}": v for k, v in metrics.items()}, None, None
 
+    controller_s = 0.0
+    pad_to_bucket = 0
+
     def _batch_metrics(self, batch, prox, groups) -> dict[str, float]:
+        if self.clock is not None and hasattr(self.clock, "advance"):
+            self.clock.advance(self.controller_s)
         lens = [len(r.tokens) for g in groups for r in g.rollouts]
         return {
             "length/mean": float(np.mean(lens)),
@@ -82,8 +108,9 @@ def build(setup: Setup, clock: VirtualClock, mixture=None):
     engine = SimEngine(setup.engine, setup.costs, setup.lengths, clock, setup.replicas)
     store = SimStore(keep=max(4, setup.rl.reload_every + 2))
     store.put(0, {"version": 0})
-    verifier = SimVerifier(clock, 0.5, setup.verify_s, setup.verify_per_rollout_s,
-                           setup.verify_sigma, setup.seed)  # fmt: skip
+    verifier = SimVerifier(
+        clock, 0.5, setup.verify_s, setup.verify_per_rollout_s, setup.verify_sigma, setup.seed
+    )
     ctl = SimController(
         cfg,
         engine=InProcessWorker(engine),
@@ -96,6 +123,7 @@ def build(setup: Setup, clock: VirtualClock, mixture=None):
         clock=clock,
         log=lambda *a: None,
     )
+    ctl.controller_s, ctl.pad_to_bucket = setup.controller_s, setup.pad_to_bucket
     return ctl, engine
 
 
@@ -184,8 +212,9 @@ class AsyncSim:
         self._order = 0
         self.in_flight: dict[int, list] = {}  # prompt uid -> rollouts finished so far
         self.idle: set[int] = set()  # replicas waiting for the trainer
-        self.training = None  # (groups, started_waiting, took, ends)
+        self.training: dict | None = None  # the step being trained (see _on_trainer)
         self.step_start = 0.0
+        self._engine_was_busy = True
 
     def _at(self, t: float, kind: str, replica: int = -1, payload=None) -> None:
         heapq.heappush(self.events, (t, self._order, kind, replica, payload))
@@ -205,11 +234,17 @@ class AsyncSim:
                 raise RuntimeError("the simulation stalled: no event can make progress")
             self.now, _, kind, i, payload = heapq.heappop(self.events)
             getattr(self, f"_on_{kind}")(i, payload)
+            if self._engine_busy() != self._engine_was_busy:
+                self._engine_was_busy = not self._engine_was_busy
+                self._retime_training()
         finished = [r for group in self.in_flight.values() for r in group]
         finished += [r for *_, kind, _, rs in self.events if kind == "collect" for r in rs]
         return self.recorder.summary(self.now, finished)
 
     # ---- the rollout thread, one per replica ------------------------------------------------
+
+    def _engine_busy(self) -> bool:
+        return len(self.idle) < len(self.engine.replicas)
 
     def _reload_due(self, replica) -> bool:
         return self.ctl.counters.version - replica.version >= self.rl.reload_every
@@ -217,7 +252,8 @@ class AsyncSim:
     def _on_loop(self, i: int, _) -> None:
         ctl, replica = self.ctl, self.engine.replicas[i]
         seconds = 0.0
-        if self._reload_due(replica):  # RolloutThread._maybe_reload
+        waits = self.setup.wait_for_in_flight and replica.pending() > 0
+        if self._reload_due(replica) and not waits:  # RolloutThread._maybe_reload
             replica.interrupt(self.rl.reload_policy)
             replica.version = ctl.counters.version
             seconds += self.setup.costs.reload()
@@ -230,8 +266,9 @@ class AsyncSim:
             return
         # decode until the next outside event at the latest (where the thread would look again)
         until = (self.events[0][0] if self.events else math.inf) - self.now - seconds
-        finished, spent = replica.step(until)
-        seconds += spent
+        slow = self.setup.colocated_slowdown if self.training else 1.0
+        finished, spent = replica.step(until / slow)
+        seconds += spent * slow
         self.recorder.busy["engine"] += seconds / len(self.engine.replicas)
         self._at(self.now + seconds, "collect", i, finished)
 
@@ -293,24 +330,47 @@ class AsyncSim:
                 self._wake()
             return
         groups = ctl._take_batch()
-        tokens = sum(len(r.tokens) for g in groups for r in g.rollouts)
+        tokens = trained_tokens(groups, self.setup.pad_to_bucket)
         metrics, seconds = self._cost(lambda: ctl.trainer.call("train_step", tokens).result())
-        self.training = (groups, {f"train/{k}": v for k, v in metrics.items()}, self.now,
-                         self.now + seconds)  # fmt: skip
-        self._at(self.now + seconds, "trained")
+        self.training = {
+            "groups": groups,
+            "metrics": {f"train/{k}": v for k, v in metrics.items()},
+            "took": self.now,
+            # seconds of work left were the trainer alone (+ the batch's metrics and the publish)
+            "work": seconds + self.setup.controller_s,
+            "since": self.now,
+            "slow": 1.0,
+            "ticket": 0,
+        }
         self._wake()
+        self._retime_training()
 
-    def _on_trained(self, *_) -> None:
+    def _retime_training(self) -> None:
+        """Processor sharing on colocated parts: the step's work goes at 1 / slowdown while the
+        engine is busy, at full speed while it idles; re-plan its end at every change."""
+        t = self.training
+        if t is None:
+            return
+        t["work"] -= (self.now - t["since"]) / t["slow"]
+        t["since"] = self.now
+        t["slow"] = self.setup.colocated_slowdown if self._engine_busy() else 1.0
+        t["ticket"] = self._order  # unique: an end planned earlier (for any step) is void
+        self._at(self.now + max(t["work"], 0.0) * t["slow"], "trained", payload=t["ticket"])
+
+    def _on_trained(self, _, ticket) -> None:
+        if self.training is None or ticket != self.training["ticket"]:
+            return  # an end planned before the engine's load changed
         ctl = self.ctl
-        groups, metrics, took, _ = self.training
+        groups, metrics, took = (self.training[k] for k in ("groups", "metrics", "took"))
         self.training = None
         metrics.update(ctl._batch_metrics(None, None, groups))
         ctl._count_trained(groups)
         ctl._publish(metrics, reload_engine=False)
         metrics["time/wait"] = took - self.step_start
         metrics["time/train"] = self.now - took
-        self.recorder.step(ctl._with_counters(metrics), self.now - self.step_start, 0.0,
-                           self.now - took)  # fmt: skip
+        self.recorder.step(
+            ctl._with_counters(metrics), self.now - self.step_start, 0.0, self.now - took
+        )
         self.step_start = self.now
         self._wake()
         self._at(self.now, "trainer")

@@ -118,8 +118,15 @@ class SimVerifier:
     """Rewards 1 with probability `p` per rollout; each call takes `base_s` plus a log-normal
     `per_rollout_s` per rollout (a sandboxed checker's latency), charged to the caller's clock."""
 
-    def __init__(self, clock, p: float = 0.5, base_s: float = 0.0, per_rollout_s: float = 0.0,
-                 sigma: float = 0.0, seed: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        clock,
+        p: float = 0.5,
+        base_s: float = 0.0,
+        per_rollout_s: float = 0.0,
+        sigma: float = 0.0,
+        seed: int = 0,
+    ):
         self.clock, self.p, self.base_s, self.per_s = clock, p, base_s, per_rollout_s
         self.sigma, self.seed = sigma, seed
 

@@ -243,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(fn=cmd_train)
 
+    from minirl.tools.plan import add_plan_parser
+
+    add_plan_parser(sub)
+
     p = sub.add_parser(
         "sft", help="run (or load from cache) the supervised warm start and evaluate it"
     )

@@ -1,0 +1,152 @@
+""" "This machine": per-call costs fitted to a real minirl run, and the run's twin on virtual time.
+
+A tiny model on a CPU is far from its roofline: a decode chunk or a train step costs mostly
+dispatch and host work, nearly the same whatever the batch. So this machine's costs are fitted,
+not derived, from one lockstep run's metrics.jsonl (least squares over its steps; the first
+WARMUP = 4, which trace new shapes, left out):
+
+    time/generate = chunk_s x decode chunks + prefill_s x rollouts generated
+    time/train    = train_call_s + train_token_s x padded tokens (rows x the longest's bucket)
+    time/verify   = verify_s x rollouts;  time/publish = reload_s
+    time/other - time/publish = other_s (the controller's batching and diagnostics)
+
+and `colocated_slowdown` is how much slower a part runs while the other is busy, when engine
+and trainer share the machine's cores: the calibration run's cores used (CPU seconds / wall
+seconds, from the process.json experiments/sim_validation.py writes) over half the cores,
+floored at 1 — each part alone keeps that many cores busy, together they get half each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from minirl.batching import bucket_length
+from minirl.metrics_log import read_metrics
+from minirl.run_dir import load_config
+from minirl.sim.costs import Costs, Device
+from minirl.sim.run import Setup, simulate
+from minirl.sim.workload import Lengths
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    chunk_s: float
+    prefill_s: float  # per prefilled rollout
+    verify_s: float  # per rollout
+    train_call_s: float
+    train_token_s: float
+    reload_s: float
+    other_s: float = 0.0  # the controller's own work per step
+    colocated_slowdown: float = 1.0
+
+    def describe(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class MeasuredCosts(Costs):
+    """Costs with this machine's fitted per-call times in place of the roofline."""
+
+    def __init__(self, machine: Machine, model):
+        free = Device("this machine (fitted)", 1e30, 1e30, 1e30, 1e30)
+        super().__init__(model, free)
+        object.__setattr__(self, "machine", machine)
+
+    def decode_chunk(self, rows: int, context: float, steps: int) -> float:
+        return self.machine.chunk_s
+
+    def prefill(self, rows: int, length: int) -> float:
+        return self.machine.prefill_s * rows
+
+    def train_step(self, tokens: int) -> float:
+        return self.machine.train_call_s + self.machine.train_token_s * tokens
+
+    def reload(self) -> float:
+        return self.machine.reload_s
+
+
+def _prompt_len(run_dir: Path) -> float:
+    """Mean prompt tokens of the logged samples (character tokenizer: characters + BOS)."""
+    lens = []
+    for line in (run_dir / "samples.jsonl").read_text().splitlines():
+        try:
+            lens.append(len(json.loads(line)["prompt"]) + 1)
+        except (ValueError, KeyError, TypeError):
+            continue
+    return float(np.mean(lens)) if lens else 1.0
+
+
+WARMUP = 4  # steps left out: each new batch shape is traced (and compiled, or read from the cache)
+
+
+def _per_step(run_dir: Path) -> tuple[list[dict], np.ndarray]:
+    """The steps after the warm-up, and rollouts generated in each (differences of counts)."""
+    steps = read_metrics(run_dir)
+    made = np.diff([0.0] + [s["count/rollouts_generated"] for s in steps])
+    return steps[WARMUP:], made[WARMUP:]
+
+
+def fit_run(run_dir) -> Machine:
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir)
+    steps, made = _per_step(run_dir)
+    e = cfg.engine
+    chunks = np.array([s["engine/slot_steps"] / (e.slots * e.decode_chunk) for s in steps])
+    gen = np.array([s["time/generate"] for s in steps])
+    (chunk_s, prefill_s), *_ = np.linalg.lstsq(np.stack([chunks, made], 1), gen, rcond=None)
+    rollouts = cfg.rl.prompts_per_step * cfg.rl.group_size
+    pad = cfg.trainer.bucket_minimum  # the trainer pads rows to the bucket of the longest
+    longest = [s["length/max"] + _prompt_len(run_dir) for s in steps]
+    tokens = np.array([rollouts * bucket_length(round(n), pad) for n in longest])
+    train = np.array([s["time/train"] for s in steps])
+    (call_s, token_s), *_ = np.linalg.lstsq(
+        np.stack([np.ones_like(tokens), tokens], 1), train, rcond=None
+    )
+    verify = sum(s["time/verify"] for s in steps) / max(made.sum(), 1)
+    slowdown = 1.0
+    process = run_dir / "process.json"
+    if process.is_file():
+        info = json.loads(process.read_text())
+        cores = info["cpu_s"] / info["wall_s"]
+        slowdown = max(1.0, cores / ((os.cpu_count() or 2) / 2))
+    return Machine(
+        chunk_s=float(max(chunk_s, 0.0)),
+        prefill_s=float(max(prefill_s, 0.0)),
+        verify_s=float(verify),
+        train_call_s=float(max(call_s, 0.0)),
+        train_token_s=float(max(token_s, 0.0)),
+        reload_s=float(np.mean([s["time/publish"] for s in steps])),
+        other_s=float(np.mean([s["time/other"] - s["time/publish"] for s in steps])),
+        colocated_slowdown=float(slowdown),
+    )
+
+
+def simulate_like(run_dir, machine: Machine, colocated: bool = True) -> tuple[float, float]:
+    """(measured, simulated) mean seconds per step of a real run after the warm-up (the simulated
+    run: the same settings, the lengths the real run logged, this machine's costs). `colocated`
+    False: engine and trainer had cores of their own (experiments/apart.py), no slowdown."""
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir)
+    steps = read_metrics(run_dir)
+    lengths = Lengths.from_run(run_dir, seed=cfg.rl.seed)
+    setup = Setup(
+        costs=MeasuredCosts(machine, cfg.model),
+        rl=cfg.rl,
+        engine=cfg.engine,
+        lengths=lengths,
+        max_new_tokens=max(lengths.values) + 1,
+        prompt_len=round(_prompt_len(run_dir)),
+        verify_per_rollout_s=machine.verify_s,
+        colocated_slowdown=machine.colocated_slowdown if colocated else 1.0,
+        controller_s=machine.other_s,
+        pad_to_bucket=cfg.trainer.bucket_minimum,
+        seed=cfg.rl.seed,
+    )
+    trace = simulate(setup, len(steps))
+    measured = float(np.mean([s["time/step"] for s in steps[WARMUP:]]))
+    simulated = float(np.mean([s["time/step"] for s in trace["steps"][WARMUP:]]))
+    return measured, simulated
