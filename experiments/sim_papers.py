@@ -14,7 +14,8 @@ areal_int  AReaL Fig. 6: generation throughput with interruptible generation (re
            request, continue) against without (a replica due for new weights finishes its
            requests first), 7B, 4 nodes (32 GPUs).
 rlax       RLAX Fig. 4: QwQ-32B shape (= Qwen2.5-32B's), 16k context, v5p-512 trainer and
-           v5p-512 inference, (j, k) = (16, 16) vs (16, 32); generation may run k batches ahead.
+           v5p-512 inference, (j, k) = (16, 16) vs (16, 32), 48 steps (three reloads); generation
+           may run k batches ahead; 128 prompts x 16 per step (the batch is not in its text).
 pipeline   PipelineRL (limits study): Qwen2-0.5B-class model, GSM8k-like short completions, the
            share of trained tokens at each lag for max_lag in {1, 8, 64, 256}, in-flight
            weight updates every version (j = 1, continue).
@@ -72,13 +73,13 @@ def setup(
     )
 
 
-def areal(steps: int, sizes) -> dict:
+def areal(steps: int, sizes, prompts: int) -> dict:
     out = {}
     for gpus in sizes:
         common = dict(
             model="qwen2.5-7b",
             device="h100",
-            prompts=128,
+            prompts=prompts,
             group=16,
             max_new=31 * 1024,
             lengths=REASONING,
@@ -109,7 +110,7 @@ def areal(steps: int, sizes) -> dict:
     return out
 
 
-def areal_interruptible(steps: int) -> dict:
+def areal_interruptible(steps: int, prompts: int) -> dict:
     out = {}
     for wait in (False, True):
         run = setup(
@@ -117,7 +118,7 @@ def areal_interruptible(steps: int) -> dict:
             "h100",
             24,
             8,
-            128,
+            prompts,
             16,
             31 * 1024,
             REASONING,
@@ -145,7 +146,7 @@ def rlax(steps: int, engine: int) -> dict:
             "v5p",
             engine,
             512,
-            256,
+            128,
             16,
             15 * 1024,
             REASONING,
@@ -249,10 +250,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("experiments/results/sim"))
     args = parser.parse_args()
     steps = 4 if args.fast else 12
+    prompts = 16 if args.fast else 128  # AReaL's batch: 128 prompts x 16 samples
     results = {
-        "areal": areal(steps, (32,) if args.fast else (32, 64, 128)),
-        "areal_interruptible": areal_interruptible(steps),
-        "rlax": rlax(steps, 128 if args.fast else 512),
+        "areal": areal(steps, (32,) if args.fast else (32, 64, 128), prompts),
+        "areal_interruptible": areal_interruptible(steps, prompts),
+        "rlax": rlax(steps if args.fast else 48, 128 if args.fast else 512),
         "pipeline": pipeline(steps if args.fast else 40),
         "steps": steps,
     }

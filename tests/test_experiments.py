@@ -227,3 +227,18 @@ def test_tools_experiment_fast_mode(tmp_path):
     result = json.loads((tmp_path / "tools.json").read_text())
     calc = result["seeds"]["0"]["calc"]
     assert calc["after"]["calls"] > 0 and len(calc["train_rewards"]) == 2
+
+
+@pytest.mark.slow
+def test_sim_papers_fast_mode(tmp_path):
+    """experiments/sim_papers.py: every study runs on the simulator and writes its figures."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    script = str(ROOT / "experiments" / "sim_papers.py")
+    cmd = [sys.executable, script, "--fast", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=1200)
+    result = json.loads((tmp_path / "papers_fast.json").read_text())
+    assert result["areal"]["32"]["speedup"] > 1.0  # async beats sync on long-tailed lengths
+    assert set(result["rlax"]) == {"stale-16", "stale-32"}
+    assert result["pipeline"]["max_lag=1"]["lag_share"] == [1.0]  # on-policy: every token lag 0
+    for png in ("areal_sync_vs_async.png", "rlax_stale16_vs_stale32.png", "pipelinerl_lag.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"

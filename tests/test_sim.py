@@ -23,8 +23,8 @@ from minirl.sim.calibrate import fit_run
 from minirl.sim.costs import DEVICES, SHAPES, Costs, Device
 from minirl.sim.parts import SimEngine, VirtualClock
 from minirl.sim.run import AsyncSim, Setup, build, simulate
-from minirl.sim.workload import Lengths, SimPrompts
-from minirl.types import Prompt
+from minirl.sim.workload import Lengths, SimPrompts, SimVerifier
+from minirl.types import Prompt, Rollout
 
 # A model small enough to count by hand: 7 matrices of 2x2 per layer, one layer, a 2x4 head.
 TOY = ModelConfig(
@@ -315,6 +315,8 @@ def test_this_machine_is_fitted_from_a_lockstep_run(tmp_path):
             "engine/slot_steps": chunks * chunk,
             "length/max": longest,
             "count/rollouts_generated": made,
+            "count/groups_produced": 3 * (step + 1),
+            "count/groups_filtered": step + 1,
         }
         lines.append(json.dumps(rec))
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -323,3 +325,19 @@ def test_this_machine_is_fitted_from_a_lockstep_run(tmp_path):
     assert m.train_call_s == pytest.approx(0.5) and m.train_token_s == pytest.approx(1e-4)
     assert m.verify_s == pytest.approx(1e-4) and m.reload_s == pytest.approx(0.01)
     assert m.other_s == pytest.approx(0.02) and m.colocated_slowdown == 1.0
+    assert m.unsolved == pytest.approx(0.25)  # 8 groups filtered of 32 made
+
+
+def test_verifier_unsolved_prompts_and_latency():
+    clock = VirtualClock()
+    verifier = SimVerifier(clock, p=0.5, base_s=1.0, per_rollout_s=0.5, unsolved=0.3, seed=1)
+    prompts = [Prompt(u, "t", "", np.ones(2, np.int32)) for u in range(2000)]
+    rollouts = [
+        Rollout(p, s, np.ones(1, np.int32), np.zeros(1, np.float32), np.zeros(1, np.int32), "eos")
+        for p in prompts
+        for s in range(4)
+    ]
+    rewards = np.array([s.reward for s in verifier.score(rollouts)]).reshape(2000, 4)
+    assert clock() == pytest.approx(1.0 + 0.5 * 8000)  # sigma 0: every rollout per_rollout_s
+    never = (rewards.sum(1) == 0).mean()  # unsolved prompts + solvable ones that missed 4 times
+    assert never == pytest.approx(0.3 + 0.7 * 0.5**4, abs=0.03)

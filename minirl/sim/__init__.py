@@ -8,8 +8,9 @@ part's work takes the time a cost model says (issue #17; docs/sim.md):
     workload.py  prompts, completion lengths (log-normal, fixed, a run's own), a verifier
     parts.py     VirtualClock, SimEngine (replicas over minirl.scheduler), SimTrainer, SimStore
     run.py       simulate(setup, steps): lockstep through Controller.step, async as events
-    calibrate.py this machine's Device, measured with minirl's own engine and trainer
-    plan.py      `minirl plan`: throughput, utilisation, lag and waste for a cluster, or a sweep
+    calibrate.py "this machine": per-call costs fitted to a real lockstep run, and its twin
+
+`minirl plan` (minirl/tools/plan.py) is the command line over it.
 
 Nothing in minirl's training path imports this package.
 """

@@ -2,13 +2,15 @@
 
 A tiny model on a CPU is far from its roofline: a decode chunk or a train step costs mostly
 dispatch and host work, nearly the same whatever the batch. So this machine's costs are fitted,
-not derived, from one lockstep run's metrics.jsonl (least squares over its steps; the first
+not derived, from one lockstep run's metrics.jsonl (least squares with costs >= 0 over its
+steps; the first
 WARMUP = 4, which trace new shapes, left out):
 
     time/generate = chunk_s x decode chunks + prefill_s x rollouts generated
     time/train    = train_call_s + train_token_s x padded tokens (rows x the longest's bucket)
     time/verify   = verify_s x rollouts;  time/publish = reload_s
     time/other - time/publish = other_s (the controller's batching and diagnostics)
+    unsolved = groups the dynamic filter dropped / groups made (the verifier's all-equal share)
 
 and `colocated_slowdown` is how much slower a part runs while the other is busy, when engine
 and trainer share the machine's cores: the calibration run's cores used (CPU seconds / wall
@@ -42,6 +44,7 @@ class Machine:
     train_token_s: float
     reload_s: float
     other_s: float = 0.0  # the controller's own work per step
+    unsolved: float = 0.0  # share of groups the dynamic filter dropped
     colocated_slowdown: float = 1.0
 
     def describe(self) -> dict:
@@ -90,6 +93,21 @@ def _per_step(run_dir: Path) -> tuple[list[dict], np.ndarray]:
     return steps[WARMUP:], made[WARMUP:]
 
 
+def _fit(columns: list, y) -> list[float]:
+    """Least squares with coefficients >= 0 (a cost is never negative): a column whose
+    coefficient comes out negative is dropped (its coefficient 0) and the rest refitted."""
+    keep = list(range(len(columns)))
+    while True:
+        x = np.stack([np.asarray(columns[i], float) for i in keep], 1)
+        coef, *_ = np.linalg.lstsq(x, np.asarray(y, float), rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            out = [0.0] * len(columns)
+            for i, c in zip(keep, coef, strict=True):
+                out[i] = max(float(c), 0.0)
+            return out
+        keep = [i for i, c in zip(keep, coef, strict=True) if c >= 0] or keep[:1]
+
+
 def fit_run(run_dir) -> Machine:
     run_dir = Path(run_dir)
     cfg = load_config(run_dir)
@@ -97,16 +115,17 @@ def fit_run(run_dir) -> Machine:
     e = cfg.engine
     chunks = np.array([s["engine/slot_steps"] / (e.slots * e.decode_chunk) for s in steps])
     gen = np.array([s["time/generate"] for s in steps])
-    (chunk_s, prefill_s), *_ = np.linalg.lstsq(np.stack([chunks, made], 1), gen, rcond=None)
+    chunk_s, prefill_s = _fit([chunks, made], gen)
     rollouts = cfg.rl.prompts_per_step * cfg.rl.group_size
     pad = cfg.trainer.bucket_minimum  # the trainer pads rows to the bucket of the longest
     longest = [s["length/max"] + _prompt_len(run_dir) for s in steps]
     tokens = np.array([rollouts * bucket_length(round(n), pad) for n in longest])
     train = np.array([s["time/train"] for s in steps])
-    (call_s, token_s), *_ = np.linalg.lstsq(
-        np.stack([np.ones_like(tokens), tokens], 1), train, rcond=None
-    )
+    call_s, token_s = _fit([np.ones_like(tokens), tokens], train)
     verify = sum(s["time/verify"] for s in steps) / max(made.sum(), 1)
+    last = read_metrics(run_dir)[-1]
+    dropped = last["count/groups_filtered"]
+    unsolved = dropped / max(dropped + last["count/groups_produced"], 1)
     slowdown = 1.0
     process = run_dir / "process.json"
     if process.is_file():
@@ -114,14 +133,15 @@ def fit_run(run_dir) -> Machine:
         cores = info["cpu_s"] / info["wall_s"]
         slowdown = max(1.0, cores / ((os.cpu_count() or 2) / 2))
     return Machine(
-        chunk_s=float(max(chunk_s, 0.0)),
-        prefill_s=float(max(prefill_s, 0.0)),
+        chunk_s=chunk_s,
+        prefill_s=prefill_s,
         verify_s=float(verify),
-        train_call_s=float(max(call_s, 0.0)),
-        train_token_s=float(max(token_s, 0.0)),
+        train_call_s=call_s,
+        train_token_s=token_s,
         reload_s=float(np.mean([s["time/publish"] for s in steps])),
         other_s=float(np.mean([s["time/other"] - s["time/publish"] for s in steps])),
         colocated_slowdown=float(slowdown),
+        unsolved=float(unsolved),
     )
 
 
@@ -143,6 +163,7 @@ def simulate_like(run_dir, machine: Machine, colocated: bool = True) -> tuple[fl
         verify_per_rollout_s=machine.verify_s,
         colocated_slowdown=machine.colocated_slowdown if colocated else 1.0,
         controller_s=machine.other_s,
+        unsolved=machine.unsolved,
         pad_to_bucket=cfg.trainer.bucket_minimum,
         seed=cfg.rl.seed,
     )

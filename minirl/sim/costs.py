@@ -19,6 +19,7 @@ machine` is measured (minirl.sim.calibrate). Efficiencies are knobs, not facts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from minirl.model import PRESETS, ModelConfig
 
@@ -101,6 +102,7 @@ SHAPES: dict[str, ModelConfig] = {
 }
 
 
+@functools.cache
 def matrices(cfg: ModelConfig) -> list[tuple[int, int]]:
     """(in, out) of every matmul in one forward, in order, the LM head last."""
     d, h, k, dh, f = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
@@ -108,6 +110,7 @@ def matrices(cfg: ModelConfig) -> list[tuple[int, int]]:
     return layer * cfg.num_layers + [(d, cfg.vocab_size)]
 
 
+@functools.cache
 def matmul_params(cfg: ModelConfig) -> int:
     """Parameters a token's forward multiplies by (the LM head included, the lookup not)."""
     return sum(a * b for a, b in matrices(cfg))

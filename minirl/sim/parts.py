@@ -1,9 +1,9 @@
 """Simulated engine, trainer and weight store: the real interfaces, durations from a cost model.
 
 `SimEngine` is a pool of engine replicas. Each replica keeps its requests in the real
-`minirl.scheduler.Scheduler` (FIFO queue, slots, youngest-first requeue, the real finish rule)
-and, instead of running a model, appends placeholder tokens up to the length the workload
-drew for that request; what each call would have cost comes from `minirl.sim.costs.Costs`.
+`minirl.scheduler.Scheduler` (FIFO queue, slots, admission order, requeue from scratch on a
+discard) and, instead of running a model, counts tokens up to the length the workload drew for
+that request; what each call would have cost comes from `minirl.sim.costs.Costs`.
 Work is charged to a `VirtualClock`, never slept.
 
 A replica decodes in chunks of `decode_chunk` steps, as the engine does. To stay fast at
@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from minirl.engine_config import EngineConfig
-from minirl.scheduler import Request, Scheduler, finish_reason, prefill_groups
+from minirl.scheduler import Request, Scheduler, prefill_groups
 from minirl.sim.costs import Costs
 from minirl.sim.workload import Lengths
 from minirl.types import Rollout
@@ -46,13 +46,20 @@ class VirtualClock:
 
 
 class Replica:
-    """One engine replica: a scheduler, a weight version, the work it did."""
+    """One engine replica: a scheduler, a weight version, the work it did.
+
+    The scheduler holds the requests (queue, slots, admission order, requeue); the tokens of a
+    sequence in flight are kept as counts — `made[b]` and the runs of weight versions that
+    sampled them — and become a Rollout's arrays only when it finishes, so a simulated
+    million-token step costs a few thousand Python operations, not a million."""
 
     def __init__(self, config: EngineConfig, costs: Costs, lengths: Lengths):
         self.config, self.costs, self.lengths = config, costs, lengths
         self.sched = Scheduler(config.slots)
         self.version = 0
         self.targets: dict[int, int] = {}  # slot -> the length its sequence will reach
+        self.made: dict[int, int] = {}  # slot -> tokens sampled so far
+        self.runs: dict[int, list[list[int]]] = {}  # slot -> [[version, count], ...]
         self.stats = dict.fromkeys(
             (
                 "tokens",
@@ -70,6 +77,9 @@ class Replica:
     def pending(self) -> int:
         return len(self.sched.queue) + len(self.sched.active())
 
+    def in_flight_tokens(self) -> int:
+        return sum(self.made.values())
+
     def submit(self, requests) -> None:
         self.sched.submit(requests)
 
@@ -79,7 +89,7 @@ class Replica:
         active = self.sched.active()
         if policy == "discard":
             for b in active:
-                del self.targets[b]
+                del self.targets[b], self.made[b], self.runs[b]
             self.sched.requeue(active)
             self.stats["discarded"] += len(active)
         else:
@@ -97,22 +107,27 @@ class Replica:
             finished, seconds = more, seconds + spent
         return finished, seconds
 
+    def _cache_len(self, b: int) -> int:
+        """Positions in slot b's cache: the prompt and every sampled token but the pending one."""
+        return self.sched.slots[b].prompt_len + self.made[b] - 1
+
     def _prefill(self, kind: str) -> float:
         if kind == "prompt":
             slots = []
             while self.sched.queue and self.sched.free_slots():
                 b = self.sched.free_slots()[0]
-                seq = self.sched.admit(b)
-                req = seq.request
+                req = self.sched.admit(b).request
                 self.targets[b] = self.lengths(req.prompt.uid, req.sample_index, req.max_new_tokens)
+                self.made[b], self.runs[b] = 0, []
                 slots.append(b)
         else:
             slots = [b for b in self.sched.active() if self.sched.slots[b].needs_rebuild]
         items = []
         for b in slots:
-            seq = self.sched.slots[b]
-            seq.needs_rebuild = False
-            items.append((b, seq.prompt_len if kind == "prompt" else seq.cache_len))
+            self.sched.slots[b].needs_rebuild = False
+            items.append(
+                (b, self.sched.slots[b].prompt_len if kind == "prompt" else self._cache_len(b))
+            )
         seconds = 0.0
         buckets = self.config.buckets
         for length, rows, group in prefill_groups(items, buckets, self.config.prefill_rows):
@@ -126,14 +141,14 @@ class Replica:
         return seconds
 
     def _decode(self, budget_s: float) -> tuple[list[Rollout], float]:
-        c, slots = self.config, self.sched.slots
-        active = [b for b in self.sched.active() if self.targets[b] > len(slots[b].tokens)]
+        c = self.config
+        active = [b for b in self.sched.active() if self.targets[b] > self.made[b]]
         finished = [self._finish(b) for b in self.sched.active() if b not in active]
         if not active:
             return finished, 0.0
-        to_go = [self.targets[b] - len(slots[b].tokens) for b in active]
+        to_go = [self.targets[b] - self.made[b] for b in active]
         chunks_max = min(math.ceil(n / c.decode_chunk) for n in to_go)
-        context = np.mean([slots[b].cache_len for b in active])
+        context = np.mean([self._cache_len(b) for b in active])
         seconds, chunks = 0.0, 0
         while chunks < chunks_max:
             seconds += self.costs.decode_chunk(
@@ -148,31 +163,40 @@ class Replica:
         for b, n in zip(active, to_go, strict=True):
             self._append(b, min(n, chunks * c.decode_chunk))
         self.stats["decode_tokens"] += self.stats["tokens"] - before
-        done = [b for b in active if len(slots[b].tokens) == self.targets[b]]
+        done = [b for b in active if self.made[b] == self.targets[b]]
         return finished + [self._finish(b) for b in done], seconds
 
     def _append(self, b: int, n: int) -> None:
-        """Sample `n` more tokens in slot b (its last one EOS if the drawn length ends there
-        before max_new_tokens, as a model's end-of-sequence would)."""
-        seq = self.sched.slots[b]
-        n = min(n, self.targets[b] - len(seq.tokens))
-        ids = [TOKEN] * n
-        if n and len(seq.tokens) + n == self.targets[b] < seq.request.max_new_tokens:
-            ids[-1] = EOS
-        seq.tokens += ids
-        seq.logprobs += [0.0] * n
-        seq.versions += [self.version] * n
-        seq.mask += [1.0] * n
+        """Sample `n` more tokens in slot b with the replica's current weights."""
+        n = min(n, self.targets[b] - self.made[b])
+        runs = self.runs[b]
+        if runs and runs[-1][0] == self.version:
+            runs[-1][1] += n
+        elif n:
+            runs.append([self.version, n])
+        self.made[b] += n
         self.stats["tokens"] += n
 
     def _finish(self, b: int) -> Rollout:
-        seq = self.sched.slots[b]
-        reason = finish_reason(seq, (EOS,), ())
-        assert reason is not None, "a sequence at its drawn length must finish"
+        """The finished sequence as the engine would return it: every token TOKEN, the last
+        one EOS if the drawn length ended before max_new_tokens (reason "eos"), else "length"."""
+        seq = self.sched.release(b)
+        n, runs = self.made.pop(b), self.runs.pop(b)
         del self.targets[b]
-        self.sched.release(b)
+        tokens = np.full(n, TOKEN, np.int32)
+        natural = n < seq.request.max_new_tokens
+        if natural:
+            tokens[-1] = EOS
+        versions = np.repeat([v for v, _ in runs], [k for _, k in runs]).astype(np.int32)
         self.stats["finished"] += 1
-        return seq.to_rollout(reason)
+        return Rollout(
+            prompt=seq.request.prompt,
+            sample_index=seq.request.sample_index,
+            tokens=tokens,
+            logprobs=np.zeros(n, np.float32),
+            versions=versions,
+            finish_reason="eos" if natural else "length",
+        )
 
 
 class SimEngine:

@@ -53,6 +53,7 @@ class Setup:
     verify_s: float = 0.0  # per verifier call
     verify_per_rollout_s: float = 0.0
     verify_sigma: float = 0.0  # log-normal spread of the per-rollout latency
+    unsolved: float = 0.0  # share of prompts no sample solves (the dynamic filter drops them)
     seed: int = 0
     # engine and trainer on the same cores (async): a part that starts while the other is busy
     # takes this many times longer (minirl.sim.calibrate measures it for this machine)
@@ -109,7 +110,13 @@ def build(setup: Setup, clock: VirtualClock, mixture=None):
     store = SimStore(keep=max(4, setup.rl.reload_every + 2))
     store.put(0, {"version": 0})
     verifier = SimVerifier(
-        clock, 0.5, setup.verify_s, setup.verify_per_rollout_s, setup.verify_sigma, setup.seed
+        clock,
+        0.5,
+        setup.verify_s,
+        setup.verify_per_rollout_s,
+        setup.verify_sigma,
+        setup.seed,
+        setup.unsolved,
     )
     ctl = SimController(
         cfg,
@@ -179,11 +186,7 @@ class Recorder:
         generated = self.engine.work_stats()["tokens"]
         pending = sum(len(r.tokens) for g in self.ctl.buffer for r in g.rollouts)
         pending += sum(len(r.tokens) for r in in_flight)
-        pending += sum(
-            len(rep.sched.slots[b].tokens)
-            for rep in self.engine.replicas
-            for b in rep.sched.active()
-        )
+        pending += sum(rep.in_flight_tokens() for rep in self.engine.replicas)
         seconds = float(max(seconds, 1e-12))
         return {
             "steps": self.steps,
@@ -191,7 +194,7 @@ class Recorder:
             "seconds_per_step": seconds / max(len(self.steps), 1),
             "steps_per_hour": 3600 * len(self.steps) / seconds,
             "trained_tokens_per_s": self.trained_tokens / seconds,
-            "busy": {k: v / seconds for k, v in self.busy.items()},
+            "busy": {k: min(1.0, v / seconds) for k, v in self.busy.items()},  # work past the end
             "generated_tokens": generated,
             "wasted_tokens": generated - self.trained_tokens - pending,
             "lag_histogram": np.bincount(lags.astype(np.int64)).tolist() if len(lags) else [],

@@ -24,7 +24,7 @@ import numpy as np
 
 from minirl.types import Prompt, Score
 
-_STREAM = {"length": 1, "reward": 2, "verify": 3, "prompt": 4}
+_STREAM = {"length": 1, "reward": 2, "verify": 3, "solvable": 4}
 
 
 def draw(seed: int, stream: str, *key: int) -> np.random.Generator:
@@ -115,8 +115,10 @@ class SimPrompts:
 
 
 class SimVerifier:
-    """Rewards 1 with probability `p` per rollout; each call takes `base_s` plus a log-normal
-    `per_rollout_s` per rollout (a sandboxed checker's latency), charged to the caller's clock."""
+    """Rewards 1 with probability `p` per rollout, except on the share `unsolved` of prompts that
+    no sample solves (their groups are all-equal: what DAPO's dynamic filter drops and samples
+    again for). Each call takes `base_s` plus a log-normal `per_rollout_s` per rollout (a
+    sandboxed checker's latency), charged to the caller's clock."""
 
     def __init__(
         self,
@@ -126,9 +128,10 @@ class SimVerifier:
         per_rollout_s: float = 0.0,
         sigma: float = 0.0,
         seed: int = 0,
+        unsolved: float = 0.0,
     ):
         self.clock, self.p, self.base_s, self.per_s = clock, p, base_s, per_rollout_s
-        self.sigma, self.seed = sigma, seed
+        self.sigma, self.seed, self.unsolved = sigma, seed, unsolved
 
     def latency(self, rollouts) -> float:
         total = self.base_s
@@ -139,7 +142,9 @@ class SimVerifier:
 
     def score(self, rollouts) -> list[Score]:
         self.clock.advance(self.latency(rollouts))
-        return [
-            Score(float(draw(self.seed, "reward", r.prompt.uid, r.sample_index).random() < self.p))
-            for r in rollouts
-        ]
+        return [Score(self._reward(r.prompt.uid, r.sample_index)) for r in rollouts]
+
+    def _reward(self, uid: int, sample: int) -> float:
+        if draw(self.seed, "solvable", uid).random() < self.unsolved:
+            return 0.0
+        return float(draw(self.seed, "reward", uid, sample).random() < self.p)

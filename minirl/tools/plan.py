@@ -105,7 +105,7 @@ def _model(name: str):
     )
 
 
-def _knobs(args) -> dict:
+def knobs_of(args) -> dict:
     try:
         j, k, eta = (int(x) for x in args.staleness.split(","))
     except ValueError:
@@ -205,7 +205,7 @@ def cmd_plan(args) -> int:
         raise ValueError("--steps must be >= 2")
     if args.plot and not args.sweep:
         raise ValueError("--plot draws a sweep: give --sweep KNOB=V1,V2 too")
-    base = _knobs(args)
+    base = knobs_of(args)
     knob, values = _sweep(args) if args.sweep else (None, [None])
     rows = []
     for value in values:
