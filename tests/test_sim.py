@@ -216,6 +216,7 @@ def test_length_specs_and_their_errors(tmp_path):
     assert Lengths.parse("fixed:7")(0, 0, cap=5) == 5
     spec = Lengths.parse("lognormal:3,0")
     assert spec(1, 2, cap=100) == int(np.ceil(np.exp(3)))
+    assert Lengths.parse("lognormal:1e9,1")(0, 0, cap=64) == 64  # no overflow: capped
     (tmp_path / "samples.jsonl").write_text('{"length": 4}\nnot json\n{"length": 6}\n{}\n')
     run = Lengths.parse(str(tmp_path))
     assert {run(u, 0, cap=99) for u in range(50)} == {4, 6}
@@ -265,6 +266,13 @@ def test_plan_prints_a_sweep_and_refuses_bad_input(capsys, tmp_path):
         (["--lengths", "gamma:2"], "expected lognormal"),
         (["--mfu", "2"], "must be in (0, 1]"),
         (["--steps", "1"], "--steps must be >= 2"),
+        (["--lengths", "lognormal:nan,1"], "expected lognormal"),
+        (["--verify-s", "-1"], "--verify-s must be >= 0"),
+        (["--prompts", "0"], "prompts_per_step must be >= 1"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+        (["--engine-devices", "0"], "not a multiple of"),
+        (["--calibrate", str(tmp_path)], "not a minirl run directory"),
+        (["--plot", str(plot)], "--plot draws a sweep"),
     ]:
         assert main(args + bad) == 2
         assert says in capsys.readouterr().err

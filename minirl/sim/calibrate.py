@@ -112,6 +112,13 @@ def fit_run(run_dir) -> Machine:
     run_dir = Path(run_dir)
     cfg = load_config(run_dir)
     steps, made = _per_step(run_dir)
+    if cfg.rl.scheduler != "lockstep" or len(steps) < 2:
+        logged = len(read_metrics(run_dir))
+        raise ValueError(
+            f"{run_dir}: calibration needs a lockstep run (its phases are timed one after the "
+            f"other) of at least {WARMUP + 2} steps; this one is {cfg.rl.scheduler} with "
+            f"{logged} logged steps"
+        )
     e = cfg.engine
     chunks = np.array([s["engine/slot_steps"] / (e.slots * e.decode_chunk) for s in steps])
     gen = np.array([s["time/generate"] for s in steps])

@@ -55,16 +55,15 @@ class Setup:
     verify_sigma: float = 0.0  # log-normal spread of the per-rollout latency
     unsolved: float = 0.0  # share of prompts no sample solves (the dynamic filter drops them)
     seed: int = 0
-    # engine and trainer on the same cores (async): a part that starts while the other is busy
-    # takes this many times longer (minirl.sim.calibrate measures it for this machine)
+    # engine and trainer on the same cores (async): each runs this many times slower while the
+    # other is busy (processor sharing; minirl.sim.calibrate measures it for this machine)
     colocated_slowdown: float = 1.0
     # async without interruptible generation (AReaL Fig. 6's baseline): a replica due for new
     # weights takes no new prompts and reloads only once its requests have finished
     wait_for_in_flight: bool = False
     controller_s: float = 0.0  # the controller's own work per step (batching, diagnostics)
-    pad_to_bucket: int = (
-        0  # train on padded batches (minirl's trainer: its bucket_minimum); 0 = packed
-    )
+    # train on padded batches (minirl's trainer: its bucket_minimum); 0 = packed sequences
+    pad_to_bucket: int = 0
 
 
 def trained_tokens(groups, bucket_minimum: int = 0) -> int:
@@ -80,17 +79,17 @@ def trained_tokens(groups, bucket_minimum: int = 0) -> int:
 class SimController(Controller):
     """The controller with the trainer's tensors replaced by a token count."""
 
+    def __init__(self, cfg, *, setup: Setup, **parts):
+        super().__init__(cfg, **parts)
+        self.setup = setup
+
     def _train(self, groups):
-        tokens = trained_tokens(groups, self.pad_to_bucket)
+        tokens = trained_tokens(groups, self.setup.pad_to_bucket)
         metrics = self.trainer.call("train_step", tokens).result()
         return {f"train/{k}": v for k, v in metrics.items()}, None, None
 
-    controller_s = 0.0
-    pad_to_bucket = 0
-
     def _batch_metrics(self, batch, prox, groups) -> dict[str, float]:
-        if self.clock is not None and hasattr(self.clock, "advance"):
-            self.clock.advance(self.controller_s)
+        self.clock.advance(self.setup.controller_s)  # the real controller's own work
         lens = [len(r.tokens) for g in groups for r in g.rollouts]
         return {
             "length/mean": float(np.mean(lens)),
@@ -120,6 +119,7 @@ def build(setup: Setup, clock: VirtualClock, mixture=None):
     )
     ctl = SimController(
         cfg,
+        setup=setup,
         engine=InProcessWorker(engine),
         trainer=InProcessWorker(SimTrainer(setup.costs, clock)),
         verifier=InProcessWorker(verifier),
@@ -130,7 +130,6 @@ def build(setup: Setup, clock: VirtualClock, mixture=None):
         clock=clock,
         log=lambda *a: None,
     )
-    ctl.controller_s, ctl.pad_to_bucket = setup.controller_s, setup.pad_to_bucket
     return ctl, engine
 
 
@@ -159,7 +158,7 @@ class Recorder:
     def __init__(self, ctl: Controller, engine: SimEngine):
         self.ctl, self.engine = ctl, engine
         self.steps: list[dict] = []
-        self.lags: list[np.ndarray] = []
+        self.lag_counts = np.zeros(1, np.int64)  # trained tokens by lag (versions behind)
         self.trained_tokens = 0
         self.busy = {"engine": 0.0, "trainer": 0.0}
 
@@ -167,7 +166,12 @@ class Recorder:
         version = self.ctl.counters.version
         for g in self.ctl.last_trained:
             for r in g.rollouts:
-                self.lags.append(version - 1 - r.versions)
+                counts = np.bincount(version - 1 - r.versions)
+                if len(counts) > len(self.lag_counts):
+                    self.lag_counts = np.pad(
+                        self.lag_counts, (0, len(counts) - len(self.lag_counts))
+                    )
+                self.lag_counts[: len(counts)] += counts
                 self.trained_tokens += len(r.tokens)
         self.busy["engine"] += engine_busy
         self.busy["trainer"] += trainer_busy
@@ -182,7 +186,6 @@ class Recorder:
         """Totals; `in_flight`: rollouts finished but not yet in a group (async). Wasted =
         generated - trained - what is still buffered or in flight at the end: discarded at a
         reload, too stale for k, or dropped by the dynamic filter."""
-        lags = np.concatenate(self.lags) if self.lags else np.zeros(0, np.int64)
         generated = self.engine.work_stats()["tokens"]
         pending = sum(len(r.tokens) for g in self.ctl.buffer for r in g.rollouts)
         pending += sum(len(r.tokens) for r in in_flight)
@@ -197,7 +200,7 @@ class Recorder:
             "busy": {k: min(1.0, v / seconds) for k, v in self.busy.items()},  # work past the end
             "generated_tokens": generated,
             "wasted_tokens": generated - self.trained_tokens - pending,
-            "lag_histogram": np.bincount(lags.astype(np.int64)).tolist() if len(lags) else [],
+            "lag_histogram": self.lag_counts.tolist() if self.trained_tokens else [],
             "engine": self.engine.work_stats(),
         }
 

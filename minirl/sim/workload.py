@@ -45,7 +45,7 @@ class Lengths:
         try:
             if kind == "lognormal":
                 mu, sigma = (float(x) for x in args.split(","))
-                if sigma < 0:
+                if not (math.isfinite(mu) and math.isfinite(sigma) and sigma >= 0):
                     raise ValueError
                 return cls("lognormal", (mu, sigma), seed)
             if kind == "fixed" and int(args) >= 1:
@@ -56,7 +56,7 @@ class Lengths:
         if kind not in ("lognormal", "fixed") and path.is_file():
             return cls.from_run(Path(spec), seed)
         raise ValueError(
-            f"lengths {spec!r}: expected lognormal:MU,SIGMA (SIGMA >= 0), fixed:N (N >= 1) or a "
+            f"lengths {spec!r}: expected lognormal:MU,SIGMA (finite, SIGMA >= 0), fixed:N (N >= 1) or a "
             "run directory with samples.jsonl"
         )
 
@@ -81,7 +81,7 @@ class Lengths:
         if self.kind == "fixed":
             n = self.values[0]
         elif self.kind == "lognormal":
-            n = math.ceil(math.exp(rng.normal(*self.values)))
+            n = math.ceil(math.exp(min(rng.normal(*self.values), math.log(cap) + 1)))
         else:
             n = self.values[int(rng.integers(len(self.values)))]
         return max(1, min(cap, int(n)))

@@ -203,6 +203,8 @@ def _sweep(args) -> tuple[str, list]:
 def cmd_plan(args) -> int:
     if args.steps < 2:
         raise ValueError("--steps must be >= 2")
+    if args.verify_s < 0:
+        raise ValueError("--verify-s must be >= 0")
     if args.plot and not args.sweep:
         raise ValueError("--plot draws a sweep: give --sweep KNOB=V1,V2 too")
     base = knobs_of(args)
