@@ -13,6 +13,9 @@ to its one core). The arms, from the same warm start, for the same number of ste
   apart_eta1      the async scheduler, same placement, eta = 1 (k = 2, in-flight requests
                   continued at each reload)
   apart_eta2      the same with eta = 2 (k = 3)
+  apart_j4_k4     lesson 06's (j, k) = (4, 4) and (4, 8) with eta = k - 1 and its reload policy
+  apart_j4_k8     (discard), same placement: RLAX Fig. 4's comparison where the parts run apart
+                  (not in the default set: --arms apart_sync apart_j4_k4 apart_j4_k8)
 
 The controller (the driver process) and the verifier actor are not pinned: they do little.
 Reported per arm: seconds per step (median, first `--skip` steps left out: compiles), the time
@@ -46,13 +49,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SYNC = ["rl.scheduler=lockstep", "rl.reload_every=1", "rl.max_lag=1", "rl.eta=0"]
 
 
-def async_arm(eta: int) -> list[str]:
+def async_arm(eta: int, j: int = 1, k: int | None = None, policy: str = "continue") -> list[str]:
     return [
         "rl.scheduler=async",
-        "rl.reload_every=1",
-        f"rl.max_lag={eta + 1}",
+        f"rl.reload_every={j}",
+        f"rl.max_lag={eta + 1 if k is None else k}",
         f"rl.eta={eta}",
-        "rl.reload_policy=continue",
+        f"rl.reload_policy={policy}",
     ]
 
 
@@ -61,6 +64,9 @@ ARMS = {
     "apart_sync": (SYNC, True),
     "apart_eta1": (async_arm(1), True),
     "apart_eta2": (async_arm(2), True),
+    # lesson 06's staler settings (j, k) = (4, 4) and (4, 8), eta = k - 1, its reload policy
+    "apart_j4_k4": (async_arm(3, j=4, k=4, policy="discard"), True),
+    "apart_j4_k8": (async_arm(7, j=4, k=8, policy="discard"), True),
 }
 # The workload: the default countdown task (it learns within minutes) scored as DAPO scores it:
 # reward 1 for a right answer and 0 otherwise (no format reward), with DAPO's dynamic filter
@@ -278,7 +284,8 @@ def plot(curves, out, args) -> Path:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     names = list(curves)
-    colors = dict(zip(ARMS, ["#888888", "#4477aa", "#ee6677", "#228833"], strict=True))
+    palette = ["#888888", "#4477aa", "#ee6677", "#228833", "#ccbb44", "#aa3377"]
+    colors = dict(zip(ARMS, palette, strict=True))
     rates = [out[n]["seconds_per_step"] for n in names]
     a.bar(range(len(names)), rates, color=[colors[n] for n in names])
     a.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names])
@@ -309,7 +316,7 @@ def main(argv=None) -> dict:
     p.add_argument("--skip", type=int, default=2, help="first steps left out of the medians")
     p.add_argument("--heldout-prompts", type=int, default=128)
     p.add_argument("--heldout-samples", type=int, default=2)
-    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS)[:4])
     p.add_argument(
         "--set",
         action="append",
@@ -320,6 +327,9 @@ def main(argv=None) -> dict:
     p.add_argument("--out", type=Path, default=Path("runs/apart"))
     p.add_argument("--results", type=Path, default=ROOT / "experiments" / "results" / "apart")
     p.add_argument("--fast", action="store_true", help="a smoke run: tiny batches")
+    p.add_argument(
+        "--summarize", action="store_true", help="do not train: summarize the runs in --out"
+    )
     args = p.parse_args(argv)
     if "apart_sync" not in args.arms:
         p.error("apart_sync is the baseline: keep it in --arms")
@@ -333,10 +343,13 @@ def main(argv=None) -> dict:
     ]
     if args.fast:
         args.set = [*args.set, *FAST]
-    dirs = {
-        name: run_arm(name, args.preset, common + ARMS[name][0], ARMS[name][1], args.out)
-        for name in args.arms
-    }
+    if args.summarize:  # the runs exist: evaluate and summarize them again
+        dirs = {name: args.out / name for name in args.arms}
+    else:
+        dirs = {
+            name: run_arm(name, args.preset, common + ARMS[name][0], ARMS[name][1], args.out)
+            for name in args.arms
+        }
     result = summarize(args, dirs)
     (args.results / "apart.json").write_text(json.dumps(result, indent=1, default=float))
     for name in args.arms:

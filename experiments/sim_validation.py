@@ -16,12 +16,14 @@ real run logged (its samples.jsonl) and compares mean seconds per step after the
 colocated: a part that starts while the other is busy runs slower by the calibration run's
 cores used (minirl.sim.calibrate.colocated_slowdown).
 
-With --apart DIR (default runs/sim_apart, used if it exists) it also calibrates on
-experiments/apart.py's lockstep arm and predicts its async arms, engine and trainer each in a Ray
-actor pinned to a core of its own (no slowdown):
+With --apart DIR ... (default runs/sim_apart and runs/apart_j4, each used if it exists) it also
+calibrates on experiments/apart.py's lockstep arm and predicts its async arms, engine and trainer
+each in a Ray actor pinned to a core of its own (no slowdown):
 
     PYTHONPATH=. python experiments/apart.py --arms apart_sync apart_eta1 apart_eta2 \
         --steps 30 --set log.samples_every=1 --set log.samples_per_step=256 --out runs/sim_apart
+    PYTHONPATH=. python experiments/apart.py --arms apart_sync apart_eta1 apart_j4_k4 \
+        apart_j4_k8 --steps 40 --out runs/apart_j4
 
 Output: experiments/results/sim/validation.json.
 """
@@ -39,7 +41,7 @@ import time
 from pathlib import Path
 
 # experiments/apart.py's arms: engine and trainer in Ray actors pinned to a core each
-APART = ["apart_sync", "apart_eta1", "apart_eta2"]
+APART = ["apart_sync", "apart_eta1", "apart_eta2", "apart_j4_k4", "apart_j4_k8"]
 
 SETTINGS = {  # name: (scheduler, j, k, eta, reload policy)
     "lockstep_j1_k1_eta0": ("lockstep", 1, 1, 0, "discard"),
@@ -96,9 +98,11 @@ def sim(args) -> None:
             "rows": rows,
         }
     }
-    if (args.apart / "apart_sync" / "metrics.jsonl").is_file():
-        rows = compare(args.apart, APART, colocated=False)
-        out["apart"] = {"calibration": fit_run(args.apart / APART[0]).describe(), "rows": rows}
+    for root in args.apart:  # each: experiments/apart.py's run directories, if there
+        names = [n for n in APART if (root / n / "metrics.jsonl").is_file()]
+        if "apart_sync" in names:
+            rows = compare(root, names, colocated=False)
+            out[str(root)] = {"calibration": fit_run(root / names[0]).describe(), "rows": rows}
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "validation.json").write_text(json.dumps(out, indent=1))
 
@@ -141,8 +145,9 @@ def main() -> None:
     parser.add_argument(
         "--apart",
         type=Path,
-        default=Path("runs/sim_apart"),
-        help="(sim) experiments/apart.py's run directories, if there",
+        nargs="*",
+        default=[Path("runs/sim_apart"), Path("runs/apart_j4")],
+        help="(sim) directories of experiments/apart.py runs, used if there",
     )
     args = parser.parse_args()
     {"real": real, "sim": sim}[args.what](args)

@@ -11,8 +11,8 @@ cluster scale it jumps several chunks at once — up to the first chunk in which
 finishes, or the one running when `until` (the next outside event) passes — which decides
 exactly what chunk-by-chunk stepping decides, since nothing can change in between.
 
-Not simulated: the paged cache's preemption, multi-turn episodes, prompts split by length
-buckets beyond the engine's own bucket rule.
+Not simulated: the paged cache's preemption, multi-turn episodes, stop sequences (a completion
+ends at its drawn length: with EOS, or at max_new_tokens for "length", the engine's own rule).
 """
 
 from __future__ import annotations
