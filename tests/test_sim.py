@@ -13,6 +13,7 @@ from minirl.checkpoints import CheckpointManager
 from minirl.config import RLConfig, make_config
 from minirl.data.mixture import Mixture
 from minirl.engine_config import EngineConfig
+from minirl.hf_config import config_to_hf
 from minirl.inputs import train_prompts
 from minirl.metrics_log import read_metrics
 from minirl.model import ModelConfig
@@ -259,6 +260,13 @@ def test_plan_prints_a_sweep_and_refuses_bad_input(capsys, tmp_path):
     assert [r["engine_devices"] for r in rows] == [1, 2] and [r["replicas"] for r in rows] == [1, 2]
     assert rows[1]["seconds_per_step"] < rows[0]["seconds_per_step"]
     assert plot.read_bytes()[:4] == b"\x89PNG"
+    model_dir = tmp_path / "model"  # a checkpoint directory: its config.json gives the shapes
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(config_to_hf(SHAPES["qwen2.5-0.5b"])))
+    assert main([*args, "--model", str(model_dir), "--json"]) == 0
+    from_dir = json.loads(capsys.readouterr().out)
+    assert main([*args, "--json"]) == 0
+    assert from_dir == json.loads(capsys.readouterr().out)
     for bad, says in [
         (["--staleness", "1,x"], "expected J,K,ETA"),
         (["--model", "nope"], "not a known shape"),
@@ -273,6 +281,7 @@ def test_plan_prints_a_sweep_and_refuses_bad_input(capsys, tmp_path):
         (["--engine-devices", "0"], "not a multiple of"),
         (["--calibrate", str(tmp_path)], "not a minirl run directory"),
         (["--plot", str(plot)], "--plot draws a sweep"),
+        (["--model", str(tmp_path)], "not a known shape"),
     ]:
         assert main(args + bad) == 2
         assert says in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`minirl plan`: what a cluster would do with a model, before renting it (issue #17).
+"""`minirl plan`: what a cluster would do with a model, before renting it.
 
     minirl plan --model qwen2.5-7b --device v5p --engine-devices 64 --trainer-devices 64 \\
         --lengths lognormal:7,1 --staleness 1,2,1 --scheduler async
@@ -35,19 +35,28 @@ SWEEPABLE = (
 )
 
 
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default."""
+
+
 def add_plan_parser(sub) -> None:
     p = sub.add_parser(
         "plan",
         help="simulate a cluster's RL run: throughput, utilisation, lag, waste",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Help,
     )
     p.add_argument(
         "--model",
         default="qwen2.5-7b",
         help=f"a shape ({', '.join(sorted(SHAPES))}) or a checkpoint directory",
     )
-    p.add_argument("--device", default="v5p", choices=sorted(DEVICES))
+    p.add_argument(
+        "--device",
+        default="v5p",
+        choices=sorted(DEVICES),
+        help="datasheet figures: minirl/sim/costs.py",
+    )
     p.add_argument(
         "--calibrate",
         metavar="RUN_DIR",
@@ -68,10 +77,10 @@ def add_plan_parser(sub) -> None:
         default="lognormal:7,1",
         help="completion lengths: lognormal:MU,SIGMA | fixed:N | RUN_DIR",
     )
-    p.add_argument("--max-new-tokens", type=int, default=8192)
-    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=8192, help="completion cap (tokens)")
+    p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens")
     p.add_argument("--prompts", type=int, default=64, help="prompts per step")
-    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--group-size", type=int, default=8, help="samples per prompt")
     p.add_argument("--slots", type=int, default=128, help="sequences per engine replica")
     p.add_argument(
         "--staleness",
@@ -79,13 +88,20 @@ def add_plan_parser(sub) -> None:
         metavar="J,K,ETA",
         help="reload every j versions, max lag k (0 = unbounded), run ahead eta",
     )
-    p.add_argument("--scheduler", default="lockstep", choices=["lockstep", "async"])
-    p.add_argument("--reload-policy", default="continue", choices=["discard", "continue"])
+    p.add_argument(
+        "--scheduler", default="lockstep", choices=["lockstep", "async"], help="as rl.scheduler"
+    )
+    p.add_argument(
+        "--reload-policy",
+        default="continue",
+        choices=["discard", "continue"],
+        help="in-flight requests at a reload (async), as rl.reload_policy",
+    )
     p.add_argument("--mfu", type=float, help="trainer's share of peak (default: the device's)")
     p.add_argument("--decode-eff", type=float, help="engine's share of its roofline")
     p.add_argument("--verify-s", type=float, default=0.0, help="verifier seconds per rollout")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=20, help="simulated train steps per setting")
+    p.add_argument("--seed", type=int, default=0, help="keys every length and reward draw")
     p.add_argument("--sweep", metavar="KNOB=V1,V2", help=f"one of {', '.join(SWEEPABLE)}")
     p.add_argument("--plot", type=Path, help="with --sweep: a PNG of steps/hour against it")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -98,7 +114,7 @@ def _model(name: str):
     if Path(name, "config.json").is_file():
         from minirl.hf_config import config_from_hf, read_config
 
-        return config_from_hf(read_config(Path(name, "config.json")))
+        return config_from_hf(read_config(Path(name)))
     raise ValueError(
         f"--model {name!r}: not a known shape ({sorted(SHAPES)}) or a checkpoint "
         "directory with config.json"
