@@ -166,8 +166,16 @@ class ProcessWorker:
         self.factory, self.name = factory, name
         self._ids = itertools.count()
         self._proc = None
+        # start / close / call are atomic with respect to each other: a call made while another
+        # thread restarts the worker registers its future and sends its message on the SAME
+        # process's pipe (else its answer arrives where nobody waits for it, and it hangs)
+        self._state = threading.RLock()
 
     def start(self) -> ProcessWorker:
+        with self._state:
+            return self._start()
+
+    def _start(self) -> ProcessWorker:
         import dill
         import multiprocess as mp
 
@@ -212,20 +220,21 @@ class ProcessWorker:
             pending.clear()
 
     def call(self, method: str, *args, **kwargs) -> Future:
-        if self._proc is None:
-            self.start()
         future: Future = Future()
         call_id = next(self._ids)
-        with self._lock:
-            if not self._reader.is_alive():
-                future.set_exception(WorkerDied(f"{self.name} process is not running"))
-                return future
-            self._pending[call_id] = future
-        try:
-            self._conn.send_bytes(encode((call_id, method, args, kwargs)))
-        except (OSError, ValueError) as e:
-            self._pending.pop(call_id, None)
-            future.set_exception(WorkerDied(f"{self.name}: cannot send ({e})"))
+        with self._state:
+            if self._proc is None:
+                self.start()
+            with self._lock:
+                if not self._reader.is_alive():
+                    future.set_exception(WorkerDied(f"{self.name} process is not running"))
+                    return future
+                self._pending[call_id] = future
+            try:
+                self._conn.send_bytes(encode((call_id, method, args, kwargs)))
+            except (OSError, ValueError) as e:
+                self._pending.pop(call_id, None)
+                future.set_exception(WorkerDied(f"{self.name}: cannot send ({e})"))
         return future
 
     def alive(self) -> bool:
@@ -237,10 +246,15 @@ class ProcessWorker:
 
     def restart(self) -> None:
         """Stop the process (if any) and start a fresh one from the same factory."""
-        self.close()
-        self.start()
+        with self._state:
+            self.close()
+            self.start()
 
     def close(self) -> None:
+        with self._state:
+            self._close()
+
+    def _close(self) -> None:
         if self._proc is None:
             return
         try:
