@@ -33,44 +33,10 @@ import json
 import time
 from pathlib import Path
 
-from minirl.config import RLConfig
-from minirl.engine_config import EngineConfig
-from minirl.sim.costs import DEVICES, SHAPES, Costs
-from minirl.sim.run import Setup, simulate
-from minirl.sim.workload import Lengths
+from minirl.sim.run import cluster, simulate
 
 REASONING = "lognormal:8.6,0.8"  # median 5.4k tokens, mean ~7.5k, capped at 31k
 SHORT = "lognormal:5.3,0.5"  # median 200 tokens (GSM8k-style answers)
-
-
-def setup(
-    model,
-    device,
-    engine_devices,
-    trainer_devices,
-    prompts,
-    group,
-    max_new,
-    lengths,
-    slots=64,
-    prompt_len=512,
-    **rl,
-) -> Setup:
-    costs = Costs(SHAPES[model], DEVICES[device])
-    cache = prompt_len + max_new
-    per = costs.replica_devices_needed(slots * cache)
-    costs = dataclasses.replace(costs, engine_devices=per, trainer_devices=trainer_devices)
-    return Setup(
-        costs=costs,
-        rl=RLConfig(prompts_per_step=prompts, group_size=group, **rl),
-        engine=EngineConfig(
-            slots=slots, cache_len=cache, prefill_buckets=(prompt_len,), decode_chunk=32
-        ),
-        lengths=Lengths.parse(lengths),
-        replicas=max(1, engine_devices // per),
-        max_new_tokens=max_new,
-        prompt_len=prompt_len,
-    )
 
 
 def areal(steps: int, sizes, prompts: int) -> dict:
@@ -84,8 +50,8 @@ def areal(steps: int, sizes, prompts: int) -> dict:
             max_new=31 * 1024,
             lengths=REASONING,
         )
-        sync = simulate(setup(engine_devices=gpus, trainer_devices=gpus, **common), steps)
-        run = setup(
+        sync = simulate(cluster(engine_devices=gpus, trainer_devices=gpus, **common), steps)
+        run = cluster(
             engine_devices=gpus * 3 // 4,
             trainer_devices=gpus // 4,
             scheduler="async",
@@ -113,7 +79,7 @@ def areal(steps: int, sizes, prompts: int) -> dict:
 def areal_interruptible(steps: int, prompts: int) -> dict:
     out = {}
     for wait in (False, True):
-        run = setup(
+        run = cluster(
             "qwen2.5-7b",
             "h100",
             24,
@@ -141,7 +107,7 @@ def areal_interruptible(steps: int, prompts: int) -> dict:
 def rlax(steps: int, engine: int) -> dict:
     out = {}
     for k in (16, 32):
-        run = setup(
+        run = cluster(
             "qwen2.5-32b",
             "v5p",
             engine,
@@ -177,7 +143,7 @@ def rlax(steps: int, engine: int) -> dict:
 def pipeline(steps: int) -> dict:
     out = {}
     for k in (1, 8, 64, 256):
-        run = setup(
+        run = cluster(
             "qwen2.5-0.5b",
             "h100",
             4,

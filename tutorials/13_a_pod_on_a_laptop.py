@@ -96,14 +96,12 @@ the other two within 17%).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from minirl.config import RLConfig
 from minirl.engine_config import EngineConfig
 from minirl.model import ModelConfig
 from minirl.scheduler import Request
@@ -118,7 +116,7 @@ from minirl.sim.costs import (
     weight_bytes,
 )
 from minirl.sim.parts import SimEngine, VirtualClock
-from minirl.sim.run import Setup, simulate
+from minirl.sim.run import cluster, simulate
 from minirl.sim.workload import Lengths
 from minirl.tools.cli import build_parser
 from minirl.tools.plan import knobs_of, make_setup
@@ -176,35 +174,21 @@ def step2_schedule() -> dict:
     return out
 
 
-def base_setup(
-    model, device, engine_devices, trainer_devices, prompts, group, max_new, **rl
-) -> Setup:
-    costs = Costs(SHAPES[model], DEVICES[device])
-    cache = 512 + max_new
-    per = costs.replica_devices_needed(64 * cache)
-    return Setup(
-        costs=dataclasses.replace(costs, engine_devices=per, trainer_devices=trainer_devices),
-        rl=RLConfig(prompts_per_step=prompts, group_size=group, **rl),
-        engine=EngineConfig(slots=64, cache_len=cache, prefill_buckets=(512,), decode_chunk=32),
-        lengths=Lengths.parse(LONG_TAIL),
-        replicas=max(1, engine_devices // per),
-        max_new_tokens=max_new,
-        prompt_len=512,
-    )
-
-
 def step3_areal(args) -> dict:
     gpus = args.gpus
     print(f"\nStep 3. AReaL's regime: 7B, 32k context, {args.prompts} prompts x 16, {gpus} H100s")
     common = ("qwen2.5-7b", "h100")
-    sync = simulate(base_setup(*common, gpus, gpus, args.prompts, 16, 31 * 1024), args.steps)
-    run = base_setup(
+    sync = simulate(
+        cluster(*common, gpus, gpus, args.prompts, 16, 31 * 1024, LONG_TAIL), args.steps
+    )
+    run = cluster(
         *common,
         gpus * 3 // 4,
         gpus // 4,
         args.prompts,
         16,
         31 * 1024,
+        LONG_TAIL,
         scheduler="async",
         eta=4,
         max_lag=5,
@@ -234,7 +218,7 @@ def step4_rlax(args) -> dict:
     )
     out = {}
     for k in (4, 8):
-        run = base_setup(
+        run = cluster(
             "qwen2.5-32b",
             "v5p",
             args.rlax_chips,
@@ -242,6 +226,7 @@ def step4_rlax(args) -> dict:
             32,
             16,
             15 * 1024,
+            LONG_TAIL,
             scheduler="async",
             reload_every=4,
             max_lag=k,

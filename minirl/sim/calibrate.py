@@ -86,11 +86,10 @@ def _prompt_len(run_dir: Path) -> float:
 WARMUP = 4  # steps left out: each new batch shape is traced (and compiled, or read from the cache)
 
 
-def _per_step(run_dir: Path) -> tuple[list[dict], np.ndarray]:
+def _per_step(records: list[dict]) -> tuple[list[dict], np.ndarray]:
     """The steps after the warm-up, and rollouts generated in each (differences of counts)."""
-    steps = read_metrics(run_dir)
-    made = np.diff([0.0] + [s["count/rollouts_generated"] for s in steps])
-    return steps[WARMUP:], made[WARMUP:]
+    made = np.diff([0.0] + [s["count/rollouts_generated"] for s in records])
+    return records[WARMUP:], made[WARMUP:]
 
 
 def _fit(columns: list, y) -> list[float]:
@@ -111,9 +110,10 @@ def _fit(columns: list, y) -> list[float]:
 def fit_run(run_dir) -> Machine:
     run_dir = Path(run_dir)
     cfg = load_config(run_dir)
-    steps, made = _per_step(run_dir)
+    records = read_metrics(run_dir)
+    steps, made = _per_step(records)
     if cfg.rl.scheduler != "lockstep" or len(steps) < 2:
-        logged = len(read_metrics(run_dir))
+        logged = len(records)
         raise ValueError(
             f"{run_dir}: calibration needs a lockstep run (its phases are timed one after the "
             f"other) of at least {WARMUP + 2} steps; this one is {cfg.rl.scheduler} with "
@@ -125,12 +125,13 @@ def fit_run(run_dir) -> Machine:
     chunk_s, prefill_s = _fit([chunks, made], gen)
     rollouts = cfg.rl.prompts_per_step * cfg.rl.group_size
     pad = cfg.trainer.bucket_minimum  # the trainer pads rows to the bucket of the longest
-    longest = [s["length/max"] + _prompt_len(run_dir) for s in steps]
+    prompt_len = _prompt_len(run_dir)
+    longest = [s["length/max"] + prompt_len for s in steps]
     tokens = np.array([rollouts * bucket_length(round(n), pad) for n in longest])
     train = np.array([s["time/train"] for s in steps])
     call_s, token_s = _fit([np.ones_like(tokens), tokens], train)
     verify = sum(s["time/verify"] for s in steps) / max(made.sum(), 1)
-    last = read_metrics(run_dir)[-1]
+    last = records[-1]
     dropped = last["count/groups_filtered"]
     unsolved = dropped / max(dropped + last["count/groups_produced"], 1)
     slowdown = 1.0

@@ -33,7 +33,7 @@ from minirl.config import RLConfig
 from minirl.controller import Controller
 from minirl.engine_config import EngineConfig
 from minirl.scheduler import Request
-from minirl.sim.costs import Costs
+from minirl.sim.costs import DEVICES, SHAPES, Costs
 from minirl.sim.parts import SimEngine, SimStore, SimTokenizer, SimTrainer, VirtualClock
 from minirl.sim.workload import Lengths, SimPrompts, SimVerifier
 from minirl.workers import InProcessWorker
@@ -64,6 +64,38 @@ class Setup:
     controller_s: float = 0.0  # the controller's own work per step (batching, diagnostics)
     # train on padded batches (minirl's trainer: its bucket_minimum); 0 = packed sequences
     pad_to_bucket: int = 0
+
+
+def cluster(
+    model: str,
+    device: str,
+    engine_devices: int,
+    trainer_devices: int,
+    prompts: int,
+    group: int,
+    max_new: int,
+    lengths: str,
+    slots: int = 64,
+    prompt_len: int = 512,
+    decode_chunk: int = 32,
+    **rl,
+) -> Setup:
+    """A Setup for a named model shape on a device preset: replicas of the fewest devices that
+    hold the weights and `slots` sequences' KV cache, the trainer on `trainer_devices`."""
+    costs = Costs(SHAPES[model], DEVICES[device])
+    cache = prompt_len + max_new
+    per = costs.replica_devices_needed(slots * cache)
+    return Setup(
+        costs=dataclasses.replace(costs, engine_devices=per, trainer_devices=trainer_devices),
+        rl=RLConfig(prompts_per_step=prompts, group_size=group, **rl),
+        engine=EngineConfig(
+            slots=slots, cache_len=cache, prefill_buckets=(prompt_len,), decode_chunk=decode_chunk
+        ),
+        lengths=Lengths.parse(lengths),
+        replicas=max(1, engine_devices // per),
+        max_new_tokens=max_new,
+        prompt_len=prompt_len,
+    )
 
 
 def trained_tokens(groups, bucket_minimum: int = 0) -> int:

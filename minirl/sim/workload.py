@@ -86,9 +86,6 @@ class Lengths:
             n = self.values[int(rng.integers(len(self.values)))]
         return max(1, min(cap, int(n)))
 
-    def mean(self, cap: int, n: int = 4096) -> float:
-        return float(np.mean([self(uid, 0, cap) for uid in range(n)]))
-
 
 class SimPrompts:
     """An endless stream of prompts of `prompt_len` tokens (the Mixture interface)."""
@@ -109,9 +106,6 @@ class SimPrompts:
 
     def load_state(self, state: Mapping) -> None:
         self.issued = int(state["issued"])
-
-    def epochs(self) -> dict[str, float]:
-        return {}
 
 
 class SimVerifier:
