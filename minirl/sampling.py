@@ -84,14 +84,51 @@ def truncate_logits(z: jax.Array, top_k: int = 0, top_p: float = 1.0, exact: boo
     return z
 
 
+def first_argmax(x: jax.Array, block: int = 64) -> jax.Array:
+    """`jnp.argmax(x, axis=-1)` for x [B, V] (the first index of the maximum), computed in two
+    short passes: the maximum of each block of `block` logits, then the first block holding the
+    row's maximum, then the first index inside it. Same result, ties included; XLA on CPU runs a
+    plain argmax over a 152k vocabulary as a scalar loop (11 ms on [32, 151936] vs 0.6 ms)."""
+    b, v = x.shape
+    blocks = -(-v // block)
+    padded = jnp.pad(x, ((0, 0), (0, blocks * block - v)), constant_values=-jnp.inf)
+    padded = padded.reshape(b, blocks, block)
+    first = jnp.argmax(padded.max(axis=-1), axis=-1)  # [B] the first block with the maximum
+    inside = jnp.take_along_axis(padded, first[:, None, None], axis=1)[:, 0]  # [B, block]
+    return first * block + jnp.argmax(inside, axis=-1)
+
+
 def sample_tokens(keys: jax.Array, logits: jax.Array, sampling: Sampling) -> jax.Array:
     """One token per row: keys [B] (typed PRNG keys), logits [B, V] -> tokens [B] int32.
-    temperature 0 is greedy (argmax of the raw logits; keys unused)."""
+    Gumbel-max: the token is argmax(z + g), g ~ Gumbel(0, 1) drawn from the row's key — what
+    `jax.random.categorical(key, z)` computes, token for token. temperature 0 is greedy (argmax
+    of the raw logits; keys unused)."""
     s = sampling
     if s.temperature == 0:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return first_argmax(logits).astype(jnp.int32)
     z = truncate_logits(logits.astype(jnp.float32) / s.temperature, s.top_k, s.top_p, s.exact)
-    return jax.vmap(jax.random.categorical)(keys, z).astype(jnp.int32)
+    return gumbel_max(keys, z).astype(jnp.int32)
+
+
+def gumbel_max(keys: jax.Array, z: jax.Array, rows_per_block: int = 4) -> jax.Array:
+    """argmax(z + g) per row, g ~ Gumbel(0, 1) from the row's key: keys [B], z [B, V] -> [B].
+    A block of a few rows at a time (`lax.map`), so a row's noise is drawn, added and reduced
+    while it is still in cache: the same numbers as one [B, V] draw, and on [32, 151936] logits
+    13 ms instead of 53 (XLA on CPU otherwise writes every threefry round of the whole [B, V]
+    array to memory). Blocks are as large as `rows_per_block` allows while dividing B; on an
+    accelerator, where the draw is one fused kernel, all rows go at once."""
+    b, v = z.shape
+
+    def rows(args):
+        block_keys, block_z = args
+        noise = jax.vmap(lambda key: jax.random.gumbel(key, (v,), block_z.dtype))(block_keys)
+        return first_argmax(noise + block_z)
+
+    block = next(n for n in range(min(rows_per_block, b), 0, -1) if b % n == 0)
+    if block == b or jax.default_backend() != "cpu":
+        return rows((keys, z))
+    split = (keys.reshape(b // block, block), z.reshape(b // block, block, v))
+    return jax.lax.map(rows, split).reshape(b)
 
 
 def request_ids(uid: int, sample_index: int) -> np.ndarray:

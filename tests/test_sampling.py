@@ -10,6 +10,7 @@ from minirl.model import token_logprobs
 from minirl.sampling import (
     NEG,
     Sampling,
+    first_argmax,
     prefix_sum,
     request_ids,
     sample_tokens,
@@ -106,6 +107,31 @@ def test_greedy_is_argmax():
     logits = jnp.array([[0.1, 2.0, -1.0], [3.0, 3.5, 0.0]])
     keys = token_keys(jnp.uint32(0), jnp.zeros((2, 3), jnp.uint32), jnp.zeros(2, jnp.int32))
     assert sample_tokens(keys, logits, Sampling(0.0)).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("vocab", [3, 64, 65, 1000])
+def test_first_argmax_is_argmax_ties_and_extremes_included(vocab):
+    rng = np.random.default_rng(vocab)
+    x = rng.integers(0, 3, (6, vocab)).astype(np.float32)  # many ties: the first index wins
+    x[1] = -np.inf  # every logit -inf: index 0, as jnp.argmax
+    x[2] = NEG  # every logit truncated
+    x[3, -1] = 9.0  # the maximum in the last (padded) block
+    x[4, 0] = 9.0
+    x[5] = rng.standard_normal(vocab)
+    want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
+    assert np.asarray(jax.jit(first_argmax)(jnp.asarray(x))).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6, 16])  # 1 row; 1 block of 3; 2 of 3; 4 of 4
+def test_sample_tokens_draws_what_jax_random_categorical_draws(rows):
+    """Gumbel-max written out (blocks of rows, a fast argmax) keeps every token of the
+    library's own `jax.random.categorical`."""
+    logits = jnp.asarray(np.random.default_rng(rows).standard_normal((rows, 5000)) * 3)
+    ids = jnp.asarray(np.stack([request_ids(u, 1) for u in range(rows)]))
+    keys = token_keys(jnp.uint32(3), ids, jnp.arange(rows, dtype=jnp.int32))
+    ours = jax.jit(lambda k, z: sample_tokens(k, z, Sampling(0.7, top_p=0.9)))(keys, logits)
+    z = truncate_logits(logits / 0.7, top_p=0.9)
+    assert ours.tolist() == jax.vmap(jax.random.categorical)(keys, z).tolist()
 
 
 def test_keys_depend_on_ids_only_not_on_batch_position():
