@@ -56,7 +56,7 @@ parameter arrays `params()` handed out, and donating the optimizer state made XL
 minirl/exact.py are what brought the `small` step to the matmul-peak target (docs/trainer.md).
 
 Simplified on purpose: no mesh of its own (scale/ places parameters and rows); no critic (the
-model has no value head: objectives with `needs_values` are refused); rows are padded, not packed.
+model has no value head; PPO's advantages use V = 0); rows are padded, not packed.
 """
 
 from __future__ import annotations
@@ -155,11 +155,6 @@ class Trainer:
                 "`sampling.scoring` (greedy reports log-probs at temperature 1)"
             )
         self._placement = placement if placement is not None else HostPlacement()
-        if objective is not None and objective.needs_values:
-            raise ValueError(
-                f"objective {objective.name!r} trains a critic (value_coef > 0), but minirl's "
-                "model has no value head; use value_coef=0"
-            )
         self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
         self._spec = ForwardSpec(model_cfg, sampling, cfg.remat)
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)

@@ -4,7 +4,7 @@
     group_mean        R_i - mean_g                                                   Dr. GRPO
     leave_one_out     R_i - mean_{j != i in g} R_j                                   RLOO
     batch_whiten      group_mean, then whitened over the counted tokens of the batch REINFORCE++
-    gae(gamma, lam)   generalised advantage estimation from token rewards and values PPO
+    gae(gamma, lam)   generalised advantage estimation from token rewards, V = 0    PPO
 
 Group rules (LOSSES.md): a group with one member, or whose rewards are all equal, carries no
 signal and gets advantage exactly 0 (not a rounding residue divided by eps). Groups are
@@ -22,8 +22,11 @@ The GROUP statistics never see rejection: they describe the rewards of every sam
 and rejection only decides which tokens the loss trusts. A non-finite reward is NOT hidden here: it
 makes its group's advantages (and so the loss) non-finite, which the trainer's non-finite guard
 skips and counts (`Objective.prepare` refuses it outright when the rewards are concrete). Each
-estimator is called as `(inputs, valid, counted)` and returns (adv [B, T] zeroed off the
-completion mask, returns [B, T] or None); only GAE has returns (value targets).
+estimator is called as `(inputs, valid, counted)` and returns adv [B, T], zeroed off the
+completion mask.
+
+No critic: minirl's model has no value head, so GAE runs with V = 0 (AReaL's PPO set-up, which
+also trains without a critic); with gamma = lam = 1 every token then gets R_i.
 """
 
 from __future__ import annotations
@@ -102,7 +105,7 @@ class GroupNorm:
     def __call__(self, inputs: LossInputs, valid: jax.Array, counted: jax.Array | None = None):
         g = group_statistics(inputs.rewards, inputs.group_ids)
         adv = jnp.where(g.informative, (inputs.rewards - g.mean) / (g.std + self.eps), 0.0)
-        return _per_token(adv, valid, counted, self.whiten), None
+        return _per_token(adv, valid, counted, self.whiten)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +117,7 @@ class GroupMean:
     def __call__(self, inputs: LossInputs, valid: jax.Array, counted: jax.Array | None = None):
         g = group_statistics(inputs.rewards, inputs.group_ids)
         adv = jnp.where(g.informative, inputs.rewards - g.mean, 0.0)
-        return _per_token(adv, valid, counted, self.whiten), None
+        return _per_token(adv, valid, counted, self.whiten)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +130,7 @@ class LeaveOneOut:
         g = group_statistics(inputs.rewards, inputs.group_ids)
         others = (g.size * g.mean - inputs.rewards) / jnp.maximum(g.size - 1.0, 1.0)
         adv = jnp.where(g.informative, inputs.rewards - others, 0.0)
-        return _per_token(adv, valid, counted, self.whiten), None
+        return _per_token(adv, valid, counted, self.whiten)
 
 
 def batch_whiten() -> GroupMean:
@@ -135,33 +138,28 @@ def batch_whiten() -> GroupMean:
     return GroupMean(whiten=True)
 
 
-def gae(token_rewards, values, valid, gamma: float, lam: float):
-    """Generalised advantage estimation (Schulman et al. 2016) along the completion tokens.
+def gae(token_rewards, valid, gamma: float, lam: float):
+    """Generalised advantage estimation (Schulman et al. 2016) along the completion tokens, with
+    V = 0: delta_t = r_t, so A_t = r_t + gamma lam A_next, where "next" is the next completion
+    token (A_next = 0 after the last one). Positions off the mask are skipped (the recursion
+    passes through them), so prompt and padding positions cost nothing. -> adv [B, T], 0 off
+    the mask."""
+    r = masked(token_rewards, valid)
 
-    delta_t = r_t + gamma V_next - V_t;  A_t = delta_t + gamma lam A_next, where "next" is the next
-    completion token (V_next = A_next = 0 after the last one). Positions off the mask are skipped
-    (the recursion passes through them), so prompt and padding positions cost nothing.
-    Returns (adv, returns = adv + V), both [B, T] and 0 off the mask."""
-    r, v = masked(token_rewards, valid), masked(values, valid)
-
-    def step(carry, x):
-        next_v, next_a = carry
-        r_t, v_t, m_t = x  # [B] each
-        a_t = r_t + gamma * next_v - v_t + gamma * lam * next_a
+    def step(next_a, x):
+        r_t, m_t = x  # [B] each
+        a_t = r_t + gamma * lam * next_a
         keep = m_t > 0
-        carry = (jnp.where(keep, v_t, next_v), jnp.where(keep, a_t, next_a))
-        return carry, jnp.where(keep, a_t, 0.0)
+        return jnp.where(keep, a_t, next_a), jnp.where(keep, a_t, 0.0)
 
     zeros = jnp.zeros(valid.shape[0], jnp.float32)
-    _, adv_tb = jax.lax.scan(step, (zeros, zeros), (r.T, v.T, valid.T), reverse=True)
-    adv = adv_tb.T  # [B, T]
-    return adv, masked(adv + v, valid)
+    _, adv_tb = jax.lax.scan(step, zeros, (r.T, valid.T), reverse=True)
+    return adv_tb.T  # [B, T]
 
 
 @dataclasses.dataclass(frozen=True)
 class GAE:
-    """GAE(gamma, lam) from `token_rewards` (default: R_i on the last token) and the critic's
-    `values` (default: 0, i.e. no critic; with gamma = lam = 1 every token then gets R_i)."""
+    """GAE(gamma, lam) from `token_rewards` (default: R_i on the last token), V = 0."""
 
     gamma: float = 1.0
     lam: float = 1.0
@@ -176,9 +174,8 @@ class GAE:
             token_rewards = inputs.token_rewards
         else:
             token_rewards = last_token_mask(valid) * inputs.rewards[:, None]
-        values = jnp.zeros_like(valid) if inputs.values is None else inputs.values
-        adv, returns = gae(token_rewards, values, valid, self.gamma, self.lam)
-        return (whiten(adv, valid, counted) if self.whiten else adv), returns
+        adv = gae(token_rewards, valid, self.gamma, self.lam)
+        return whiten(adv, valid, counted) if self.whiten else adv
 
 
 Advantage = GroupNorm | GroupMean | LeaveOneOut | GAE

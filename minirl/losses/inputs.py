@@ -41,11 +41,10 @@ class LossInputs:
     rewards: jax.Array  # [B] scalar reward of each sequence
     group_ids: jax.Array  # [B] int32, equal ids = same prompt; contiguous runs
     ref_logp: jax.Array | None = None  # [B, T] log pi_ref, for KL terms
-    values: jax.Array | None = None  # [B, T] critic values at rollout time (PPO with GAE)
     token_rewards: jax.Array | None = None  # [B, T] per-token rewards (GAE); default: R_i at last
 
     @classmethod
-    def from_batch(cls, batch: Any, prox_logp, ref_logp=None, values=None) -> LossInputs:
+    def from_batch(cls, batch: Any, prox_logp, ref_logp=None) -> LossInputs:
         """Build from a `minirl.types.Batch` plus the trainer's recomputed log-probs."""
         return cls(
             mask=jnp.asarray(batch.mask, jnp.float32),
@@ -54,7 +53,6 @@ class LossInputs:
             rewards=jnp.asarray(batch.rewards, jnp.float32),
             group_ids=jnp.asarray(batch.group_ids, jnp.int32),
             ref_logp=None if ref_logp is None else jnp.asarray(ref_logp, jnp.float32),
-            values=None if values is None else jnp.asarray(values, jnp.float32),
         )
 
     def as_float32(self) -> LossInputs:
@@ -67,7 +65,6 @@ class LossInputs:
             rewards=f32(self.rewards),
             group_ids=jnp.asarray(self.group_ids, jnp.int32),
             ref_logp=f32(self.ref_logp),
-            values=f32(self.values),
             token_rewards=f32(self.token_rewards),
         )
 
@@ -79,7 +76,7 @@ def check_shapes(inputs: LossInputs) -> None:
     mask = np.shape(inputs.mask)
     if len(mask) != 2:
         raise ValueError(f"LossInputs.mask must be [B, T], got shape {mask}")
-    for name in ("prox_logp", "behav_logp", "ref_logp", "values", "token_rewards"):
+    for name in ("prox_logp", "behav_logp", "ref_logp", "token_rewards"):
         x = getattr(inputs, name)
         if x is not None and np.shape(x) != mask:
             raise ValueError(
@@ -127,7 +124,7 @@ def validate_inputs(inputs: LossInputs) -> None:
 
 
 def check_rows(name: str, x, shape: tuple[int, ...]) -> None:
-    """`x` (logp, entropy or values given to phase 2) must have the prepared rows' shape [b, T]
+    """`x` (logp or entropy given to phase 2) must have the prepared rows' shape [b, T]
     exactly: jnp would broadcast a [1, T] array against [b, T] into a wrong loss without error."""
     if np.shape(x) != tuple(shape):
         raise ValueError(
@@ -152,7 +149,6 @@ class Prepared:
     log_c: jax.Array  # [B, T] clamp(log pi_prox - log mu, -C, C), 0 off `valid`
     seq_rejected: jax.Array  # [B] 1.0 if sequence rejection dropped the row
     ref_logp: jax.Array | None = None  # [B, T] log pi_ref, 0 off `valid` (only if a KL term)
-    returns: jax.Array | None = None  # [B, T] value targets A + V (only with a critic)
 
 
 def take_rows(prepared: Prepared, rows) -> Prepared:

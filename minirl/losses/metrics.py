@@ -7,7 +7,7 @@ order — and turn the merged dict into reported numbers with `finalize_metrics`
 plain jnp, so merging and finalising can run inside `jit` as well as on the host.
 
 Reported (finalize_metrics):
-  loss, value_loss              the summed loss (already the batch loss: weights are normalised)
+  loss                          the summed loss (already the batch loss: weights are normalised)
   clip_fraction                 counted tokens whose gradient was clipped away (PPO/GRPO/GSPO mask)
                                 or whose weight was clipped (CISPO, TIS cap)
   ratio_mean/max                r = pi_theta / pi_prox (after the pre-exp clamp), completion tokens
@@ -58,7 +58,6 @@ def slice_metrics(
     is_weight: jax.Array,
     clipped: jax.Array,
     policy_loss: jax.Array,
-    value_loss: jax.Array,
     entropy: jax.Array | None,
 ) -> dict[str, jax.Array]:
     """Sums, counts and maxes of one micro-batch (see the module docstring)."""
@@ -71,7 +70,6 @@ def slice_metrics(
     zc = a * (c - 1.0)
     out = {
         "loss": sg(policy_loss),
-        "value_loss": sg(value_loss),
         "tokens": valid.sum(),
         "counted_tokens": mask.sum(),
         "sequences": (valid.sum(axis=-1) > 0).sum().astype(jnp.float32),
@@ -122,7 +120,6 @@ def finalize_metrics(merged) -> dict[str, jax.Array]:
     counted = jnp.maximum(m["counted_tokens"], 1.0)
     out = {
         "loss": m["loss"],
-        "value_loss": m["value_loss"],
         "clip_fraction": m["clipped_tokens"] / counted,
         "ratio_mean": m["ratio_sum"] / tokens,
         "ratio_max": m["ratio_max"],

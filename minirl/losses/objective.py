@@ -9,12 +9,12 @@ regularizers.py and rejection.py; presets.py names the combinations of the paper
 THE TWO-PHASE CONTRACT (what the trainer calls)
 -----------------------------------------------
     inputs = LossInputs(mask, prox_logp, behav_logp, rewards, group_ids,
-                        ref_logp=None, values=None, token_rewards=None)   # whole train batch
+                        ref_logp=None, token_rewards=None)   # whole train batch
     prepared = objective.prepare(inputs)          # phase 1: once per train batch, jittable
     for rows in micro_batches:                    # any partition of range(B); rows never split
         part = take_rows(prepared, rows)          # every leaf of `prepared` has leading axis B
-        loss_sum, m = objective.loss(logp[rows], part, entropy=None, values=None)
-        # phase 2: jittable, differentiable in logp [b, T] (and entropy, values)
+        loss_sum, m = objective.loss(logp[rows], part, entropy=None)
+        # phase 2: jittable, differentiable in logp [b, T] (and entropy)
     # summing loss_sum (and its gradient) over the partition gives exactly the full-batch loss
     metrics = finalize_metrics([m_1, m_2, ...])   # or merge_metrics(...) then finalize_metrics
     metrics |= objective.batch_statistics(logp_all, prepared)   # optional exact p95 (full batch)
@@ -31,10 +31,9 @@ optimizer updates per rollout batch (PPO-style mini-batches), each update is its
 normalisers are its own — otherwise each update would see only its share of the batch loss.
 
 `objective(inputs, logp)` does both phases on the full batch and returns (loss, finalized metrics
-incl. p95). `needs_ref`, `needs_entropy`, `needs_values` tell the trainer what to supply:
-`ref_logp` in the inputs; per-token `entropy` [b, T] to `loss`; the critic's rollout-time
-`values` [B, T] in the inputs AND its current values [b, T] to `loss` (value loss
-value_coef * sum Agg (V - returns)^2 / 2, unclipped).
+incl. p95). `needs_ref` and `needs_entropy` tell the trainer what to supply: `ref_logp` in the
+inputs; per-token `entropy` [b, T] to `loss`. There is no value loss: minirl trains no critic
+(its model has no value head; PPO's GAE runs with V = 0, advantages.py).
 
 Garbage (-inf, nan) at masked positions never reaches the loss or its gradient (`jnp.where`, never
 `mask * x`), and every log-ratio is clamped to [-C, C] before exp (C = `log_ratio_clamp`, 20).
@@ -58,7 +57,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from minirl.losses.advantages import GAE, Advantage
+from minirl.losses.advantages import Advantage
 from minirl.losses.aggregation import Aggregation
 from minirl.losses.importance import ImportanceWeight
 from minirl.losses.inputs import (
@@ -83,14 +82,13 @@ class Objective:
 
     name: str
     aggregation: Aggregation  # Agg: how tokens are averaged (batch normalisers)
-    advantage: Advantage  # Adv: from rewards (and values), once per batch
+    advantage: Advantage  # Adv: from rewards, once per batch
     gradient_term: GradientTerm  # G1: where the policy gradient comes from
     importance: tuple[ImportanceWeight, ...] = ()  # IS = product of these (() = 1)
     regularizers: tuple[Regularizer, ...] = ()  # G2 = sum of these (() = 0)
     token_reject: TokenReject | None = None  # rejection of tokens by c (phase 1)
     sequence_reject: SequenceReject | None = None  # rejection of sequences by c (phase 1)
     log_ratio_clamp: float = 20.0  # C: log-ratios clamped to [-C, C] before exp
-    value_coef: float = 0.0  # > 0: a critic; value loss weight
     dynamic_filtering: bool = False  # read by the data layer (DAPO): drop groups with no spread
 
     def __post_init__(self):
@@ -101,12 +99,6 @@ class Objective:
                 )
         if not (self.log_ratio_clamp > 0 and math.isfinite(self.log_ratio_clamp)):
             raise ValueError(f"log_ratio_clamp must be finite and > 0, got {self.log_ratio_clamp}")
-        if self.value_coef < 0:
-            raise ValueError(f"value_coef must be >= 0, got {self.value_coef}")
-        if self.value_coef > 0 and not isinstance(self.advantage, GAE):
-            raise ValueError(
-                "a value loss (value_coef > 0) needs the GAE advantage, which makes returns"
-            )
 
     # -- what the trainer must supply ------------------------------------------------------------
     @property
@@ -119,21 +111,12 @@ class Objective:
         """An entropy bonus is present: pass `entropy` [b, T] to `loss`."""
         return any(getattr(r, "needs_entropy", False) for r in self.regularizers)
 
-    @property
-    def needs_values(self) -> bool:
-        """A critic is trained: `LossInputs.values` and `loss(..., values=)` are required."""
-        return self.value_coef > 0
-
     # -- phase 1 ---------------------------------------------------------------------------------
     def prepare(self, inputs: LossInputs) -> Prepared:
         """Batch-level, theta-independent quantities for the WHOLE train batch (jittable)."""
         if self.needs_ref and inputs.ref_logp is None:
             raise ValueError(
                 f"objective {self.name!r} has a KL term: LossInputs.ref_logp is required"
-            )
-        if self.needs_values and inputs.values is None:
-            raise ValueError(
-                f"objective {self.name!r} trains a critic: LossInputs.values is required"
             )
         check_shapes(inputs)
         check_finite_rewards(inputs)  # eager calls only (see the module docstring)
@@ -143,7 +126,7 @@ class Objective:
         log_c = clamped_difference(prox, masked(inputs.behav_logp, valid), self.log_ratio_clamp)
         mask, seq_rejected = apply_rejection(self.token_reject, self.sequence_reject, log_c, valid)
         # rejection first: whitening's mean and std are over the counted tokens (LOSSES.md)
-        adv, returns = self.advantage(inputs, valid, mask)
+        adv = self.advantage(inputs, valid, mask)
         return Prepared(
             mask=mask,
             valid=valid,
@@ -153,29 +136,20 @@ class Objective:
             log_c=log_c,
             seq_rejected=seq_rejected,
             ref_logp=masked(inputs.ref_logp, valid) if self.needs_ref else None,
-            returns=returns if self.needs_values else None,
         )
 
     # -- phase 2 ---------------------------------------------------------------------------------
-    def loss(self, logp, prepared: Prepared, entropy=None, values=None):
+    def loss(self, logp, prepared: Prepared, entropy=None):
         """(loss_sum, metrics) of these rows: their share of -J (jittable, differentiable in logp
-        [b, T], entropy [b, T] and values [b, T]). `metrics` holds summable sums/counts/maxes."""
+        [b, T] and entropy [b, T]). `metrics` holds summable sums/counts/maxes."""
         if self.needs_entropy and entropy is None:
             raise ValueError(
                 f"objective {self.name!r} has an entropy bonus: pass entropy=[b, T] to loss"
-            )
-        if self.needs_values and values is None:
-            raise ValueError(f"objective {self.name!r} trains a critic: pass values=[b, T] to loss")
-        if values is not None and not self.needs_values:
-            raise ValueError(
-                f"objective {self.name!r} has no value loss (value_coef = 0); do not pass values"
             )
         p = prepared
         check_rows("logp", logp, p.mask.shape)
         if entropy is not None:
             check_rows("entropy", entropy, p.mask.shape)
-        if values is not None:
-            check_rows("values", values, p.mask.shape)
         sg = jax.lax.stop_gradient
         logp = masked(jnp.asarray(logp, jnp.float32), p.valid)
         log_ratio = clamped_difference(logp, p.prox_logp, self.log_ratio_clamp)
@@ -199,17 +173,12 @@ class Objective:
         per_token = sg(p.weight * is_weight) * (sg(p.adv) * self.gradient_term(ctx) + g2)  # Eq. 3
         policy_loss = -masked(per_token, p.mask).sum()
 
-        value_loss = jnp.zeros((), jnp.float32)
-        if self.needs_values:
-            err = masked(jnp.asarray(values, jnp.float32), p.valid) - p.returns
-            value_loss = self.value_coef * 0.5 * masked(p.weight * err**2, p.mask).sum()
-
         clipped = jnp.zeros(logp.shape, bool)
         for part in (*self.importance, self.gradient_term):
             if hasattr(part, "clipped"):
                 clipped = clipped | part.clipped(ctx)
-        metrics = slice_metrics(ctx, p, is_weight, clipped, policy_loss, value_loss, ctx.entropy)
-        return policy_loss + value_loss, metrics
+        metrics = slice_metrics(ctx, p, is_weight, clipped, policy_loss, ctx.entropy)
+        return policy_loss, metrics
 
     def batch_statistics(self, logp, prepared: Prepared) -> dict:
         """Exact p95 of r and c (not summable: give it the whole batch)."""
@@ -217,8 +186,8 @@ class Objective:
         return batch_statistics(logp, prepared, self.log_ratio_clamp)
 
     # -- convenience: the whole batch at once ----------------------------------------------------
-    def __call__(self, inputs: LossInputs, logp, entropy=None, values=None):
+    def __call__(self, inputs: LossInputs, logp, entropy=None):
         """(loss, finalized metrics incl. p95) for the full batch: prepare + loss + finalize."""
         prepared = self.prepare(inputs)
-        loss, metrics = self.loss(logp, prepared, entropy=entropy, values=values)
+        loss, metrics = self.loss(logp, prepared, entropy=entropy)
         return loss, {**finalize_metrics(metrics), **self.batch_statistics(logp, prepared)}

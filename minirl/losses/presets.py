@@ -27,8 +27,7 @@ advantages; its released trainer drops tokens with c > 5 from the loss, see `Cor
 REINFORCE++'s k2 coefficient 1e-3 and the `_mis` thresholds are our choices (the
 token band is IcePop's [0.5, 5]; the sequence threshold 0.01 on |mean log c| keeps sequences whose
 geometric-mean correction is within 1%): tune them. PPO here has no critic (AReaL's set-up: GAE
-with gamma = lambda = 1 and V = 0 gives every token the sequence reward); `get_preset("ppo",
-value_coef=0.5)` trains one, which the trainer then has to supply values for.
+with gamma = lambda = 1 and V = 0 gives every token the sequence reward).
 """
 
 from __future__ import annotations
@@ -151,7 +150,7 @@ def gspo() -> Objective:
 
 
 def ppo() -> Objective:
-    """PPO with the dual clip (Ye et al. 2020), GAE advantages; critic optional (value_coef)."""
+    """PPO with the dual clip (Ye et al. 2020), GAE advantages with V = 0 (no critic)."""
     return Objective(
         name="ppo",
         aggregation=TokenMean(),

@@ -21,7 +21,6 @@ def make_batch(
     seed: int = 0,
     log_ratio_scale: float = 0.3,
     correction_scale: float = 0.3,
-    with_values: bool = False,
     fill: float = -np.inf,
 ):
     """(inputs: LossInputs, logp [B, T]) with garbage `fill` off the mask."""
@@ -37,7 +36,6 @@ def make_batch(
     behav = prox - correction_scale * rng.standard_normal((B, T)).astype(np.float32)
     ref = prox + 0.2 * rng.standard_normal((B, T)).astype(np.float32)
     rewards = rng.standard_normal(B).astype(np.float32)
-    values = rng.standard_normal((B, T)).astype(np.float32) if with_values else None
     off = mask == 0
     for x in (prox, logp, behav, ref):
         x[off] = fill
@@ -48,7 +46,6 @@ def make_batch(
         rewards=jnp.asarray(rewards),
         group_ids=jnp.asarray(gids),
         ref_logp=jnp.asarray(ref),
-        values=None if values is None else jnp.asarray(values),
     )
     return inputs, jnp.asarray(logp)
 

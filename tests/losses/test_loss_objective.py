@@ -27,6 +27,7 @@ from minirl.losses import (
     take_rows,
     with_rejection,
 )
+from minirl.losses.advantages import GAE
 from minirl.losses.presets import decoupled_ppo, with_tis
 
 # micro-batch row counts drawn from {1, 2, 3, 5} (+ the full 8): few shapes, few compiles
@@ -47,26 +48,25 @@ INVARIANCE_PRESETS = {
     "decoupled_ppo_tis_mis": lambda: with_rejection(
         with_tis(decoupled_ppo()), token=(0.6, 1.8), sequence=("mean_k1", 0.12)
     ),
-    "ppo_critic": lambda: get_preset("ppo", value_coef=0.5),
+    "ppo_gae": lambda: get_preset("ppo", advantage=GAE(gamma=0.9, lam=0.8)),
 }
 
 
 @pytest.mark.parametrize("name", list(INVARIANCE_PRESETS))
 def test_micro_batches_give_the_full_batch_loss_gradient_and_metrics(name, batch_maker):
     objective = INVARIANCE_PRESETS[name]()
-    inputs, logp = batch_maker(seed=4, log_ratio_scale=0.5, with_values=objective.needs_values)
+    inputs, logp = batch_maker(seed=4, log_ratio_scale=0.5)
     entropy = jnp.abs(logp) * 0.5 if objective.needs_entropy else None
-    values = inputs.values + 0.2 if objective.needs_values else None
     prepared = jax.jit(objective.prepare)(inputs)
 
     @jax.jit
-    def loss_and_grad(lp, p, h, v):
-        f = lambda lp: objective.loss(lp, p, entropy=h, values=v)
+    def loss_and_grad(lp, p, h):
+        f = lambda lp: objective.loss(lp, p, entropy=h)
         (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(lp)
         return loss, metrics, grad
 
     rows_of = lambda x, rows: None if x is None else x[rows]
-    full_loss, full_metrics, full_grad = loss_and_grad(logp, prepared, entropy, values)
+    full_loss, full_metrics, full_grad = loss_and_grad(logp, prepared, entropy)
     full = finalize_metrics(full_metrics)
     assert float(jnp.abs(full_grad).max()) > 1e-3
     for split, parts in SPLITS.items():
@@ -74,7 +74,7 @@ def test_micro_batches_give_the_full_batch_loss_gradient_and_metrics(name, batch
         for rows in parts:
             part = take_rows(prepared, rows)
             part_loss, part_metrics, part_grad = loss_and_grad(
-                logp[rows], part, rows_of(entropy, rows), rows_of(values, rows)
+                logp[rows], part, rows_of(entropy, rows)
             )
             grad[rows] = np.asarray(part_grad)
             total += float(part_loss)
@@ -113,19 +113,18 @@ ROBUST_OBJECTIVES = {
     "decoupled_ppo": get_preset("decoupled_ppo"),
     "grpo_tis_mis": get_preset("grpo_tis_mis"),
     "gspo_mis": get_preset("gspo_mis", sequence_reject=None),
-    "ppo_critic": get_preset("ppo", value_coef=0.5),
+    "ppo_gae": get_preset("ppo", advantage=GAE(gamma=0.9, lam=0.8)),
 }
 
 
 @jax.jit
-def all_losses(inputs, logp, values):
+def all_losses(inputs, logp):
     """Loss, gradient and finalized metrics of every robustness objective (one compile)."""
     out = {}
     for name, o in ROBUST_OBJECTIVES.items():
-        v = values if o.needs_values else None
 
-        def f(lp, o=o, v=v):
-            return o.loss(lp, o.prepare(inputs), values=v)
+        def f(lp, o=o):
+            return o.loss(lp, o.prepare(inputs))
 
         (loss, m), grad = jax.value_and_grad(f, has_aux=True)(logp)
         out[name] = (
@@ -171,9 +170,8 @@ def test_no_nan_or_inf_anywhere(seed, log_ratio, correction, rewards, groups, em
         rewards=f32(r),
         group_ids=jnp.asarray(ids, jnp.int32),
         ref_logp=f32(ref),
-        values=f32(np.where(off, fill, rng.standard_normal((RB, RT)))),
     )
-    for name, (loss, grad, metrics) in all_losses(inputs, f32(logp), inputs.values).items():
+    for name, (loss, grad, metrics) in all_losses(inputs, f32(logp)).items():
         assert np.isfinite(float(loss)), name
         assert np.isfinite(np.asarray(grad)).all(), name
         assert not np.asarray(grad)[off].any(), name  # nothing leaks to masked positions

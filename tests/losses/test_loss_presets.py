@@ -177,37 +177,27 @@ def J_gspo(logp, d):
     return _ppo_min(s, A, 3e-4, 4e-4).sum() / d["N"]
 
 
-def np_gae(rew, val, m, gamma, lam):
-    """GAE along each row's completion tokens, by a plain loop."""
+def np_gae(rew, m, gamma, lam):
+    """GAE along each row's completion tokens with V = 0, by a plain loop."""
     adv = np.zeros_like(rew)
     for i in range(rew.shape[0]):
-        idx = np.flatnonzero(m[i])
-        next_v = next_a = 0.0
-        for t in idx[::-1]:
-            delta = rew[i, t] + gamma * next_v - val[i, t]
-            next_a = delta + gamma * lam * next_a
-            next_v = val[i, t]
+        next_a = 0.0
+        for t in np.flatnonzero(m[i])[::-1]:
+            next_a = rew[i, t] + gamma * lam * next_a
             adv[i, t] = next_a
-    return adv, np.where(m > 0, adv + val, 0.0)
+    return adv
 
 
-def J_ppo(logp, d, values=None, gamma=1.0, lam=1.0, value_coef=0.0, new_values=None):
-    """PPO, token mean, dual clip 3 (Ye et al.): A<0: max(min(rA, clip(r)A), 3A). Minus the value
-    loss c/2 (V - returns)^2 when a critic is trained."""
+def J_ppo(logp, d, gamma=1.0, lam=1.0):
+    """PPO, token mean, dual clip 3 (Ye et al.): A<0: max(min(rA, clip(r)A), 3A); GAE, V = 0."""
     m = d["mask"]
     rew = np.zeros_like(m)
     for i in range(m.shape[0]):
         rew[i, np.flatnonzero(m[i])[-1]] = d["R"][i]
-    val = np.zeros_like(m) if values is None else np.where(m > 0, values, 0.0)
-    A, ret = np_gae(rew, val, m, gamma, lam)
-    A = jnp.asarray(A, jnp.float32)
+    A = jnp.asarray(np_gae(rew, m, gamma, lam), jnp.float32)
     surr = _ppo_min(_r(logp, d), A, 0.2, 0.2)
     surr = jnp.where(A < 0, jnp.maximum(surr, 3.0 * A), surr)
-    J = jnp.where(m > 0, surr, 0.0).sum() / m.sum()
-    if value_coef:
-        err = jnp.where(m > 0, new_values - jnp.asarray(ret, jnp.float32), 0.0)
-        J = J - value_coef * 0.5 * (err**2).sum() / m.sum()
-    return J
+    return jnp.where(m > 0, surr, 0.0).sum() / m.sum()
 
 
 def J_decoupled_ppo(logp, d, cap=None, mask=None, drop=None):
@@ -361,26 +351,20 @@ def test_gradient_matches_paper_objective(case, batch_maker):
     _check_active(kind, metrics, d, objective.prepare(inputs), objective)
 
 
-def test_ppo_with_critic_matches_paper_objective(batch_maker):
-    """PPO + GAE(0.9, 0.8) with a critic: gradients in logp AND in the critic's values."""
-    objective = get_preset("ppo", value_coef=0.5, advantage=GAE(gamma=0.9, lam=0.8))
-    assert objective.needs_values
-    inputs, logp = batch_maker(seed=2, log_ratio_scale=0.8, with_values=True)
+def test_ppo_with_discounted_gae_matches_paper_objective(batch_maker):
+    """PPO + GAE(0.9, 0.8) (V = 0: discounted reward-to-go): the gradient of the written-out
+    objective, eagerly and under jit."""
+    objective = get_preset("ppo", advantage=GAE(gamma=0.9, lam=0.8))
+    inputs, logp = batch_maker(seed=2, log_ratio_scale=0.8)
     d = numpy_data(inputs)
-    new_values = inputs.values + 0.3
+    expected = jax.grad(lambda lp: -J_ppo(lp, d, 0.9, 0.8))(logp)
 
-    def ref(lp, v):
-        return -J_ppo(lp, d, np.asarray(inputs.values), 0.9, 0.8, 0.5, v)
+    def loss(lp, inp):
+        return objective.loss(lp, objective.prepare(inp))[0]
 
-    def loss(lp, v, inp):
-        return objective.loss(lp, objective.prepare(inp), values=v)[0]
-
-    expected = jax.grad(ref, argnums=(0, 1))(logp, new_values)
-    for fn in (jax.grad(loss, argnums=(0, 1)), jax.jit(jax.grad(loss, argnums=(0, 1)))):
-        got = fn(logp, new_values, inputs)
-        for g, e in zip(got, expected, strict=True):
-            np.testing.assert_allclose(g, e, rtol=2e-5, atol=1e-6)
-    assert float(jnp.abs(expected[1]).max()) > 1e-3
+    for fn in (jax.grad(loss), jax.jit(jax.grad(loss))):
+        np.testing.assert_allclose(fn(logp, inputs), expected, rtol=2e-5, atol=1e-6)
+    assert float(jnp.abs(expected).max()) > 1e-3
 
 
 RATIO_PRESETS = [
@@ -472,7 +456,7 @@ def test_registry():
         get_preset("grpo", beta=0.1)
     assert get_preset("grpo", log_ratio_clamp=5.0).log_ratio_clamp == 5.0
     assert get_preset("grpo").needs_ref and get_preset("reinforce_pp").needs_ref
-    assert not get_preset("dapo").needs_ref and not get_preset("grpo").needs_values
+    assert not get_preset("dapo").needs_ref
     assert get_preset("dapo").dynamic_filtering
     # TIS multiplies in min(c, 2), and replaces decoupled PPO's own c instead of squaring it
     assert [type(p).__name__ for p in get_preset("token_reinforce_tis").importance] == [
@@ -513,8 +497,8 @@ def test_bad_configs_raise_clear_errors():
         ClippedRatio(0.2, 0.2, dual_clip=1.1)
     with pytest.raises(ValueError, match="centre must be one of"):
         ClippedRatio(0.2, 0.2, centre="old")
-    with pytest.raises(ValueError, match="needs the GAE advantage"):
-        get_preset("grpo", value_coef=0.5)
+    with pytest.raises(ValueError, match=r"unknown Objective fields \['value_coef'\]"):
+        get_preset("ppo", value_coef=0.5)  # no critic: minirl's model has no value head
     with pytest.raises(TypeError, match="must be a tuple"):
         Objective("x", get_preset("grpo").aggregation, GroupMean(), ClippedRatio(), importance=[])
     with pytest.raises(ValueError, match="SequenceReject.stat"):
