@@ -22,7 +22,7 @@ from minirl.trainer import TrainerConfig
 
 
 def _countdown() -> RunConfig:
-    # The default `minirl train` (issue #7; why each value: docs/results.md). Countdown with three
+    # The default `minirl train` (why each value: docs/results.md). Countdown with three
     # numbers and + - only, a 0.75M-parameter model, a short warm start (a base that still
     # miscopies numbers: pass@1 well below pass@8), then GRPO for 5 minutes (or rl.steps).
     return RunConfig(

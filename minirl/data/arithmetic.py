@@ -10,7 +10,7 @@ gives the final answer after "#### " and stops:
 With `reverse_digits=True` (default) every number in the COMPLETION is written least-significant
 digit first, so each output digit depends only on digits already seen and the carry: on this
 machine a 0.8M-parameter model learned 2–4 digit addition in ~2 minutes with reversed answers
-and not at all with left-to-right answers (issue #7). The prompt keeps normal notation.
+and not at all with left-to-right answers (docs/tasks.md). The prompt keeps normal notation.
 
 The number of operands N is 2 + a truncated geometric variable (`continue_prob`), so the number
 of scratchpad lines (N - 1), and with it the completion length, is long-tailed by construction:

@@ -9,7 +9,7 @@ whose value is the target, e.g. "3*5+7", then EOS. Rules (classic Countdown, as 
     `use_all=False` each is used AT MOST once (the verifier reads the rule from `meta`);
   * the value must equal the target.
 
-Why this task (issue #7): demonstrations can teach the FORMAT — a well-formed expression that
+Why this task (docs/results.md): demonstrations can teach the FORMAT — a well-formed expression that
 uses the given numbers — but not how to HIT the target; only the reward teaches that. So
 `demonstration()` returns a random well-formed expression over the numbers, deliberately not
 conditioned on the target. Targets are produced by the very same random-expression sampler

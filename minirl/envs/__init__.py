@@ -1,4 +1,4 @@
-"""Multi-turn episodes with tools (issue #23): environments, tools, and the episode runner.
+"""Multi-turn episodes with tools (docs/multiturn.md): environments, tools, and the episode runner.
 
 base.py         Environment (reset / step -> Step), Tool, safe_step (errors never crash a run)
 turns.py        the conversation as text and tokens: rendered once per turn, append-only
