@@ -7,7 +7,8 @@ A step cannot be faster than the larger of two times:
     compute time  its FLOPs / the same-run matmul rate AT ITS SHAPE: a jitted chain of the
                   model's own matmuls (q, k, v, o, gate, up, down per layer, then the LM head)
                   on an [M, D] activation, M = the rows the step feeds (slots for decode, rows x
-                  T for a prefill), fresh weights of the same dtype
+                  T for a prefill), fresh weights in the model's compute dtype (the dtype its
+                  matmuls run in; a bfloat16-stored model casts its weights to it)
 
     limit = max(memory time, compute time)        efficiency = limit / measured time (<= 1)
 
@@ -15,7 +16,8 @@ Bytes of a decode step: every weight matrix once (the embedding table only for t
 up; the LM head whole) + the KV cache read over the context + written for the new position.
 FLOPs of a decode step: slots x (2 x (non-embedding params + V x D) + 4 x L x H x Dh x context).
 A prefill of R rows x T tokens: R T x 2 x (non-embedding params) + the LM head on R rows + the
-attention, and the weights once. Nothing here times the engine: that is the benchmark's job.
+attention, and the weights once. Weights count at the storage dtype's size, the KV cache at the
+compute dtype's (the cache is kept in it). Nothing here times the engine: that is the benchmark's job.
 The byte and FLOP counts are the simulator's (minirl/sim/costs.py): one cost model for both.
 """
 
@@ -27,8 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minirl.batching import make_batch
 from minirl.model import ModelConfig
 from minirl.sim.costs import attention_flops, kv_bytes, matrices, weight_bytes
+from minirl.types import Prompt, Rollout, Score
 
 
 def best_time(fn, repeats: int = 3) -> float:
@@ -55,11 +59,13 @@ def copy_rate(nbytes: int = 2**30, repeats: int = 3) -> float:
     return 2 * nbytes / best
 
 
-def matmul_chain_time(cfg: ModelConfig, rows: int, dtype, head: bool = True) -> tuple[float, float]:
+def matmul_chain_time(cfg: ModelConfig, rows: int, head: bool = True) -> tuple[float, float]:
     """(seconds, FLOPs) of the model's matmuls (with the LM head, or without: `head`) on an
-    [rows, D] activation, all in one jitted call: the hardware's rate for exactly these shapes."""
+    [rows, D] activation, all in one jitted call: the hardware's rate for exactly these shapes.
+    Weights and activation in `cfg`'s compute dtype."""
     rng = np.random.default_rng(0)
     shapes = matrices(cfg) if head else matrices(cfg)[:-1]
+    dtype = cfg.compute_dtype
     weights = [jnp.asarray(rng.standard_normal(s, np.float32) * 0.02, dtype) for s in shapes]
     x = jnp.asarray(rng.standard_normal((rows, cfg.dim), np.float32), dtype)
 
@@ -77,23 +83,28 @@ def matmul_chain_time(cfg: ModelConfig, rows: int, dtype, head: bool = True) -> 
     return best_time(lambda: chain(x, weights)), flops
 
 
-def decode_limit(cfg: ModelConfig, slots: int, context: float, copy: float, dtype) -> dict:
+def _items(cfg: ModelConfig) -> tuple[int, int]:
+    """Bytes per weight (storage dtype) and per cached key/value (compute dtype)."""
+    return jnp.dtype(cfg.storage_dtype).itemsize, jnp.dtype(cfg.compute_dtype).itemsize
+
+
+def decode_limit(cfg: ModelConfig, slots: int, context: float, copy: float) -> dict:
     """The roofline of one decode step of `slots` rows at mean `context` positions (`copy`:
     the same-run copy rate, bytes/s)."""
-    item = jnp.dtype(dtype).itemsize
-    chain_s, chain_flops = matmul_chain_time(cfg, slots, dtype)
+    weight, kv = _items(cfg)
+    chain_s, chain_flops = matmul_chain_time(cfg, slots)
     flops = chain_flops + attention_flops(cfg, slots, context)
-    moved = weight_bytes(cfg, item, slots) + kv_bytes(cfg, slots * (context + 1), item)
+    moved = weight_bytes(cfg, weight, slots) + kv_bytes(cfg, slots * (context + 1), kv)
     return _limit(moved / copy, chain_s, chain_flops, flops)
 
 
-def prefill_limit(cfg: ModelConfig, rows: int, length: int, copy: float, dtype) -> dict:
+def prefill_limit(cfg: ModelConfig, rows: int, length: int, copy: float) -> dict:
     """The roofline of one prefill of `rows` x `length` tokens (the LM head on the last only)."""
-    item = jnp.dtype(dtype).itemsize
-    chain_s, chain_flops = matmul_chain_time(cfg, rows * length, dtype, head=False)
+    weight, kv = _items(cfg)
+    chain_s, chain_flops = matmul_chain_time(cfg, rows * length, head=False)
     head_flops = 2.0 * rows * cfg.dim * cfg.vocab_size
     flops = chain_flops + head_flops + attention_flops(cfg, rows * length, length / 2)
-    moved = weight_bytes(cfg, item, rows * length) + kv_bytes(cfg, rows * length, item)
+    moved = weight_bytes(cfg, weight, rows * length) + kv_bytes(cfg, rows * length, kv)
     return _limit(moved / copy, chain_s, chain_flops, flops)
 
 
@@ -107,3 +118,46 @@ def _limit(memory_s: float, chain_s: float, chain_flops: float, flops: float) ->
         "bound": "memory" if memory_s >= compute_s else "compute",
         "chain_gflops": chain_flops / chain_s / 1e9,
     }
+
+
+def train_limit(cfg: ModelConfig, rows: int, length: int, copy: float) -> dict:
+    """The roofline of one RL train step on `rows` x `length` tokens (one micro-batch): four
+    forward-equivalents of FLOPs (the recompute of log pi_prox, the training forward, a backward
+    of twice its cost) at the chain's rate for M = rows x length, then the AdamW update, which
+    reads parameters, gradients and both moments and writes three of them (7 x the fp32
+    parameter bytes) at the copy rate. The two phases run one after the other: the limit is
+    their sum."""
+    chain_s, chain_flops = matmul_chain_time(cfg, rows * length)
+    forward = chain_flops + attention_flops(cfg, rows * length, length / 2)
+    compute_s = chain_s * 4 * forward / chain_flops
+    update_s = 7 * 4 * cfg.num_params() / copy
+    return {
+        "compute_s": compute_s,
+        "update_s": update_s,
+        "limit_s": compute_s + update_s,
+        "flops": 4 * forward,
+        "chain_gflops": chain_flops / chain_s / 1e9,
+    }
+
+
+def train_batch(rows: int, length: int, seed: int = 0):
+    """A GRPO batch of `rows` rollouts of `length` tokens (16 of prompt), rewards 0 and 1."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(rows):
+        prompt = Prompt(i // 2, "b", "", rng.integers(3, 300, 16).astype(np.int32))
+        c = length - 16
+        tokens = rng.integers(3, 300, c).astype(np.int32)
+        behaviour = np.full(c, -1.0, np.float32)
+        out.append(
+            Rollout(
+                prompt,
+                i % 2,
+                tokens,
+                behaviour,
+                np.zeros(c, np.int32),
+                "length",
+                score=Score(float(i % 2)),
+            )
+        )
+    return make_batch(out, 0)

@@ -41,6 +41,7 @@ from flax import nnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from roofline import train_batch  # noqa: E402
 from test_bench_trainer import matmul_peak  # noqa: E402
 
 from minirl.model import ModelConfig  # noqa: E402
@@ -184,7 +185,7 @@ def _train(cfg, params, peak: float, rows: int = 4, length: int = 128) -> dict:
     from minirl.trainer import Trainer, TrainerConfig
 
     trainer = Trainer(cfg, params, get_preset("grpo"), TrainerConfig(learning_rate=1e-6))
-    batch = _batch(rows, length, cfg.vocab_size)
+    batch = train_batch(rows, length)
     trainer.train_step(batch)  # compiles
     seconds, _ = _timed(lambda: trainer.train_step(batch))
     tokens = rows * length  # every position goes through forward and backward
@@ -192,29 +193,6 @@ def _train(cfg, params, peak: float, rows: int = 4, length: int = 128) -> dict:
         "tokens_per_s": tokens / seconds,
         "fraction_of_peak": tokens * 6 * non_embedding_flops_params(cfg) / seconds / peak,
     }
-
-
-def _batch(rows, length, vocab):
-    from minirl.batching import make_batch
-    from minirl.types import Prompt, Rollout, Score
-
-    rng = np.random.default_rng(0)
-    out = []
-    for i in range(rows):
-        prompt = Prompt(i // 2, "b", "", rng.integers(3, 300, 16).astype(np.int32))
-        c = length - 16
-        out.append(
-            Rollout(
-                prompt,
-                i % 2,
-                rng.integers(3, 300, c).astype(np.int32),
-                np.full(c, -1.0, np.float32),
-                np.zeros(c, np.int32),
-                "length",
-                score=Score(float(i % 2)),
-            )
-        )
-    return make_batch(out, 0)
 
 
 def _rl_run_peak_rss(checkpoint: Path, remat: str) -> int:
