@@ -32,17 +32,14 @@ os.environ["XLA_FLAGS"] = (
 )
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from roofline import train_batch  # noqa: E402
+from roofline import decode_engine, decode_requests, train_batch  # noqa: E402
 
-from minirl.engine import Engine, EngineConfig, Request  # noqa: E402
 from minirl.losses import get_preset  # noqa: E402
 from minirl.model import ModelConfig, init_model  # noqa: E402
 from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
-from minirl.types import Prompt  # noqa: E402
 
 jax.config.update("jax_enable_compilation_cache", False)
 
@@ -169,20 +166,8 @@ def table(grouped: collections.Counter, top: int) -> list[str]:
 
 
 def decode_run(cfg: ModelConfig, params, slots: int, new: int):
-    engine = Engine(
-        cfg,
-        EngineConfig(
-            slots=slots,
-            cache_len=64,
-            prefill_buckets=(16,),
-            prefill_rows=min(slots, 8),
-            decode_chunk=8,
-        ),
-    )
-    engine.load_weights(0, params)
-    rng = np.random.default_rng(0)
-    prompts = rng.integers(3, min(cfg.vocab_size, 30_000), (slots, 16)).astype(np.int32)
-    requests = [Request(Prompt(i, "b", "", p), 0, new) for i, p in enumerate(prompts)]
+    engine = decode_engine(cfg, slots, params)
+    requests = decode_requests(cfg, slots, new, seed=0)
     return lambda: engine.generate(requests)
 
 

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minirl.batching import make_batch
+from minirl.engine import Engine, EngineConfig, Request
 from minirl.model import ModelConfig
 from minirl.sim.costs import attention_flops, kv_bytes, matrices, weight_bytes
 from minirl.types import Prompt, Rollout, Score
@@ -161,3 +162,29 @@ def train_batch(rows: int, length: int, seed: int = 0):
             )
         )
     return make_batch(out, 0)
+
+
+PROMPT = 16  # tokens of every decode request's prompt (one prefill bucket)
+
+
+def decode_engine(cfg: ModelConfig, slots: int, params) -> Engine:
+    """The engine the decode rows time: cache_len 64, one prefill bucket of 16 tokens, up to 8
+    rows per prefill call, chunks of 8 decode steps, temperature 1, no top-k/top-p."""
+    config = EngineConfig(
+        slots=slots,
+        cache_len=64,
+        prefill_buckets=(PROMPT,),
+        prefill_rows=min(slots, 8),
+        decode_chunk=8,
+        temperature=1.0,
+    )
+    engine = Engine(cfg, config)
+    engine.load_weights(0, params)
+    return engine
+
+
+def decode_requests(cfg: ModelConfig, slots: int, new: int, seed: int) -> list[Request]:
+    """`slots` requests of `new` tokens each after a random 16-token prompt (no EOS)."""
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(3, min(cfg.vocab_size, 30_000), (slots, PROMPT)).astype(np.int32)
+    return [Request(Prompt(seed * 1000 + i, "b", "", p), 0, new) for i, p in enumerate(prompts)]

@@ -41,7 +41,7 @@ from flax import nnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from roofline import train_batch  # noqa: E402
+from roofline import decode_engine, train_batch  # noqa: E402
 from test_bench_trainer import matmul_peak  # noqa: E402
 
 from minirl.model import ModelConfig  # noqa: E402
@@ -149,20 +149,10 @@ def _copy_bandwidth() -> float:
 
 
 def _decode(cfg, params, slots: int, peak: float, fp32_bytes: int) -> dict:
-    from minirl.engine import Engine, EngineConfig, Request
+    from minirl.engine import Request
     from minirl.types import Prompt
 
-    engine = Engine(
-        cfg,
-        EngineConfig(
-            slots=slots,
-            cache_len=64,
-            prefill_buckets=(16,),
-            prefill_rows=min(slots, 8),
-            decode_chunk=8,
-        ),
-    )
-    engine.load_weights(0, params)
+    engine = decode_engine(cfg, slots, params)
     rng = np.random.default_rng(slots)
     requests = lambda seed: [
         Request(Prompt(seed * 1000 + i, "b", "", rng.integers(3, 300, 16).astype(np.int32)), 0, 32)

@@ -26,8 +26,9 @@ call), temperature 1, no top-k/top-p, no EOS.
 
 Printed per row: each limit, the bound (memory or compute), the engine's time and its efficiency
 (limit / time; 1.0 = at the roofline). The limits are measured before and after the engine's
-timings and the faster of each counts (this machine's rates drift by up to 1.5x within minutes). Targets (issue #20): decode >= 0.6 of the roofline at 1
-slot and >= 0.5 at 32 on the 0.5B shape, >= 2x transformers. Nothing is asserted about time.
+timings and the faster of each counts (this machine's rates drift by up to 1.5x within minutes).
+Targets (issue #20): decode >= 0.6 of the roofline at 1 slot and >= 0.5 at 32 on the 0.5B shape,
+>= 2x transformers. Nothing is asserted about time.
 """
 
 from __future__ import annotations
@@ -46,16 +47,18 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 from roofline import (  # noqa: E402
+    PROMPT,
     best_time,
     copy_rate,
+    decode_engine,
     decode_limit,
+    decode_requests,
     prefill_limit,
     train_batch,
     train_limit,
 )
 from test_bench_trainer import matmul_peak  # noqa: E402
 
-from minirl.engine import Engine, EngineConfig, Request  # noqa: E402
 from minirl.losses import get_preset  # noqa: E402
 from minirl.model import (  # noqa: E402
     ModelConfig,
@@ -64,9 +67,8 @@ from minirl.model import (  # noqa: E402
 )
 from minirl.sampling import Sampling, sample_tokens  # noqa: E402
 from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
-from minirl.types import Prompt  # noqa: E402
 
-PROMPT, SHORT, LONG = 16, 8, 40
+SHORT, LONG = 8, 40
 SHAPES = ("small", "qwen2.5-0.5b", "qwen3-0.6b")
 ROWS = [(s, d, b) for s in SHAPES for d in ("float32", "bfloat16") for b in (1, 8, 32)]
 
@@ -77,10 +79,7 @@ def model(shape: str, dtype: str):
     return cfg, nnx.to_pure_dict(nnx.split(init_model(cfg, seed=0))[1])
 
 
-def requests(cfg, slots: int, new: int, seed: int) -> list[Request]:
-    rng = np.random.default_rng(seed)
-    prompts = rng.integers(3, min(cfg.vocab_size, 30_000), (slots, PROMPT)).astype(np.int32)
-    return [Request(Prompt(seed * 1000 + i, "b", "", p), 0, new) for i, p in enumerate(prompts)]
+requests = decode_requests
 
 
 def generate_time(engine, cfg, slots: int, new: int) -> float:
@@ -156,18 +155,7 @@ def _seconds(x) -> float:
 def test_roofline(benchmark, shape, dtype, slots):
     cfg, params = model(shape, dtype)
     before = limits(cfg, slots)
-    engine = Engine(
-        cfg,
-        EngineConfig(
-            slots=slots,
-            cache_len=64,
-            prefill_buckets=(PROMPT,),
-            prefill_rows=min(slots, 8),
-            decode_chunk=8,
-            temperature=1.0,
-        ),
-    )
-    engine.load_weights(0, params)
+    engine = decode_engine(cfg, slots, params)
     step = (generate_time(engine, cfg, slots, LONG) - generate_time(engine, cfg, slots, SHORT)) / (
         LONG - SHORT
     )
