@@ -79,15 +79,12 @@ def model(shape: str, dtype: str):
     return cfg, nnx.to_pure_dict(nnx.split(init_model(cfg, seed=0))[1])
 
 
-requests = decode_requests
-
-
 def generate_time(engine, cfg, slots: int, new: int) -> float:
     """Best of two timed runs after a warm-up (compiles excluded), fresh prompts each time."""
-    engine.generate(requests(cfg, slots, new, seed=new))
+    engine.generate(decode_requests(cfg, slots, new, seed=new))
     times = []
     for r in range(2):
-        reqs = requests(cfg, slots, new, seed=100 * new + r)
+        reqs = decode_requests(cfg, slots, new, seed=100 * new + r)
         t0 = time.perf_counter()
         engine.generate(reqs)
         times.append(time.perf_counter() - t0)
@@ -161,7 +158,7 @@ def test_roofline(benchmark, shape, dtype, slots):
     )
     calls = -(-slots // 8)
     prefill = generate_time(engine, cfg, slots, 1) / calls
-    benchmark.pedantic(lambda: engine.generate(requests(cfg, slots, SHORT, 7)), rounds=1)
+    benchmark.pedantic(lambda: engine.generate(decode_requests(cfg, slots, SHORT, 7)), rounds=1)
     copy, decode, fill = (
         min(pair, key=_seconds) for pair in zip(before, limits(cfg, slots), strict=True)
     )
