@@ -50,9 +50,10 @@ state (params, optimizer state, counters) and the order of operations.
 How it stays fast on a CPU: the NNX model is split once (`nnx.split`); the forward, the
 per-micro-batch gradient accumulation and the optimizer update are pure functions under
 `jax.jit`, shared between trainers with equal settings (so tests and benchmarks reuse compiles).
-Only the gradient accumulator is donated: the engine and the weight store may still hold the
-parameter arrays `params()` handed out, and donating the optimizer state made XLA CPU copy it
-(minirl/optimizer.py). The hand-written dense backward and the causal block skipping in
+The gradient accumulator and the optimizer state are donated (the update writes the new
+parameters into the gradient buffers, the moments in place: minirl/optimizer.py); the
+parameters never are: the engine and the weight store may still hold the arrays `params()`
+handed out. The hand-written dense backward and the causal block skipping in
 minirl/exact.py are what brought the `small` step to the matmul-peak target (docs/trainer.md).
 
 Simplified on purpose: no mesh of its own (scale/ places parameters and rows); no critic (the
@@ -242,7 +243,8 @@ class Trainer:
     def state_dict(self, host: bool = True) -> dict:
         """Everything to resume training: params, optimizer state, counters (numpy copies; with
         `host=False` the device arrays themselves, laid out as they are: what a sharded
-        checkpoint writer such as scale/orbax_checkpoints.py saves shard by shard)."""
+        checkpoint writer such as scale/orbax_checkpoints.py saves shard by shard; the optimizer
+        state's arrays are valid until the next step, which donates them to the update)."""
         copy = self._placement.host if host else (lambda tree: tree)
         return {
             "params": copy(self._params),
@@ -334,7 +336,7 @@ class Trainer:
             logps.append(logp)
         lr = learning_rate(self.cfg, self.step)
         self._params, self._opt_state, ok, grad_norm = apply(
-            self._params, self._optimizer_state(), acc, jnp.float32(scale), jnp.float32(lr)
+            acc, self._optimizer_state(), self._params, jnp.float32(scale), jnp.float32(lr)
         )
         return metrics, {"ok": ok, "grad_norm": grad_norm, "lr": lr}, logps
 
