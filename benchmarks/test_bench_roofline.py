@@ -8,7 +8,7 @@ compiles and the random init; benchmarks/roofline.py says how each limit is comp
 
 Shapes: `small` (25M), Qwen2.5-0.5B and Qwen3-0.6B (their config.json shapes, 152k vocabulary,
 random weights), weights stored in float32 or bfloat16 and computed in float32 (XLA on CPU has no
-fast bfloat16 matmul: docs/engine.md), slots 1, 8 and 32. Workload: every
+fast bfloat16 matmul: docs/engine.md), slots 1, 8, 32 and 64 (memory allows all of them here). Workload: every
 slot gets a 16-token prompt (cache_len 64, one prefill bucket of 16, up to 8 rows per prefill
 call), temperature 1, no top-k/top-p, no EOS.
 
@@ -70,7 +70,7 @@ from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
 
 SHORT, LONG = 8, 40
 SHAPES = ("small", "qwen2.5-0.5b", "qwen3-0.6b")
-ROWS = [(s, d, b) for s in SHAPES for d in ("float32", "bfloat16") for b in (1, 8, 32)]
+ROWS = [(s, d, b) for s in SHAPES for d in ("float32", "bfloat16") for b in (1, 8, 32, 64)]
 
 
 @functools.lru_cache(maxsize=1)  # one model in memory at a time (a 0.6B one is 2.4 GB in fp32)
