@@ -54,10 +54,10 @@ from pathlib import Path
 import numpy as np
 
 from minirl.batching import make_batch
-from minirl.config import make_config
 from minirl.data.countdown import sample_in_range
 from minirl.evaluation import decode_rollouts, heldout_prompts
 from minirl.metrics_log import format_table
+from minirl.run_presets import make_config
 from minirl.runner import Run
 from minirl.scheduler import Request
 from minirl.trainer import Trainer

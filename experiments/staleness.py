@@ -88,7 +88,7 @@ def child(spec: dict) -> None:
     """Runs inside the subprocess: one training run, with compile time and load recorded."""
     import jax
 
-    from minirl.config import make_config
+    from minirl.run_presets import make_config
     from minirl.runner import Run
 
     compile_s = [0.0]
@@ -187,8 +187,8 @@ def heldout(
     """pass@1 on `prompts` test prompts x `samples` of every checkpoint, with one evaluator (a
     fresh default engine), paired with the wall-clock time the checkpoint's step ended."""
     from minirl.checkpoints import CheckpointManager
-    from minirl.config import make_config
     from minirl.evaluation import evaluate, heldout_prompts
+    from minirl.run_presets import make_config
     from minirl.runner import Run
     from minirl.warmstart import warm_start
 

@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 
 from minirl.batching import make_batch
-from minirl.config import make_config
 from minirl.controller import Controller
 from minirl.data.arithmetic import Arithmetic, ArithmeticConfig
 from minirl.data.mixture import Mixture
@@ -53,6 +52,7 @@ from minirl.envs import (
 )
 from minirl.inputs import initial_params
 from minirl.losses import get_preset
+from minirl.run_presets import make_config
 from minirl.tokenizer import CharTokenizer
 from minirl.trainer import Trainer
 from minirl.weights import InMemoryWeightStore

@@ -1,4 +1,5 @@
-"""One place for every knob: `RunConfig` nests each component's own config (presets: run_presets.py).
+"""One place for every knob: `RunConfig` nests each component's own config (presets and
+`make_config`: run_presets.py).
 
     RunConfig
       task      which built-in task (and its difficulty knobs), or "file": the dataset in `data`
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from minirl.configlib import ConfigError, override
+from minirl.configlib import ConfigError
 from minirl.engine import EngineConfig
 from minirl.losses import Objective, get_preset
 from minirl.losses.presets import BEHAVIOUR_CAP, has_behaviour_cap, with_behaviour_cap
@@ -258,27 +259,6 @@ class RunConfig:
                 "decoupled_ppo and decoupled_ppo_mis bound c = pi_prox/mu"
             )
         return self
-
-
-def make_config(
-    preset: str = DEFAULT_PRESET, overrides: list[str] = (), staleness: str | None = None
-) -> RunConfig:
-    """A preset, then a staleness preset, then `--set key=value` overrides, in that order
-    (the presets: minirl/run_presets.py)."""
-    from minirl.run_presets import PRESETS, STALENESS
-
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
-    cfg = PRESETS[preset]()
-    if staleness is not None:
-        if staleness not in STALENESS:
-            raise ConfigError(
-                f"unknown staleness preset {staleness!r}; known: {', '.join(STALENESS)}"
-            )
-        cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, **STALENESS[staleness]))
-    for item in overrides:
-        cfg = override(cfg, item)
-    return resolve_model(cfg, overrides).check()
 
 
 # What a model directory cannot override: its config.json fixes the shapes.

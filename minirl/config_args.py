@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from minirl.config import DEFAULT_PRESET, FILE_TASK, make_config
-from minirl.run_presets import PRESETS, STALENESS
+from minirl.config import DEFAULT_PRESET, FILE_TASK
+from minirl.run_presets import PRESETS, STALENESS, make_config
 
 
 def add_config_arguments(

@@ -7,7 +7,10 @@ applies a preset, then a staleness preset, then `--set` overrides.
 
 from __future__ import annotations
 
+import dataclasses
+
 from minirl.config import (
+    DEFAULT_PRESET,
     FILE_TASK,
     VOCAB,
     EvalConfig,
@@ -15,7 +18,9 @@ from minirl.config import (
     RunConfig,
     SFTConfig,
     TaskSpec,
+    resolve_model,
 )
+from minirl.configlib import ConfigError, override
 from minirl.engine import EngineConfig
 from minirl.model import ModelConfig
 from minirl.trainer import TrainerConfig
@@ -136,3 +141,22 @@ STALENESS = {
     "bounded": dict(reload_every=4, max_lag=8, eta=4),
     "off_policy": dict(reload_every=1, max_lag=0, eta=8),
 }
+
+
+def make_config(
+    preset: str = DEFAULT_PRESET, overrides: list[str] = (), staleness: str | None = None
+) -> RunConfig:
+    """A preset, then a staleness preset, then `--set key=value` overrides, in that order
+    (`minirl train`'s order: minirl/config_args.py)."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    cfg = PRESETS[preset]()
+    if staleness is not None:
+        if staleness not in STALENESS:
+            raise ConfigError(
+                f"unknown staleness preset {staleness!r}; known: {', '.join(STALENESS)}"
+            )
+        cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, **STALENESS[staleness]))
+    for item in overrides:
+        cfg = override(cfg, item)
+    return resolve_model(cfg, overrides).check()

@@ -20,6 +20,7 @@ from minirl import config as C
 from minirl.configlib import describe
 from minirl.engine import EngineConfig
 from minirl.model import ModelConfig
+from minirl.run_presets import make_config
 from minirl.runner import Run
 from minirl.trainer import TrainerConfig
 
@@ -94,9 +95,7 @@ def reads():
 
 
 def _train(run_dir, preset, sets):
-    Run(
-        C.make_config(preset, [*SHORT, *sets]), run_dir, progress=False, log=lambda *a: None
-    ).train()
+    Run(make_config(preset, [*SHORT, *sets]), run_dir, progress=False, log=lambda *a: None).train()
 
 
 def test_every_setting_is_read_by_the_part_it_configures(reads, tmp_path, monkeypatch):

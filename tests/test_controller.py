@@ -6,11 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from minirl.config import EvalConfig, RLConfig, SFTConfig, TaskSpec, make_config
+from minirl.config import EvalConfig, RLConfig, SFTConfig, TaskSpec
 from minirl.configlib import ConfigError
 from minirl.controller import Counters
 from minirl.metrics_log import read_metrics
 from minirl.run_dir import checkpoint_due, open_run_dir
+from minirl.run_presets import make_config
 from minirl.runner import Run
 from minirl.trees import assert_trees_equal
 

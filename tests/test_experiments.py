@@ -107,7 +107,7 @@ def _reachable(numbers: list[int], ops: str) -> set:
 
 
 def test_rl_vs_sft_decoys_and_demonstration_rate(tmp_path):
-    from minirl.config import make_config
+    from minirl.run_presets import make_config
     from minirl.runner import Run
 
     m = _rl_vs_sft_module()

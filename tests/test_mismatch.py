@@ -21,11 +21,11 @@ from flax import nnx
 
 from minirl.batching import make_batch
 from minirl.checkpoints import CheckpointManager
-from minirl.config import make_config
 from minirl.data import get_task
 from minirl.engine import Engine
 from minirl.metrics_log import read_metrics
 from minirl.model import init_model
+from minirl.run_presets import make_config
 from minirl.runner import Run
 from minirl.scheduler import Request
 from minirl.tokenizer import CharTokenizer

@@ -353,11 +353,11 @@ def test_tool_episodes_run_through_the_engine(params, request):
 def controller(params):
     """The real Controller in lockstep, the EpisodeRunner as its engine, EpisodeScores as its
     verifier: 2 prompts x 2 samples per step, grpo."""
-    from minirl.config import make_config
     from minirl.controller import Controller
     from minirl.data import get_task
     from minirl.data.mixture import Mixture
     from minirl.envs import EpisodeScores
+    from minirl.run_presets import make_config
     from minirl.weights import InMemoryWeightStore
     from minirl.workers import InProcessWorker
 

@@ -159,7 +159,7 @@ def test_dead_engine_process_is_restarted_and_its_work_reissued(tmp_path, monkey
     import dataclasses
     import threading
 
-    from minirl.config import make_config
+    from minirl.run_presets import make_config
     from minirl.runner import Run
     from minirl.workers import ProcessWorker
 
@@ -202,7 +202,7 @@ def test_async_run_with_its_engine_in_a_process_survives_the_engine_dying(tmp_pa
     it, reloads the weights it held and re-submits what was in flight; every prompt trained once."""
     import threading
 
-    from minirl.config import make_config
+    from minirl.run_presets import make_config
     from minirl.runner import Run
     from minirl.workers import ProcessWorker, from_plain
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from minirl.checkpoints import CheckpointManager
-from minirl.config import make_config
 from minirl.metrics_log import truncate_metrics
 from minirl.run_dir import lock_run_dir
+from minirl.run_presets import make_config
 from minirl.runner import Run
 from minirl.tools.cli import main
 

@@ -10,7 +10,7 @@ import pytest
 from minirl.async_loop import RolloutThread
 from minirl.batching import bucket_length
 from minirl.checkpoints import CheckpointManager
-from minirl.config import RLConfig, make_config
+from minirl.config import RLConfig
 from minirl.data.mixture import Mixture
 from minirl.engine_config import EngineConfig
 from minirl.hf_config import config_to_hf
@@ -18,6 +18,7 @@ from minirl.inputs import train_prompts
 from minirl.metrics_log import read_metrics
 from minirl.model import ModelConfig
 from minirl.run_dir import record_config
+from minirl.run_presets import make_config
 from minirl.runner import Run
 from minirl.scheduler import Request
 from minirl.sim.calibrate import fit_run

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from minirl.checkpoints import CheckpointManager
-from minirl.config import make_config
+from minirl.run_presets import make_config
 from minirl.runner import Run
 from minirl.tools.cli import main
 from minirl.tracking import Trackers, _TensorBoard, tensorboard_tag

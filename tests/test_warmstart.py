@@ -1,7 +1,7 @@
 """The warm start is cached by what determines it, and only by that."""
 
-from minirl.config import make_config
 from minirl.data import get_task
+from minirl.run_presets import make_config
 from minirl.tokenizer import CharTokenizer
 from minirl.trees import assert_trees_equal
 from minirl.warmstart import warm_start

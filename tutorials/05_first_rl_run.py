@@ -139,9 +139,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.config import make_config
 from minirl.configlib import to_dict
 from minirl.metrics_log import read_metrics
+from minirl.run_presets import make_config
 from minirl.runner import Run
 
 # The knobs this lesson changes; everything else is the preset's default (`minirl config`).

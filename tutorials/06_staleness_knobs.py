@@ -168,8 +168,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.config import make_config
 from minirl.metrics_log import read_metrics
+from minirl.run_presets import make_config
 from minirl.runner import Run
 
 SETTINGS = ((1, 1), (1, 2), (4, 4), (4, 8))  # (j, k)

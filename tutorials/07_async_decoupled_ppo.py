@@ -212,8 +212,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.config import make_config
 from minirl.metrics_log import read_metrics
+from minirl.run_presets import make_config
 from minirl.runner import Run
 
 # The three objectives compared, as `--set` overrides: AReaL's baseline, decoupled PPO as AReaL's

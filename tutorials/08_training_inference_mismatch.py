@@ -179,8 +179,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from minirl.checkpoints import CheckpointManager
-from minirl.config import make_config
 from minirl.metrics_log import read_metrics
+from minirl.run_presets import make_config
 from minirl.runner import Run
 from minirl.tools.mismatch import diagnose, format_table
 

@@ -189,9 +189,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.config import make_config
 from minirl.diagnostics import lag_buckets
 from minirl.metrics_log import read_metrics
+from minirl.run_presets import make_config
 from minirl.runner import Run
 from minirl.tools.plots import lag_table, plot_lag
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from minirl.config import make_config
+from minirl.run_presets import make_config
 from minirl.tools.mismatch import EXTRA_SOURCES, diagnose
 from scale.mesh import MeshConfig
 
