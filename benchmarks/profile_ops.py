@@ -35,11 +35,9 @@ import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from roofline import decode_engine, decode_requests, train_batch  # noqa: E402
+from roofline import decode_engine, decode_requests, grpo_trainer, train_batch  # noqa: E402
 
-from minirl.losses import get_preset  # noqa: E402
 from minirl.model import ModelConfig, init_model  # noqa: E402
-from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
 
 jax.config.update("jax_enable_compilation_cache", False)
 
@@ -172,7 +170,7 @@ def decode_run(cfg: ModelConfig, params, slots: int, new: int):
 
 
 def train_run(cfg: ModelConfig, params, rows: int, length: int):
-    trainer = Trainer(cfg, params, get_preset("grpo"), TrainerConfig(learning_rate=1e-6))
+    trainer = grpo_trainer(cfg, params)
     batch = train_batch(rows, length)
     return lambda: trainer.train_step(batch)
 

@@ -31,8 +31,10 @@ import numpy as np
 
 from minirl.batching import make_batch
 from minirl.engine import Engine, EngineConfig, Request
+from minirl.losses import get_preset
 from minirl.model import ModelConfig
 from minirl.sim.costs import attention_flops, kv_bytes, matrices, weight_bytes
+from minirl.trainer import Trainer, TrainerConfig
 from minirl.types import Prompt, Rollout, Score
 
 
@@ -143,6 +145,11 @@ def train_limit(cfg: ModelConfig, rows: int, length: int, copy: float) -> dict:
         "flops": 4 * forward,
         "chain_gflops": chain_flops / chain_s / 1e9,
     }
+
+
+def grpo_trainer(cfg: ModelConfig, params) -> Trainer:
+    """The trainer the train-step rows time: GRPO, learning rate 1e-6, the default settings."""
+    return Trainer(cfg, params, get_preset("grpo"), TrainerConfig(learning_rate=1e-6))
 
 
 def train_batch(rows: int, length: int, seed: int = 0):

@@ -41,7 +41,7 @@ from flax import nnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from roofline import decode_engine, train_batch  # noqa: E402
+from roofline import decode_engine, decode_requests, grpo_trainer, train_batch  # noqa: E402
 from test_bench_trainer import matmul_peak  # noqa: E402
 
 from minirl.model import ModelConfig  # noqa: E402
@@ -149,15 +149,8 @@ def _copy_bandwidth() -> float:
 
 
 def _decode(cfg, params, slots: int, peak: float, fp32_bytes: int) -> dict:
-    from minirl.engine import Request
-    from minirl.types import Prompt
-
     engine = decode_engine(cfg, slots, params)
-    rng = np.random.default_rng(slots)
-    requests = lambda seed: [
-        Request(Prompt(seed * 1000 + i, "b", "", rng.integers(3, 300, 16).astype(np.int32)), 0, 32)
-        for i in range(slots)
-    ]
+    requests = lambda seed: decode_requests(cfg, slots, 32, seed)  # noqa: E731
     engine.generate(requests(1))  # compiles
     seconds, rollouts = _timed(lambda: engine.generate(requests(2)))
     tps = sum(len(r.tokens) for r in rollouts) / seconds
@@ -171,10 +164,7 @@ def _decode(cfg, params, slots: int, peak: float, fp32_bytes: int) -> dict:
 
 
 def _train(cfg, params, peak: float, rows: int = 4, length: int = 128) -> dict:
-    from minirl.losses import get_preset
-    from minirl.trainer import Trainer, TrainerConfig
-
-    trainer = Trainer(cfg, params, get_preset("grpo"), TrainerConfig(learning_rate=1e-6))
+    trainer = grpo_trainer(cfg, params)
     batch = train_batch(rows, length)
     trainer.train_step(batch)  # compiles
     seconds = min(_timed(lambda: trainer.train_step(batch))[0] for _ in range(2))

@@ -53,20 +53,19 @@ from roofline import (  # noqa: E402
     decode_engine,
     decode_limit,
     decode_requests,
+    grpo_trainer,
     prefill_limit,
     train_batch,
     train_limit,
 )
 from test_bench_trainer import matmul_peak  # noqa: E402
 
-from minirl.losses import get_preset  # noqa: E402
 from minirl.model import (  # noqa: E402
     ModelConfig,
     init_model,
     token_logprobs,  # noqa: E402
 )
 from minirl.sampling import Sampling, sample_tokens  # noqa: E402
-from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
 
 SHORT, LONG = 8, 40
 SHAPES = ("small", "qwen2.5-0.5b", "qwen3-0.6b")
@@ -193,7 +192,7 @@ def test_train_step(benchmark, rows: int = 4, length: int = 128):
     copy, peak = copy_rate(), matmul_peak()
     limit = train_limit(cfg, rows, length, copy)  # before the trainer: the chain holds weights
     params = nnx.to_pure_dict(nnx.split(init_model(cfg, seed=0))[1])
-    trainer = Trainer(cfg, params, get_preset("grpo"), TrainerConfig(learning_rate=1e-6))
+    trainer = grpo_trainer(cfg, params)
     del params
     batch = train_batch(rows, length)
     step = best_time(lambda: trainer.train_step(batch), repeats=2)

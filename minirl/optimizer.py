@@ -92,11 +92,16 @@ def guarded_update(o: AdamW, acc, opt_state, params, scale, lr):
     clip_state, adam, decay_state = opt_state
     count = optax.safe_increment(adam.count)
 
-    def moments(g, mu, nu):  # a select per leaf, not lax.cond: it fuses into the same pass
-        g = (g * factor).astype(g.dtype)  # keep bf16 as bf16
-        new_mu = (1 - o.b1) * g + o.b1 * mu
-        new_nu = (1 - o.b2) * (g**2) + o.b2 * nu
-        return jnp.where(ok, new_mu, mu), jnp.where(ok, new_nu, nu)
+    def scaled(g):  # keep bf16 as bf16
+        return (g * factor).astype(g.dtype)
+
+    # A select per leaf, not lax.cond: it fuses into the leaf's single pass.
+    mu = jax.tree.map(
+        lambda g, m: jnp.where(ok, (1 - o.b1) * scaled(g) + o.b1 * m, m), grads, adam.mu
+    )
+    nu = jax.tree.map(
+        lambda g, v: jnp.where(ok, (1 - o.b2) * scaled(g) ** 2 + o.b2 * v, v), grads, adam.nu
+    )
 
     def step(p, mu, nu):  # reads the new moments, so XLA never needs the old ones again
         mu_hat = mu / (1 - o.b1**count).astype(mu.dtype)
@@ -106,15 +111,9 @@ def guarded_update(o: AdamW, acc, opt_state, params, scale, lr):
             direction = direction + o.weight_decay * p
         return jnp.where(ok, (p - lr * direction).astype(p.dtype), p)
 
-    pairs = jax.tree.map(moments, grads, adam.mu, adam.nu)
-    mu, nu = (jax.tree.map(lambda t, i=i: t[i], pairs, is_leaf=_is_pair) for i in (0, 1))
     adam = adam._replace(count=jnp.where(ok, count, adam.count), mu=mu, nu=nu)
     new_params = jax.tree.map(step, params, mu, nu)
     return new_params, (clip_state, adam, decay_state), ok, grad_norm
-
-
-def _is_pair(x) -> bool:
-    return isinstance(x, tuple)
 
 
 @functools.lru_cache(maxsize=8)
