@@ -15,7 +15,7 @@ Workload for the throughput rows: `slots` prompts of P=32 random tokens, N=32 ne
              same requests submitted at once (continuous batching). Lengths: 16-48 prompt
              tokens, max_new ~ lognormal(median 24, sigma 1) clipped to [4, 192]
   hf         (c) `transformers` LlamaForCausalLM.generate, torch CPU eager, the same weights
-             (written with minirl.hf.save_hf, logits checked), do_sample, top_k=0, 2 threads,
+             (written with minirl.tools.hf.save_hf, logits checked), do_sample, top_k=0, 2 threads,
              OMP_WAIT_POLICY=PASSIVE
   peak       (d) the best of 3 jitted [2048, 2048] @ [2048, 2048] float32 matmuls, measured
              before and after each row (the larger is used: a conservative fraction)
@@ -142,7 +142,7 @@ def hf_rate(cfg, params, slots) -> float:
     import torch
     from transformers import LlamaForCausalLM
 
-    from minirl.hf import save_hf
+    from minirl.tools.hf import save_hf
 
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:

@@ -108,7 +108,7 @@ def hf_step_time(cfg, params, slots: int) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from minirl.hf import save_hf
+    from minirl.tools.hf import save_hf
 
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:

@@ -29,8 +29,7 @@ import time
 import numpy as np
 import pytest
 
-from minirl.types import Prompt, Rollout
-from minirl.verifiers import (
+from minirl.tools.verifiers import (
     CodeVerifier,
     CodeVerifierConfig,
     Limits,
@@ -40,7 +39,8 @@ from minirl.verifiers import (
     isolation_mode,
     put_tests,
 )
-from minirl.verifiers.sandbox import python_interpreter, run_sandboxed
+from minirl.tools.verifiers.sandbox import python_interpreter, run_sandboxed
+from minirl.types import Prompt, Rollout
 
 N_PROGRAMS = 16
 ROUNDS = 5

@@ -133,7 +133,7 @@ def child(spec: dict) -> None:
     if spec["apart"]:
         ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=False)
     from minirl.run_presets import make_config
-    from minirl.runner import Run
+    from minirl.tools.runner import Run
 
     run_dir = Path(spec["run_dir"])
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -49,10 +49,10 @@ from minirl.config_args import add_config_arguments, config_from_args
 from minirl.controller import Controller
 from minirl.data.mixture import Mixture
 from minirl.metrics_log import MetricsWriter, format_table, read_metrics
-from minirl.runner import Run
 from minirl.tools.plots import plot_mismatch
+from minirl.tools.runner import Run
+from minirl.tools.warmstart import warm_start
 from minirl.trainer import Trainer
-from minirl.warmstart import warm_start
 from minirl.weights import InMemoryWeightStore
 from minirl.workers import InProcessWorker
 
@@ -82,7 +82,7 @@ TABLE = (  # the summary printed at the end: (title, key of a run's results, for
 
 
 def run_arm(arm: str, cfg, base, evaluator: Run, run_dir: Path, steps: int) -> dict:
-    """`steps` RL steps of `cfg` from `base` (the loop of minirl.runner.Run.train, without its
+    """`steps` RL steps of `cfg` from `base` (the loop of minirl.tools.runner.Run.train, without its
     warm start: every arm starts from the same weights), then the held-out evaluation."""
     run = Run(cfg, run_dir, progress=False, log=lambda *a: None)
     engine = run.engine(0, base)

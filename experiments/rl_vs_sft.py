@@ -54,15 +54,15 @@ from pathlib import Path
 import numpy as np
 
 from minirl.batching import make_batch
-from minirl.data.countdown import sample_in_range
 from minirl.evaluation import decode_rollouts, heldout_prompts
 from minirl.metrics_log import format_table
 from minirl.run_presets import make_config
-from minirl.runner import Run
 from minirl.scheduler import Request
+from minirl.tools.runner import Run
+from minirl.tools.tasks.countdown import sample_in_range
+from minirl.tools.warmstart import demonstration_rollouts, warm_start
 from minirl.trainer import Trainer
 from minirl.types import Rollout
-from minirl.warmstart import demonstration_rollouts, warm_start
 
 # The warm start read demonstrations of train prompts 0 .. sft.steps * batch_size - 1; the SFT
 # control reads from here on, so every demonstration it sees is new to the model.

@@ -89,7 +89,7 @@ def child(spec: dict) -> None:
     import jax
 
     from minirl.run_presets import make_config
-    from minirl.runner import Run
+    from minirl.tools.runner import Run
 
     compile_s = [0.0]
 
@@ -189,8 +189,8 @@ def heldout(
     from minirl.checkpoints import CheckpointManager
     from minirl.evaluation import evaluate, heldout_prompts
     from minirl.run_presets import make_config
-    from minirl.runner import Run
-    from minirl.warmstart import warm_start
+    from minirl.tools.runner import Run
+    from minirl.tools.warmstart import warm_start
 
     run = Run(make_config(preset, overrides), run_dir, log=lambda *a: None, progress=False)
     ckpts = CheckpointManager(run_dir, keep=10**6)

@@ -11,7 +11,7 @@
       rl        the controller: loss preset, batch shape, staleness knobs (j, k, eta), schedule
       sft       the supervised warm start that teaches the task's format
       eval      held-out pass@k measurement
-      log       TensorBoard, W&B and sample completions (minirl/tracking.py)
+      log       TensorBoard, W&B and sample completions (minirl/tools/tracking.py)
 
 `minirl train --preset NAME --set rl.steps=50 --set engine.temperature=0.8` builds one; every
 key and its meaning is listed by `minirl config`. `minirl train --model DIR --data FILE` starts
@@ -40,12 +40,15 @@ VOCAB = CharTokenizer().vocab_size  # the built-in tasks' character tokenizer
 
 FILE_TASK = "file"  # task.name of a run on the dataset files named in `data`
 DEFAULT_PRESET = "countdown"  # what `minirl train` runs (minirl/run_presets.py)
-TOOLS = ("calc", "py")  # task.tools: minirl/envs/calculator.py, minirl/envs/python_tool.py
+TOOLS = (
+    "calc",
+    "py",
+)  # task.tools: minirl/tools/envs/calculator.py, minirl/tools/envs/python_tool.py
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    name: str = "countdown"  # a built-in task (minirl.data.list_tasks()), or "file" (see data.*)
+    name: str = "countdown"  # a built-in task (tools/tasks/: list_tasks()), or "file" (see data.*)
     args: dict = dataclasses.field(default_factory=dict)  # the task's difficulty knobs
     tools: tuple[
         str, ...
@@ -62,7 +65,7 @@ class TaskSpec:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Your own dataset (used when task.name=file; minirl/data/files.py reads it)."""
+    """Your own dataset (used when task.name=file; minirl/tools/tasks/files.py reads it)."""
 
     train: str = ""  # training problems: a .jsonl or .parquet file
     eval: str = ""  # held-out problems (same format); "" = hold out a content-hash split of train
@@ -74,7 +77,7 @@ class DataConfig:
     instruction: str = ""  # appended to every question, e.g. "\nPut the final answer in \\boxed{}."
     chat_template: bool = True  # render prompts with the model's chat template, if it has one
     max_new_tokens: int = 256  # completion budget per sample (tokens, EOS included)
-    verifier: str = "math"  # scores completions against the gold answer (minirl.verifiers)
+    verifier: str = "math"  # scores completions against the gold answer (minirl.tools.verifiers)
     format_reward: float = 0.0  # reward for a wrong but well-formed (extractable) final answer
 
     def __post_init__(self):
@@ -195,7 +198,7 @@ class EvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LogConfig:
-    """Where a run's numbers go besides metrics.jsonl (minirl/tracking.py); none of it changes
+    """Where a run's numbers go besides metrics.jsonl (minirl/tools/tracking.py); none of it changes
     what a step does, so a resumed run may change any of it."""
 
     tensorboard: bool = False  # TensorBoard event files in RUN_DIR/tensorboard (the `track` extra)
@@ -270,7 +273,7 @@ _FROM_MODEL_DIR = tuple(
 
 
 def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
-    """With model.path set, the model's shapes come from DIR/config.json (minirl.hf); only
+    """With model.path set, the model's shapes come from DIR/config.json (minirl.tools.hf); only
     model.dtype / model.param_dtype stay yours (float32 master weights by default, see hf.py).
     Setting a shape too is refused: it would do nothing."""
     if not cfg.model.path:
@@ -282,8 +285,10 @@ def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
                 f"{key} comes from {cfg.model.path}/config.json; it cannot be set "
                 "together with model.path"
             )
+    from minirl.hf_config import read_model_config
+
     try:
-        from minirl.hf import read_model_config
+        import safetensors  # noqa: F401  (read_model_config opens the tensor index with it)
     except ImportError as e:
         raise ConfigError(
             f"model.path needs the 'hf' extra (pip install 'minirl[hf]'): {e}"

@@ -21,7 +21,7 @@ the batching):
 
 A `Request(multi_turn=True)` keeps its slot after each turn: the rollout `step()` returns is the
 episode so far (every turn and observation, `Rollout.mask` marking the policy's tokens), and the
-slot is held until `extend` or `release` (minirl/envs/episodes.py drives this). Its tokens are
+slot is held until `extend` or `release` (minirl/tools/envs/episodes.py drives this). Its tokens are
 keyed by their position after the prompt, observations included, so a turn's draws depend only
 on the episode so far.
 

@@ -6,15 +6,18 @@
 
 Strict: a field minirl cannot honour is refused with `CheckpointError` naming the file and the
 field (mixture-of-experts, sliding windows, another activation, an unknown architecture, a bad
-token id), never loaded wrongly. The tensors themselves are minirl/hf.py's business.
+token id), never loaded wrongly. The tensors are minirl/tools/hf.py's business; only the index of
+which file holds which tensor is read here, for `read_model_config`'s tied-embedding check.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 
 from minirl.configlib import read_json_object
 from minirl.model import ModelConfig
@@ -248,3 +251,70 @@ def read_token_ids(path) -> TokenIds:
         eos=tuple(dict.fromkeys(found["eos_token_id"])),
         pad=first(found["pad_token_id"]),
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# The tensor index (which file holds which tensor), for the tie check and the loader (tools/hf.py)
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def open_safetensors(file: Path):
+    """safe_open, with a damaged or truncated file reported by name."""
+    from safetensors import SafetensorError, safe_open
+
+    if not file.exists():
+        raise CheckpointError(f"{file} is missing (named by {INDEX_FILE})")
+    try:
+        return safe_open(file, framework="numpy")
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(
+            f"{file} is not a readable safetensors file (truncated or damaged?): {e}"
+        ) from None
+
+
+def tensor_files(path: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it."""
+    if (path / SINGLE_FILE).exists():
+        with open_safetensors(path / SINGLE_FILE) as f:
+            return {name: path / SINGLE_FILE for name in f.keys()}  # noqa: SIM118
+    if (path / INDEX_FILE).exists():
+        try:
+            weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
+            return {name: path / file for name, file in weight_map.items()}
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(
+                f"{path / INDEX_FILE} is not a safetensors index "
+                f"(a JSON object with a 'weight_map'): {e!r}"
+            ) from None
+    raise CheckpointError(f"{path} has neither {SINGLE_FILE} nor {INDEX_FILE}")
+
+
+def _read(files: dict[str, Path], name: str) -> np.ndarray:
+    from safetensors import SafetensorError
+
+    with open_safetensors(files[name]) as f:
+        try:
+            return f.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{files[name]}: tensor {name} cannot be read: {e}") from None
+
+
+def untie_if_needed(cfg: ModelConfig, files: dict[str, Path]) -> ModelConfig:
+    """A tied config whose files hold a different lm_head.weight: untied, as transformers does."""
+    if not (
+        cfg.tie_embeddings and "lm_head.weight" in files and "model.embed_tokens.weight" in files
+    ):
+        return cfg
+    if np.array_equal(_read(files, "lm_head.weight"), _read(files, "model.embed_tokens.weight")):
+        return cfg
+    return dataclasses.replace(cfg, tie_embeddings=False)
+
+
+def read_model_config(path, dtype=None) -> ModelConfig:
+    """The ModelConfig `load_hf(path, dtype)` builds, without reading the weights (but for the
+    tie check above)."""
+    path = Path(path)
+    cfg = config_from_hf(read_config(path), dtype, source=str(path / "config.json"))
+    return untie_if_needed(cfg, tensor_files(path))

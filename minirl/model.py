@@ -2,7 +2,7 @@
 
 What it is: token embedding -> L x [RMSNorm -> grouped-query attention with RoPE -> residual ->
 RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head. The switches cover the families whose
-checkpoints `minirl.hf` loads: optional q/k/v bias (Qwen2), optional per-head q/k RMSNorm (Qwen3),
+checkpoints `tools/hf.py` loads: optional q/k/v bias (Qwen2), optional per-head q/k RMSNorm (Qwen3),
 tied or untied LM head, Llama-3 RoPE frequency scaling. It matches Hugging Face `transformers`
 logits to ~1e-5 in float32 (tests/test_hf.py).
 

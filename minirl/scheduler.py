@@ -14,7 +14,7 @@ A `Sequence` keeps the invariant of the engine's KV cache: the cache of its slot
 prompt and every generated token except the last one, which is "pending" — fed to the model at
 the next decode step. So `cache_len = len(prompt) + len(tokens) - 1`.
 
-Multi-turn episodes (`Request.multi_turn`, minirl/envs/episodes.py): when a turn finishes, the
+Multi-turn episodes (`Request.multi_turn`, minirl/tools/envs/episodes.py): when a turn finishes, the
 sequence is `held` — it keeps its slot and KV cache — until the caller either queues an
 observation (`observe`: the engine appends it to the cache, then the next turn decodes) or
 releases it. `tokens` then holds every turn and observation after the prompt; `mask` marks the

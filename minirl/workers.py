@@ -16,7 +16,7 @@ its code is the same whatever carries the call:
                                    anywhere on a Ray cluster; same messages, same WorkerDied.
 
 Where a run's parts live is a placement: `LocalPlacement("inprocess" | "process")` here (the
-`rl.workers` knob of `minirl train`), `RayPlacement` in scale/ray_workers.py. `minirl.runner.Run`
+`rl.workers` knob of `minirl train`), `RayPlacement` in scale/ray_workers.py. `tools.runner.Run`
 asks it for an engine, a trainer and a verifier worker, each from a factory that builds the part.
 
 Calls to one worker run one at a time, in the order they were made (like a real process).

@@ -22,7 +22,7 @@ starts from a model directory by reading it straight into its FSDP layout (`firs
 each process reads only the blocks its devices hold, scale/mesh.py's `load_checkpoint`).
 
 Preemption and resume follow `minirl train`: the controller owns the run directory (config.json,
-metrics.jsonl, checkpoints/ — minirl/run_dir.py's `open_run_dir`, `checkpoint_due`,
+metrics.jsonl, checkpoints/ — minirl/tools/run_dir.py's `open_run_dir`, `checkpoint_due`,
 `save_checkpoint`, `restore_run`) and starting it again on the same --run-dir resumes from the
 last checkpoint. Without --checkpoints a checkpoint holds the trainer job's params and optimizer
 state (fetched with a `state_dict` call) and the controller's snapshot; with it, the trainer job

@@ -308,9 +308,9 @@ def load_checkpoint(path: Any, mesh: Mesh, rules: ShardingRules, dtype: Any = No
     """A Hugging Face checkpoint directory read straight into `rules`' layout on `mesh` ->
     (ModelConfig, params, bytes this process read). Every process reads only the blocks its own
     devices hold, each distinct block once (safetensors slices of the memory-mapped files,
-    minirl/hf.py's `TensorSource.read`), so no host reads the whole model unless its devices
+    minirl/tools/hf.py's `TensorSource.read`), so no host reads the whole model unless its devices
     hold all of it; the values equal `load_hf`'s."""
-    from minirl.hf import build_params, open_checkpoint
+    from minirl.tools.hf import build_params, open_checkpoint
 
     cfg, sources = open_checkpoint(path, dtype)
     dtype, bytes_read = np.dtype(cfg.storage_dtype), 0

@@ -6,7 +6,7 @@
     python -m scale.launch ray --address auto --model DIR --data train.jsonl --engines 8 \\
         --engine-gpus 1 --trainer-gpus 8
 
-The run is minirl.runner.Run, unchanged: the same config, run directory, checkpoints, resume and
+The run is tools.runner.Run, unchanged: the same config, run directory, checkpoints, resume and
 metrics as `minirl train`; only where the parts live differs (scale/ray_workers.py's
 RayPlacement). Engine replicas, the trainer and the verifier each get an actor with the Ray
 resources asked for; the warm start and evaluation run in this (the driver's) process.
@@ -160,7 +160,7 @@ def remote_verifier(args):
     if not args.verifier_url:
         return None
     from minirl.config_args import config_from_args
-    from minirl.data import get_task
+    from minirl.tools.tasks import get_task
     from minirl.workers import InProcessWorker
     from scale.remote_verifier import RemoteVerifier
     from scale.roles import shared_token
@@ -178,7 +178,7 @@ def run(args) -> None:
     import ray
 
     from minirl.config_args import config_from_args, default_run_dir
-    from minirl.runner import Run, summary_json
+    from minirl.tools.runner import Run, summary_json
     from scale.roles import role_config
 
     placement = placement_from_args(args)  # flags checked before anything starts
@@ -239,7 +239,7 @@ def _reachable(address: str, timeout_s: float = 10.0) -> None:
 
 def run_jobs(args, cfg, run_dir: Path, placement, tokenizer, task) -> dict:
     """--weights: scale.launch's trainer and engine roles as Ray jobs, its controller loop here."""
-    from minirl.inputs import make_verifier
+    from minirl.tools.inputs import make_verifier
     from minirl.workers import Replicas
     from scale.ray_workers import RayJob, RayWorker
     from scale.roles import drive, engine_role, trainer_role

@@ -349,7 +349,7 @@ class RayJob:
 
 
 class RayPlacement:
-    """Where a run's parts live on a Ray cluster (minirl.runner.Run's `placement`): the engine
+    """Where a run's parts live on a Ray cluster (minirl.tools.runner.Run's `placement`): the engine
     as `engines` actors (data-parallel rollout, minirl.workers.Replicas), the trainer and the
     verifier one actor each, every actor with the Ray resources given for its role, e.g.
     `{"num_cpus": 1}` on a laptop or `{"resources": {"TPU": 4}}` on a pod. Evaluation and the

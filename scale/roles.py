@@ -59,7 +59,7 @@ class TrainerRole:
         self._dirty = True
 
     # Trainer-side checkpoints (--checkpoints): every process writes and reads its own shards;
-    # the controller's checkpoint holds only a reference (minirl.run_dir.save_checkpoint).
+    # the controller's checkpoint holds only a reference (minirl.tools.run_dir.save_checkpoint).
 
     def checkpoint_directory(self) -> str | None:
         return None if self.checkpoints is None else self.checkpoints.directory
@@ -172,7 +172,7 @@ def role_config(args):
     directory, so ids and EOS agree across hosts."""
     from minirl.config_args import config_from_args
     from minirl.configlib import override
-    from minirl.inputs import load_tokenizer, make_task
+    from minirl.tools.inputs import load_tokenizer, make_task
 
     cfg = config_from_args(args)
     if getattr(args, "steps", 0):
@@ -185,8 +185,8 @@ def first_params(cfg, tokenizer, task, mesh):
     """The trainer job's starting weights on its FSDP mesh. A --model directory (no SFT steps) is
     read block by block: every process reads only the slices its own devices hold
     (scale.mesh.load_checkpoint); otherwise the warm start (random init, SFT) is placed."""
-    from minirl.inputs import checked_params
-    from minirl.warmstart import warm_start
+    from minirl.tools.inputs import checked_params
+    from minirl.tools.warmstart import warm_start
     from scale import mesh as M
 
     if cfg.model.path and not cfg.sft.steps:
@@ -238,7 +238,7 @@ def engine_role(args) -> EngineRole:
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     cfg, tokenizer, _ = role_config(args)
-    from minirl.inputs import make_engine
+    from minirl.tools.inputs import make_engine
 
     mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
@@ -249,17 +249,17 @@ def drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
     """The controller's loop over engine, trainer and verifier workers (Ray jobs): open or
     resume the run directory (locked meanwhile), publish the start by reference, train,
     checkpoint, summarize."""
-    from minirl.run_dir import lock_run_dir
+    from minirl.tools.run_dir import lock_run_dir
 
     with lock_run_dir(args.run_dir):
         return _drive(args, cfg, tokenizer, task, engine, trainer, verifier)
 
 
 def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
-    from minirl import run_dir
     from minirl.controller import Controller
     from minirl.data.mixture import Mixture
-    from minirl.inputs import train_prompts
+    from minirl.tools import run_dir
+    from minirl.tools.inputs import train_prompts
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     ckpts, restored = run_dir.open_run_dir(cfg, args.run_dir, resume=True, force=args.force)

@@ -13,8 +13,9 @@ import pytest
 import transformers
 from hf_tiny import make_tokenizer_dir
 
-from minirl.chat_template import ChatTemplateError, render
-from minirl.tokenizer import CharTokenizer, HFTokenizer
+from minirl.tokenizer import CharTokenizer
+from minirl.tools.chat_template import ChatTemplateError, render
+from minirl.tools.hf_tokenizer import HFTokenizer
 
 pytestmark = pytest.mark.reference
 

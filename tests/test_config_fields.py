@@ -21,7 +21,7 @@ from minirl.configlib import describe
 from minirl.engine import EngineConfig
 from minirl.model import ModelConfig
 from minirl.run_presets import make_config
-from minirl.runner import Run
+from minirl.tools.runner import Run
 from minirl.trainer import TrainerConfig
 
 pytestmark = pytest.mark.reference  # the Hugging Face model directory is made with transformers

@@ -10,9 +10,9 @@ from minirl.config import EvalConfig, RLConfig, SFTConfig, TaskSpec
 from minirl.configlib import ConfigError
 from minirl.controller import Counters
 from minirl.metrics_log import read_metrics
-from minirl.run_dir import checkpoint_due, open_run_dir
 from minirl.run_presets import make_config
-from minirl.runner import Run
+from minirl.tools.run_dir import checkpoint_due, open_run_dir
+from minirl.tools.runner import Run
 from minirl.trees import assert_trees_equal
 
 

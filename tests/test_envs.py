@@ -1,4 +1,4 @@
-"""minirl/envs without a model: the append-only check, checkpoint chat templates, the calculator,
+"""tools/envs without a model: the append-only check, checkpoint chat templates, the calculator,
 the tool task, safe_step, the Python tool against hostile code, and the multi-turn bookkeeping
 of scheduler.Sequence and Rollout (issue #23).
 
@@ -8,9 +8,9 @@ The episodes through the engine and the trainer are tests/test_multiturn.py.
 import numpy as np
 import pytest
 
-from minirl.data.countdown import Countdown
 from minirl.engine import Request
-from minirl.envs import (
+from minirl.tokenizer import CharTokenizer
+from minirl.tools.envs import (
     Calculator,
     PythonTool,
     Step,
@@ -20,7 +20,7 @@ from minirl.envs import (
     safe_step,
     stop_sequences,
 )
-from minirl.tokenizer import CharTokenizer
+from minirl.tools.tasks.countdown import Countdown
 from minirl.types import Prompt
 
 TOK = CharTokenizer()
@@ -40,7 +40,7 @@ def test_checkpoint_template_observations(tmp_path):
     template's end-of-turn opens the observation), and a trimming Llama-style template."""
     from hf_tiny import make_tokenizer_dir
 
-    from minirl.tokenizer import HFTokenizer
+    from minirl.tools.hf_tokenizer import HFTokenizer
 
     tok = HFTokenizer.from_dir(make_tokenizer_dir(tmp_path / "qwen", "qwen"))
     turns = Turns(tok)
@@ -99,7 +99,7 @@ def test_safe_step_turns_an_environment_error_into_a_zero_reward():
 
 
 def test_python_tool_runs_code_and_contains_hostile_code(tmp_path, request):
-    from minirl.verifiers import isolation_mode
+    from minirl.tools.verifiers import isolation_mode
 
     py = PythonTool()
     request.addfinalizer(py.close)
@@ -145,8 +145,8 @@ def test_demonstration_episode_is_laid_out_as_an_episode_the_environment_scores_
     is [call, observation (mask 0), answer + EOS] exactly as EpisodeRunner lays an episode out,
     and replaying its turns through the environment earns reward 1; without the tool it is the
     task's own scratchpad as one turn, which the verifier accepts."""
-    from minirl.data.arithmetic import Arithmetic, ArithmeticConfig
-    from minirl.envs import demonstration_episode
+    from minirl.tools.envs import demonstration_episode
+    from minirl.tools.tasks.arithmetic import Arithmetic, ArithmeticConfig
 
     tok = CharTokenizer()
     task = Arithmetic(ArithmeticConfig(max_operands=4, reverse_digits=reverse))

@@ -1,4 +1,4 @@
-"""Tests for minirl/hf.py against Hugging Face `transformers` (torch on CPU).
+"""Tests for minirl/tools/hf.py against Hugging Face `transformers` (torch on CPU).
 
 Tiny random Qwen2 (tied embeddings, q/k/v bias), Qwen3 (q/k norm, head_dim != hidden/heads,
 untied) and Llama (Llama-3 RoPE scaling, untied) models are built here with transformers and
@@ -11,6 +11,7 @@ Marked `reference` (needs the `reference` extra); part of the default run.
 import dataclasses
 import json
 import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,8 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from minirl.hf import (
+from minirl.model import ModelConfig, rope_frequencies
+from minirl.tools.hf import (
     CheckpointError,
     config_from_hf,
     load_hf,
@@ -29,7 +31,6 @@ from minirl.hf import (
     save_hf,
     tensor_names,
 )
-from minirl.model import ModelConfig, rope_frequencies
 
 pytestmark = pytest.mark.reference
 torch.set_num_threads(1)
@@ -302,6 +303,20 @@ def test_missing_files(tmp_path):
         load_hf(tmp_path)
 
 
+def test_model_path_without_the_hf_extra_is_a_config_error(checkpoints, monkeypatch):
+    from minirl.config import RunConfig, resolve_model
+    from minirl.configlib import ConfigError
+
+    cfg = RunConfig()
+    cfg = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, path=str(checkpoints["qwen2"][0]))
+    )
+    assert resolve_model(cfg).model.vocab_size == SMALL["vocab_size"]
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # not installed
+    with pytest.raises(ConfigError, match=r"needs the 'hf' extra"):
+        resolve_model(cfg)
+
+
 def test_damaged_files_are_named(checkpoints, tmp_path):
     path, hf_model, _ = checkpoints["llama"]
     cut = _edited_copy(path, tmp_path / "cut")
@@ -345,7 +360,7 @@ def test_mixture_of_experts_is_refused(checkpoints, tmp_path, field, value):
 
 
 def test_token_ids_are_read_and_written(checkpoints, tmp_path):
-    from minirl.hf import TokenIds, read_token_ids
+    from minirl.tools.hf import TokenIds, read_token_ids
 
     path, _, _ = checkpoints["qwen2"]
     src = _edited_copy(path, tmp_path / "src")

@@ -1,4 +1,5 @@
-"""The import graph of minirl/: no circle, and nothing in the core imports the tools above it.
+"""The import graph of minirl/: no circle, and nothing in the core imports the tools above it;
+and the core stays small enough to read (issue #18: at most 10k lines).
 
 Read from the source (every `import`, also the ones inside functions), not from a running
 interpreter, so a lazy import that closes a circle counts too (config.py once imported
@@ -60,6 +61,13 @@ def test_the_core_never_imports_the_tools():
         if target.startswith("minirl.tools")
     ]
     assert not upward
+
+
+def test_the_core_is_at_most_10k_lines():
+    core = [p for p in PACKAGE.rglob("*.py") if "tools" not in p.relative_to(PACKAGE).parts]
+    assert len(core) > 40  # the walk found the core
+    lines = sum(len(p.read_text().splitlines()) for p in core)
+    assert lines <= 10_000, f"the core (minirl/ without tools/) has {lines} lines"
 
 
 def test_the_check_sees_a_lazy_circle():

@@ -21,12 +21,10 @@ from flax import nnx
 
 from minirl.batching import make_batch
 from minirl.checkpoints import CheckpointManager
-from minirl.data import get_task
 from minirl.engine import Engine
 from minirl.metrics_log import read_metrics
 from minirl.model import init_model
 from minirl.run_presets import make_config
-from minirl.runner import Run
 from minirl.scheduler import Request
 from minirl.tokenizer import CharTokenizer
 from minirl.tools.mismatch import (
@@ -42,6 +40,8 @@ from minirl.tools.mismatch import (
     source_names,
 )
 from minirl.tools.mismatch.replay import _prompt_lengths
+from minirl.tools.runner import Run
+from minirl.tools.tasks import get_task
 from minirl.types import Score
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Multi-turn episodes (minirl/envs/) through the real Engine, Trainer and Controller (#23).
+"""Multi-turn episodes (minirl/tools/envs/) through the real Engine, Trainer and Controller (#23).
 
   the episode's tokens = each turn exactly as sampled + each observation as the template
     renders it, byte for byte; the batch the trainer sees holds exactly those tokens
@@ -12,7 +12,7 @@
 
 The model is random, so its turns are made short by ending a turn at any digit (stop
 sequences); the environment is scripted and answers every turn. Model-free parts of
-minirl/envs (templates, tools, hostile code) are tests/test_envs.py.
+minirl/tools/envs (templates, tools, hostile code) are tests/test_envs.py.
 """
 
 import dataclasses
@@ -23,9 +23,11 @@ import pytest
 from flax import nnx
 
 from minirl.batching import make_batch
-from minirl.data.countdown import Countdown
 from minirl.engine import Engine, EngineConfig, Request
-from minirl.envs import (
+from minirl.losses import get_preset
+from minirl.model import ModelConfig, init_model
+from minirl.tokenizer import CharTokenizer
+from minirl.tools.envs import (
     Calculator,
     EpisodeConfig,
     EpisodeRunner,
@@ -35,9 +37,7 @@ from minirl.envs import (
     Turns,
     stop_sequences,
 )
-from minirl.losses import get_preset
-from minirl.model import ModelConfig, init_model
-from minirl.tokenizer import CharTokenizer
+from minirl.tools.tasks.countdown import Countdown
 from minirl.trainer import Trainer, TrainerConfig
 from minirl.types import Prompt
 
@@ -354,10 +354,10 @@ def controller(params):
     """The real Controller in lockstep, the EpisodeRunner as its engine, EpisodeScores as its
     verifier: 2 prompts x 2 samples per step, grpo."""
     from minirl.controller import Controller
-    from minirl.data import get_task
     from minirl.data.mixture import Mixture
-    from minirl.envs import EpisodeScores
     from minirl.run_presets import make_config
+    from minirl.tools.envs import EpisodeScores
+    from minirl.tools.tasks import get_task
     from minirl.weights import InMemoryWeightStore
     from minirl.workers import InProcessWorker
 

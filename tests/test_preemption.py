@@ -160,7 +160,7 @@ def test_dead_engine_process_is_restarted_and_its_work_reissued(tmp_path, monkey
     import threading
 
     from minirl.run_presets import make_config
-    from minirl.runner import Run
+    from minirl.tools.runner import Run
     from minirl.workers import ProcessWorker
 
     cfg = make_config("fixture", ["rl.steps=4", "rl.checkpoint_every=1", "rl.workers=process"])
@@ -203,7 +203,7 @@ def test_async_run_with_its_engine_in_a_process_survives_the_engine_dying(tmp_pa
     import threading
 
     from minirl.run_presets import make_config
-    from minirl.runner import Run
+    from minirl.tools.runner import Run
     from minirl.workers import ProcessWorker, from_plain
 
     cfg = make_config(

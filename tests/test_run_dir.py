@@ -15,10 +15,10 @@ import pytest
 
 from minirl.checkpoints import CheckpointManager
 from minirl.metrics_log import truncate_metrics
-from minirl.run_dir import lock_run_dir
 from minirl.run_presets import make_config
-from minirl.runner import Run
 from minirl.tools.cli import main
+from minirl.tools.run_dir import lock_run_dir
+from minirl.tools.runner import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ["--set", "rl.steps=4", "--set", "rl.checkpoint_every=2", "--set", "eval.prompts=16"]
@@ -62,7 +62,7 @@ def test_a_second_writer_is_refused_and_a_killed_one_releases_the_lock(run_copy,
         [
             sys.executable,
             "-c",
-            "import sys, time; from minirl.run_dir import lock_run_dir\n"
+            "import sys, time; from minirl.tools.run_dir import lock_run_dir\n"
             "with lock_run_dir(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)",
             str(run_copy),
         ],

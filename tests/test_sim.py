@@ -14,18 +14,18 @@ from minirl.config import RLConfig
 from minirl.data.mixture import Mixture
 from minirl.engine_config import EngineConfig
 from minirl.hf_config import config_to_hf
-from minirl.inputs import train_prompts
 from minirl.metrics_log import read_metrics
 from minirl.model import ModelConfig
-from minirl.run_dir import record_config
 from minirl.run_presets import make_config
-from minirl.runner import Run
 from minirl.scheduler import Request
-from minirl.sim.calibrate import fit_run
-from minirl.sim.costs import DEVICES, SHAPES, Costs, Device
-from minirl.sim.parts import SimEngine, VirtualClock
-from minirl.sim.run import AsyncSim, Setup, build, simulate
-from minirl.sim.workload import Lengths, SimPrompts, SimVerifier
+from minirl.tools.inputs import train_prompts
+from minirl.tools.run_dir import record_config
+from minirl.tools.runner import Run
+from minirl.tools.sim.calibrate import fit_run
+from minirl.tools.sim.costs import DEVICES, SHAPES, Costs, Device
+from minirl.tools.sim.parts import SimEngine, VirtualClock
+from minirl.tools.sim.run import AsyncSim, Setup, build, simulate
+from minirl.tools.sim.workload import Lengths, SimPrompts, SimVerifier
 from minirl.types import Prompt, Rollout
 
 # A model small enough to count by hand: 7 matrices of 2x2 per layer, one layer, a 2x4 head.

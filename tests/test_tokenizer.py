@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from minirl.tokenizer import BOS, EOS, PAD, CharTokenizer, HFTokenizer
+from minirl.tokenizer import BOS, EOS, PAD, CharTokenizer
+from minirl.tools.hf_tokenizer import HFTokenizer
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 TEXTS = [

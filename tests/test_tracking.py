@@ -18,9 +18,9 @@ import pytest
 
 from minirl.checkpoints import CheckpointManager
 from minirl.run_presets import make_config
-from minirl.runner import Run
 from minirl.tools.cli import main
-from minirl.tracking import Trackers, _TensorBoard, tensorboard_tag
+from minirl.tools.runner import Run
+from minirl.tools.tracking import Trackers, _TensorBoard, tensorboard_tag
 
 pytest.importorskip("tensorboardX")
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,8 +21,8 @@ from flax import nnx
 from hf_tiny import make_model_dir
 
 from minirl.checkpoints import CheckpointManager
-from minirl.hf import load_hf
 from minirl.tools import cli
+from minirl.tools.hf import load_hf
 
 pytestmark = pytest.mark.reference
 torch.set_num_threads(1)

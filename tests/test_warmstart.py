@@ -1,10 +1,10 @@
 """The warm start is cached by what determines it, and only by that."""
 
-from minirl.data import get_task
 from minirl.run_presets import make_config
 from minirl.tokenizer import CharTokenizer
+from minirl.tools.tasks import get_task
+from minirl.tools.warmstart import warm_start
 from minirl.trees import assert_trees_equal
-from minirl.warmstart import warm_start
 
 
 def test_rl_only_trainer_knobs_share_one_cached_warm_start(tmp_path, monkeypatch):

@@ -112,11 +112,11 @@ from flax import nnx
 from matplotlib.figure import Figure
 
 from minirl.batching import make_batch
-from minirl.data import get_task
 from minirl.engine import Engine, EngineConfig, Request
 from minirl.model import ModelConfig, init_model
 from minirl.sampling import Sampling
 from minirl.tokenizer import CharTokenizer
+from minirl.tools.tasks import get_task
 from minirl.trainer import Trainer, TrainerConfig
 from minirl.types import Score
 

@@ -4,7 +4,7 @@
     python tutorials/06_staleness_knobs.py --fast  # fast mode (about 30 s; the `fixture` task)
 
 Writes `reward_vs_step_and_time.png`, `results.json` and one run directory per setting (`runs/`)
-into `--out` (default `runs/tutorials/06_staleness_knobs`). Uses `minirl.runner.Run` with the
+into `--out` (default `runs/tutorials/06_staleness_knobs`). Uses `minirl.tools.runner.Run` with the
 `async` scheduler (minirl/async_loop.py) and the knobs `rl.reload_every` (j), `rl.max_lag` (k)
 and `rl.eta`. Mirrors, in miniature: RLAX Fig. 4 (reward against steps and against wall-clock
 time for two staleness settings) and RLAX §3.1.
@@ -170,7 +170,7 @@ from matplotlib.figure import Figure
 
 from minirl.metrics_log import read_metrics
 from minirl.run_presets import make_config
-from minirl.runner import Run
+from minirl.tools.runner import Run
 
 SETTINGS = ((1, 1), (1, 2), (4, 4), (4, 8))  # (j, k)
 # Lesson 05's task, model and warm start (reused from the cache when lesson 05 ran first).

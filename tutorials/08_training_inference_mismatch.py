@@ -7,7 +7,7 @@ Writes `mismatch.png` and `results.json` into `--out` (default
 `runs/tutorials/08_training_inference_mismatch`); the three runs are under `--out/<arm>`.
 Uses `minirl/tools/mismatch.py` (`minirl diagnose`), `minirl/exact.py` (exact mode), the loss presets
 `token_reinforce` and `token_reinforce_tis_mis` (minirl/losses/), and `minirl train`
-(minirl/runner.py). Read `docs/mismatch.md` next: it has the same experiment over three seeds.
+(minirl/tools/runner.py). Read `docs/mismatch.md` next: it has the same experiment over three seeds.
 Mirrors, in miniature: RLAX Fig. 5 (the per-step |log π − log μ| of a run) and VeXact's
 experiment (REINFORCE with a mismatched engine, with the zero-mismatch engine, and with the
 TIS / rejection remedies).
@@ -181,8 +181,8 @@ from matplotlib.figure import Figure
 from minirl.checkpoints import CheckpointManager
 from minirl.metrics_log import read_metrics
 from minirl.run_presets import make_config
-from minirl.runner import Run
 from minirl.tools.mismatch import diagnose, format_table
+from minirl.tools.runner import Run
 
 # ---------------------------------------------------------------------------------------------
 # The settings. The arms are those of experiments/mismatch.py (one seed here; three there).

@@ -192,8 +192,8 @@ from matplotlib.figure import Figure
 from minirl.diagnostics import lag_buckets
 from minirl.metrics_log import read_metrics
 from minirl.run_presets import make_config
-from minirl.runner import Run
 from minirl.tools.plots import lag_table, plot_lag
+from minirl.tools.runner import Run
 
 # ---------------------------------------------------------------------------------------------
 # The settings. Fixture preset (2-token answers, a 78k-parameter model): seconds per step.

@@ -5,7 +5,7 @@
 
 Writes `preemption.png` and `results.json` into `--out` (default `runs/tutorials/10_preemption`),
 and keeps the two runs it compares under `--out/reference` and `--out/killed`. Uses
-`minirl train` (minirl/runner.py), `minirl/checkpoints.py` and `minirl/serialization.py`.
+`minirl train` (minirl/tools/runner.py), `minirl/checkpoints.py` and `minirl/serialization.py`.
 Mirrors, in miniature: RLAX Fig. 6 (a run preempted, resumed from its last checkpoint, and
 training on "with no observable deviation") and RLAX §3.2 (deterministic resume). Here "no
 observable deviation" becomes a claim the lesson checks: the final weights are bitwise equal.

@@ -578,7 +578,7 @@ class Service:
 def code_rollouts(repo, problems: int, per_problem: int, pad: int) -> list[Rollout]:
     """Rollouts of an "add two numbers" task; each problem's tests carry `pad` bytes of input
     the programs ignore (stand-in for big test data)."""
-    from minirl.verifiers import put_tests
+    from minirl.tools.verifiers import put_tests
 
     rollouts = []
     for p in range(problems):
@@ -600,7 +600,7 @@ def code_rollouts(repo, problems: int, per_problem: int, pad: int) -> list[Rollo
 
 
 def step_verifier_service(s: dict, work: Path) -> dict:
-    from minirl.verifiers import CodeVerifier, TestRepository
+    from minirl.tools.verifiers import CodeVerifier, TestRepository
     from scale.remote_verifier import ClientConfig, RemoteVerifier
 
     print("\nStep 4. the verifier as a service (python -m scale.verifier_service, 127.0.0.1)")

@@ -4,7 +4,7 @@ r"""Lesson 14 — tools and turns: multi-turn episodes, token in and token out.
     python tutorials/14_tools_and_turns.py --fast     # fast mode (about a minute; what CI runs)
 
 Writes `tool_vs_no_tool.png` and `results.json` into `--out` (default
-`runs/tutorials/14_tools_and_turns`). Uses `minirl/envs/` (read `docs/multiturn.md` next).
+`runs/tutorials/14_tools_and_turns`). Uses `minirl/tools/envs/` (read `docs/multiturn.md` next).
 Mirrors, in miniature: issue #23, and the agent-RL bugs it rules out (TRL #5224, verl #3960,
 verl #6501); the three-seed measurement is `experiments/tools.py`.
 
@@ -99,10 +99,12 @@ import numpy as np
 
 from minirl.batching import make_batch
 from minirl.controller import Controller
-from minirl.data.arithmetic import Arithmetic, ArithmeticConfig
 from minirl.data.mixture import Mixture
 from minirl.engine import Engine, EngineConfig, Request
-from minirl.envs import (
+from minirl.losses import get_preset
+from minirl.run_presets import make_config
+from minirl.tokenizer import CharTokenizer
+from minirl.tools.envs import (
     Calculator,
     EpisodeConfig,
     EpisodeRunner,
@@ -112,10 +114,8 @@ from minirl.envs import (
     demonstration_episode,
     stop_sequences,
 )
-from minirl.inputs import initial_params
-from minirl.losses import get_preset
-from minirl.run_presets import make_config
-from minirl.tokenizer import CharTokenizer
+from minirl.tools.inputs import initial_params
+from minirl.tools.tasks.arithmetic import Arithmetic, ArithmeticConfig
 from minirl.trainer import Trainer
 from minirl.weights import InMemoryWeightStore
 from minirl.workers import InProcessWorker

@@ -1,6 +1,9 @@
-"""minirl's data layer: built-in tasks, JSONL datasets, the prompt mixture and filters.
+"""What the controller needs about data: the `Task` and `Verifier` interfaces, the prompt
+mixture and the filters. The built-in tasks and dataset files that implement `Task` are above
+the core, in minirl/tools/tasks/.
 
-    from minirl.data import get_task, list_tasks, Mixture, FileTask
+    from minirl.data import Mixture
+    from minirl.tools.tasks import get_task
     task = get_task("countdown")
     prompt = task.prompt(0, "train")          # deterministic from (task, split, index)
     scores = task.verifier.score(rollouts)    # reads rollout.text
@@ -8,15 +11,12 @@
 See docs/tasks.md for what each task's demonstrations teach and what only the reward teaches.
 """
 
-from minirl.data.files import FileReport, FileTask, PromptFile
 from minirl.data.filters import FillStats, PrefilterReport, dynamic_filter, fill_batch, prefilter
 from minirl.data.mixture import Mixture
-from minirl.data.tasks import Task, TaskRouter, Verifier, get_task, list_tasks
+from minirl.data.tasks import Task, TaskRouter, Verifier
 
 __all__ = [
     "FillStats",
-    "FileReport",
-    "FileTask",
     "Mixture",
     "PrefilterReport",
     "Task",
@@ -24,8 +24,5 @@ __all__ = [
     "Verifier",
     "dynamic_filter",
     "fill_batch",
-    "get_task",
-    "list_tasks",
-    "PromptFile",
     "prefilter",
 ]

@@ -1,4 +1,6 @@
-"""The `Task` interface, counter-based generation helpers and the task registry.
+"""The `Task` interface, the counter-based generation helpers tasks are written with, and
+`TaskRouter` (one verifier for several tasks). The built-in tasks and `get_task` are in
+minirl/tools/tasks/.
 
 A built-in task is a deterministic function from `(split, index)` to a `Prompt`, plus what
 training needs around it:
@@ -22,15 +24,13 @@ prompt `index` of a split, the generator draws candidates from the streams (spli
 (split, index, 1), ... and keeps the first whose content falls in that split. So a test problem
 can never appear in training, whatever the indices — the property a held-out split needs.
 
-Simplifications on purpose: tasks are plain classes (no inheritance), the registry is a dict of
-import paths resolved lazily (importing minirl.data stays cheap and free of cycles).
+Simplification on purpose: tasks are plain classes (no inheritance).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import json
 import logging
 from collections.abc import Callable, Hashable, Sequence
@@ -38,9 +38,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
-from minirl.verifiers.base import Verifier
+from minirl.verifier import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -137,44 +136,6 @@ def make_prompt(
 def check_fraction(name: str, value: float) -> None:
     if not 0.0 < value < 1.0:
         raise ValueError(f"{name} must be in (0, 1), got {value}")
-
-
-# ----------------------------------------------------------------------------- registry
-
-_REGISTRY = {
-    "countdown": "minirl.data.countdown:Countdown",
-    "arithmetic": "minirl.data.arithmetic:Arithmetic",
-    "program_synthesis": "minirl.data.program_synthesis:ProgramSynthesis",
-    "fixture": "minirl.data.fixture:Fixture",
-}
-
-
-def list_tasks() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def get_task(name: str, tokenizer=None, **cfg) -> Task:
-    """Build a registered task; keyword arguments are fields of its config dataclass, or
-    resources the task declares in `resources` (e.g. program_synthesis's `repository`).
-    `tokenizer` encodes its prompts: the run's tokenizer (default: the character tokenizer the
-    built-in tasks were designed for).
-
-    Example: `get_task("countdown", max_numbers=5)`.
-    """
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(list_tasks())}")
-    module, cls_name = _REGISTRY[name].split(":")
-    cls = getattr(importlib.import_module(module), cls_name)
-    fields = {f.name for f in dataclasses.fields(cls.Config)}
-    resources = set(getattr(cls, "resources", ()))
-    unknown = sorted(set(cfg) - fields - resources)
-    if unknown:
-        raise ValueError(
-            f"task {name!r} has no option(s) {unknown}; options: {sorted(fields | resources)}"
-        )
-    config = cls.Config(**{k: v for k, v in cfg.items() if k in fields})
-    tokenizer = CharTokenizer() if tokenizer is None else tokenizer
-    return cls(config, tokenizer=tokenizer, **{k: v for k, v in cfg.items() if k in resources})
 
 
 # ----------------------------------------------------------------------------- routing

@@ -37,11 +37,11 @@ from minirl.config_args import (
     input_overrides,
 )
 from minirl.configlib import ConfigError, describe, override, to_dict
-from minirl.run_dir import load_config
+from minirl.tools.run_dir import load_config
 
 
 def cmd_train(args) -> int:
-    from minirl.runner import Run, summary_json
+    from minirl.tools.runner import Run, summary_json
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -67,8 +67,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_sft(args) -> int:
-    from minirl.runner import Run
-    from minirl.warmstart import warm_start
+    from minirl.tools.runner import Run
+    from minirl.tools.warmstart import warm_start
 
     cfg = config_from_args(args)
     run = Run(cfg, "unused", progress=not args.quiet)
@@ -80,7 +80,7 @@ def cmd_sft(args) -> int:
 
 def cmd_eval(args) -> int:
     from minirl.checkpoints import CheckpointManager
-    from minirl.runner import Run
+    from minirl.tools.runner import Run
 
     cfg = load_config(args.run_dir)
     ckpt = CheckpointManager(args.run_dir).restore()
@@ -96,7 +96,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from minirl.export import export_run
+    from minirl.tools.export import export_run
 
     out = export_run(args.run_dir, args.out, step=args.step, dtype=args.dtype, force=args.force)
     print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained)")
@@ -122,7 +122,7 @@ def cmd_plot(args) -> int:
 
 def cmd_samples(args) -> int:
     from minirl.metrics_log import read_metrics
-    from minirl.tracking import SAMPLES_FILE
+    from minirl.tools.tracking import SAMPLES_FILE
 
     rows = [r for r in read_metrics(args.run_dir, SAMPLES_FILE) if isinstance(r.get("step"), int)]
     if not rows:

@@ -3,7 +3,7 @@
     minirl plan --model qwen2.5-7b --device v5p --engine-devices 64 --trainer-devices 64 \\
         --lengths lognormal:7,1 --staleness 1,2,1 --scheduler async
 
-runs the real controller on simulated parts (minirl/sim/) for --steps steps and prints
+runs the real controller on simulated parts (minirl/tools/sim/) for --steps steps and prints
 throughput (trained tokens/s, steps/hour), each pool's busy share, the token lag of trained
 batches and the share of generated tokens thrown away. `--sweep KNOB=V1,V2,...` repeats it for
 each value of one knob (engine-devices, trainer-devices, eta, reload-every, max-lag,
@@ -19,9 +19,9 @@ from pathlib import Path
 
 from minirl.config import RLConfig
 from minirl.engine_config import EngineConfig
-from minirl.sim.costs import DEVICES, SHAPES, Costs
-from minirl.sim.run import Setup, simulate
-from minirl.sim.workload import Lengths
+from minirl.tools.sim.costs import DEVICES, SHAPES, Costs
+from minirl.tools.sim.run import Setup, simulate
+from minirl.tools.sim.workload import Lengths
 
 SWEEPABLE = (
     "engine_devices",
@@ -55,14 +55,14 @@ def add_plan_parser(sub) -> None:
         "--device",
         default="v5p",
         choices=sorted(DEVICES),
-        help="datasheet figures: minirl/sim/costs.py",
+        help="datasheet figures: minirl/tools/sim/costs.py",
     )
     p.add_argument(
         "--calibrate",
         metavar="RUN_DIR",
         type=Path,
         help="this machine instead of --device: per-call costs fitted to a lockstep "
-        "minirl run (minirl.sim.calibrate; the run's model, one device per pool)",
+        "minirl run (minirl.tools.sim.calibrate; the run's model, one device per pool)",
     )
     p.add_argument("--engine-devices", type=int, default=8, help="devices of the engine pool")
     p.add_argument("--trainer-devices", type=int, default=8, help="devices of the trainer")
@@ -172,7 +172,7 @@ def make_setup(args, knobs: dict) -> Setup:
     )
     costs = Costs(model, device, per, knobs["trainer_devices"])
     if args.calibrate:
-        from minirl.sim.calibrate import MeasuredCosts, fit_run
+        from minirl.tools.sim.calibrate import MeasuredCosts, fit_run
 
         costs = MeasuredCosts(fit_run(args.calibrate), model)
     return Setup(

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minirl.data import get_task
-from minirl.data.arithmetic import Arithmetic, ArithmeticConfig, scratchpad
 from minirl.tokenizer import CharTokenizer
+from minirl.tools.tasks import get_task
+from minirl.tools.tasks.arithmetic import Arithmetic, ArithmeticConfig, scratchpad
 from minirl.types import Prompt
 
 

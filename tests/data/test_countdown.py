@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minirl.data import get_task
-from minirl.data.countdown import Countdown, CountdownConfig, evaluate, render
 from minirl.tokenizer import CharTokenizer
+from minirl.tools.tasks import get_task
+from minirl.tools.tasks.countdown import Countdown, CountdownConfig, evaluate, render
 from minirl.types import Prompt
 
 

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from minirl.data import dynamic_filter, fill_batch, get_task, prefilter
+from minirl.data import dynamic_filter, fill_batch, prefilter
+from minirl.tools.tasks import get_task
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Dataset files (minirl/data/files.py): JSONL and Parquet rows -> Prompts, bad rows counted.
+"""Dataset files (minirl/tools/tasks/files.py): JSONL and Parquet rows -> Prompts, bad rows counted.
 
 A toy tokenizer stands in for a model's (bytes as ids, a ChatML-like template written in
 Python), so these tests need no model files; tests/test_user_model.py runs a real one.
@@ -12,10 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from minirl.data import FileTask, Mixture
-from minirl.data.files import FileFormat, gold_answer, scan
+from minirl.data import Mixture
 from minirl.tokenizer import CharTokenizer
-from minirl.verifiers import get_verifier
+from minirl.tools.tasks import FileTask
+from minirl.tools.tasks.files import FileFormat, gold_answer, scan
+from minirl.tools.verifiers import get_verifier
 
 
 class ByteTokenizer:

@@ -3,8 +3,8 @@ steps for a tiny random tabular policy (the property RL smoke tests rely on)."""
 
 import numpy as np
 
-from minirl.data import get_task
 from minirl.tokenizer import CharTokenizer
+from minirl.tools.tasks import get_task
 
 
 def test_verifier_hand_cases(make_rollout):

@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from minirl.data import Mixture, get_task
+from minirl.data import Mixture
 from minirl.data.tasks import stable_hash
+from minirl.tools.tasks import get_task
 from minirl.types import Prompt
 
 

@@ -3,10 +3,10 @@ by the real sandboxed code verifier (correct -> 1, wrong -> 0, hostile -> 0)."""
 
 import pytest
 
-from minirl.data import get_task
-from minirl.data.program_synthesis import apply, render
 from minirl.tokenizer import CharTokenizer
-from minirl.verifiers import TestRepository
+from minirl.tools.tasks import get_task
+from minirl.tools.tasks.program_synthesis import apply, render
+from minirl.tools.verifiers import TestRepository
 
 
 @pytest.fixture(scope="module")

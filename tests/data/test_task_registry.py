@@ -4,9 +4,10 @@ encodable prompts and demonstrations, the registry, and routing scores by task n
 import numpy as np
 import pytest
 
-from minirl.data import Task, TaskRouter, get_task, list_tasks
+from minirl.data import Task, TaskRouter
 from minirl.data.tasks import split_of, stable_hash, stream
 from minirl.tokenizer import CharTokenizer
+from minirl.tools.tasks import get_task, list_tasks
 from minirl.types import Score
 
 TOK = CharTokenizer()
@@ -127,7 +128,7 @@ def test_router_scores_a_mixed_batch_in_order(all_tasks, make_rollout):
 def test_a_verifier_bug_becomes_a_zero_reward_not_a_crash(make_rollout):
     class Broken:
         def score(self, rollouts):
-            from minirl.verifiers.base import safe_scores
+            from minirl.verifier import safe_scores
 
             return safe_scores(lambda r: 1 / 0, rollouts)
 

@@ -58,9 +58,9 @@ M.initialize(M.DistributedConfig(args.coordinator, args.num_processes, args.proc
 from minirl.batching import make_batch  # noqa: E402
 from minirl.diagnostics import mismatch_metrics  # noqa: E402
 from minirl.engine import Engine, EngineConfig, Request  # noqa: E402
-from minirl.hf import save_hf  # noqa: E402
 from minirl.losses import get_preset  # noqa: E402
 from minirl.model import ModelConfig, init_model  # noqa: E402
+from minirl.tools.hf import save_hf  # noqa: E402
 from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
 from minirl.trees import flatten_tree  # noqa: E402
 from minirl.types import Prompt, Score  # noqa: E402

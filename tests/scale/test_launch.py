@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from minirl.verifiers.pool import remove_stale_scratch
+from minirl.tools.verifiers.pool import remove_stale_scratch
 from scale.launch import wait_for_output
 
 pytest.importorskip("ray")

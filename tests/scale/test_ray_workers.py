@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 
 from minirl.checkpoints import CheckpointManager  # noqa: E402
 from minirl.run_presets import make_config  # noqa: E402
-from minirl.runner import Run  # noqa: E402
+from minirl.tools.runner import Run  # noqa: E402
 from minirl.types import Prompt  # noqa: E402
 from minirl.workers import WorkerDied, WorkerError  # noqa: E402
 from scale.ray_workers import RayPlacement, RayWorker  # noqa: E402

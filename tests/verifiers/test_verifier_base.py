@@ -2,8 +2,7 @@
 
 import pytest
 
-from minirl.types import Score
-from minirl.verifiers import (
+from minirl.tools.verifiers import (
     CallableVerifier,
     CodeVerifier,
     MathVerifier,
@@ -13,6 +12,7 @@ from minirl.verifiers import (
     register_verifier,
     verifier_names,
 )
+from minirl.types import Score
 
 
 def test_callable_verifier_accepts_shorthands_and_contains_errors(make_rollout):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from minirl.verifiers import (
+from minirl.tools.verifiers import (
     CodeVerifier,
     CodeVerifierConfig,
     Limits,

@@ -13,11 +13,11 @@ import threading
 
 import pytest
 
-from minirl.verifiers import Limits, SandboxConfig, isolation_mode, run_sandboxed
-from minirl.verifiers.child_io import remove_tree
-from minirl.verifiers.isolation import sandbox_uid, thread_uids
-from minirl.verifiers.pool import private_temp_dir, remove_stale_scratch
-from minirl.verifiers.sandbox import MODES, python_interpreter
+from minirl.tools.verifiers import Limits, SandboxConfig, isolation_mode, run_sandboxed
+from minirl.tools.verifiers.child_io import remove_tree
+from minirl.tools.verifiers.isolation import sandbox_uid, thread_uids
+from minirl.tools.verifiers.pool import private_temp_dir, remove_stale_scratch
+from minirl.tools.verifiers.sandbox import MODES, python_interpreter
 
 FAST = Limits(cpu_s=1.0, wall_s=2.0)
 
@@ -159,14 +159,14 @@ def test_sandbox_uids_are_fresh_per_run_and_grouped_by_thread():
 UNPRIVILEGED_SCRIPT = """
 import importlib.util, json, os, sys, types
 # a bare interpreter (no numpy): load only the stdlib-only sandbox modules, by path
-for name in ("minirl", "minirl.verifiers"):
+for name in ("minirl", "minirl.tools", "minirl.tools.verifiers"):
     sys.modules[name] = types.ModuleType(name)
 for name in ("isolation", "child_io", "sandbox"):
     path = os.path.join(sys.argv[1], name + ".py")
-    spec = importlib.util.spec_from_file_location("minirl.verifiers." + name, path)
+    spec = importlib.util.spec_from_file_location("minirl.tools.verifiers." + name, path)
     sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-sb = sys.modules["minirl.verifiers.sandbox"]
+sb = sys.modules["minirl.tools.verifiers.sandbox"]
 port, secret = int(sys.argv[2]), sys.argv[3]
 py = sb.python_interpreter()
 lim = sb.Limits(cpu_s=1.0, wall_s=1.5, nproc=64)

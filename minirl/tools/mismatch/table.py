@@ -236,9 +236,9 @@ def source_names() -> list[str]:
 def generate_rollouts(cfg, params, prompts: int, samples: int) -> tuple[list[Rollout], int]:
     """`prompts` x `samples` rollouts from the configured engine in its production setting (fast
     reductions, the model's dtype), on the run's first training prompts. Returns (rollouts, pad id)."""
-    from minirl.data import get_task
     from minirl.data.mixture import Mixture
     from minirl.tokenizer import CharTokenizer
+    from minirl.tools.tasks import get_task
 
     tokenizer = CharTokenizer()
     task = get_task(cfg.task.name, **cfg.task.args)
@@ -279,9 +279,9 @@ def diagnose(
     if prompts < 1 or (samples is not None and samples < 1):
         raise ValueError("prompts and samples must be >= 1")
     if params is None:
-        from minirl.data import get_task
         from minirl.tokenizer import CharTokenizer
-        from minirl.warmstart import warm_start
+        from minirl.tools.tasks import get_task
+        from minirl.tools.warmstart import warm_start
 
         task = get_task(cfg.task.name, **cfg.task.args)
         params, _ = warm_start(cfg, CharTokenizer(), task, progress=False, log=log)

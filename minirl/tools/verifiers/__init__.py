@@ -1,0 +1,96 @@
+"""Verifiers: turn rollouts into rewards (math answers, sandboxed code with tests/checkers).
+
+Map of this package (each file says more in its docstring):
+  (the Verifier protocol and CallableVerifier are the core's: minirl/verifier.py)
+  registry.py       verifiers by name (get_verifier, register_verifier)
+  math_extract.py   extract_answer(text, mode), normalize_answer(s)
+  math_parse.py     LaTeX -> whitelisted AST -> exact/float value (never eval)
+  math_equal.py     math_equal(candidate, reference): exact/rational/tolerant/symbolic
+  math_verifier.py  MathVerifier (meta["answer"])
+  repository.py     TestRepository: content-addressed test data, verified on read
+  sandbox.py        run_sandboxed(...): limits + isolation for one untrusted program (threat model)
+  isolation.py      the child side: namespaces, mounts, rlimits, per-run uids, cleanup
+  code_runner.py    run_tests(code, tests, limits) -> Verdicts; checkers; output comparison
+  code_verifier.py  CodeVerifier (meta["tests"] by sha), JSON request/response
+  pool.py           VerifierPool: parallel scoring, per-item timeout, crashed workers replaced
+"""
+
+from minirl.tools.verifiers.code_runner import (
+    CaseVerdict,
+    Program,
+    TestCase,
+    Verdict,
+    Verdicts,
+    available_languages,
+    outputs_match,
+    run_tests,
+)
+from minirl.tools.verifiers.code_verifier import (
+    CodeVerifier,
+    CodeVerifierConfig,
+    extract_code,
+    make_request,
+    put_checker,
+    put_tests,
+    verify_request,
+)
+from minirl.tools.verifiers.math_equal import math_equal
+from minirl.tools.verifiers.math_extract import extract_answer, normalize_answer
+from minirl.tools.verifiers.math_verifier import MathVerifier, MathVerifierConfig, score_math
+from minirl.tools.verifiers.pool import PoolConfig, VerifierPool
+from minirl.tools.verifiers.registry import get_verifier, register_verifier, verifier_names
+from minirl.tools.verifiers.repository import (
+    CorruptObjectError,
+    ObjectNotFoundError,
+    RepositoryError,
+    TestRepository,
+)
+from minirl.tools.verifiers.sandbox import (
+    Limits,
+    RunResult,
+    SandboxConfig,
+    isolation_mode,
+    run_sandboxed,
+)
+from minirl.verifier import CallableVerifier, Verifier, as_score
+
+__all__ = [
+    "CallableVerifier",
+    "CaseVerdict",
+    "CodeVerifier",
+    "CodeVerifierConfig",
+    "CorruptObjectError",
+    "Limits",
+    "MathVerifier",
+    "MathVerifierConfig",
+    "ObjectNotFoundError",
+    "PoolConfig",
+    "Program",
+    "RepositoryError",
+    "RunResult",
+    "SandboxConfig",
+    "TestCase",
+    "TestRepository",
+    "Verdict",
+    "Verdicts",
+    "Verifier",
+    "VerifierPool",
+    "as_score",
+    "available_languages",
+    "extract_answer",
+    "extract_code",
+    "get_verifier",
+    "isolation_mode",
+    "make_request",
+    "math_equal",
+    "normalize_answer",
+    "outputs_match",
+    "put_checker",
+    "put_tests",
+    "register_verifier",
+    "run_sandboxed",
+    "run_tests",
+    "score_math",
+    "verifier_names",
+    "verify_request",
+]
