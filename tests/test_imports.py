@@ -1,5 +1,6 @@
-"""The import graph of minirl/: no circle, and nothing in the core imports the tools above it;
-and the core stays small enough to read (issue #18: at most 10k lines).
+"""The shape of minirl/ (issue #18): the import graph has no circle and nothing in the core
+imports the tools above it; the core stays small enough to read (at most 10k lines) and no
+function is longer than 60 lines.
 
 Read from the source (every `import`, also the ones inside functions), not from a running
 interpreter, so a lazy import that closes a circle counts too (config.py once imported
@@ -68,6 +69,17 @@ def test_the_core_is_at_most_10k_lines():
     assert len(core) > 40  # the walk found the core
     lines = sum(len(p.read_text().splitlines()) for p in core)
     assert lines <= 10_000, f"the core (minirl/ without tools/) has {lines} lines"
+
+
+def test_no_function_over_60_lines():
+    long = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({length} lines)"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (length := node.end_lineno - node.lineno + 1) > 60
+    ]
+    assert not long
 
 
 def test_the_check_sees_a_lazy_circle():

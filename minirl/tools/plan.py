@@ -46,6 +46,13 @@ def add_plan_parser(sub) -> None:
         description=__doc__,
         formatter_class=_Help,
     )
+    _cluster_arguments(p)
+    _workload_arguments(p)
+    p.set_defaults(fn=cmd_plan)
+
+
+def _cluster_arguments(p) -> None:
+    """What runs where: the model, the devices and how they are split."""
     p.add_argument(
         "--model",
         default="qwen2.5-7b",
@@ -72,6 +79,12 @@ def add_plan_parser(sub) -> None:
         default=0,
         help="devices per engine replica (0: the fewest whose memory holds weights and KV cache)",
     )
+    p.add_argument("--mfu", type=float, help="trainer's share of peak (default: the device's)")
+    p.add_argument("--decode-eff", type=float, help="engine's share of its roofline")
+
+
+def _workload_arguments(p) -> None:
+    """What is asked of the cluster (lengths, batch, staleness) and what to report."""
     p.add_argument(
         "--lengths",
         default="lognormal:7,1",
@@ -97,15 +110,12 @@ def add_plan_parser(sub) -> None:
         choices=["discard", "continue"],
         help="in-flight requests at a reload (async), as rl.reload_policy",
     )
-    p.add_argument("--mfu", type=float, help="trainer's share of peak (default: the device's)")
-    p.add_argument("--decode-eff", type=float, help="engine's share of its roofline")
     p.add_argument("--verify-s", type=float, default=0.0, help="verifier seconds per rollout")
     p.add_argument("--steps", type=int, default=20, help="simulated train steps per setting")
     p.add_argument("--seed", type=int, default=0, help="keys every length and reward draw")
     p.add_argument("--sweep", metavar="KNOB=V1,V2", help=f"one of {', '.join(SWEEPABLE)}")
     p.add_argument("--plot", type=Path, help="with --sweep: a PNG of steps/hour against it")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.set_defaults(fn=cmd_plan)
 
 
 def _model(name: str):
