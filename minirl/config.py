@@ -40,10 +40,7 @@ VOCAB = CharTokenizer().vocab_size  # the built-in tasks' character tokenizer
 
 FILE_TASK = "file"  # task.name of a run on the dataset files named in `data`
 DEFAULT_PRESET = "countdown"  # what `minirl train` runs (minirl/run_presets.py)
-TOOLS = (
-    "calc",
-    "py",
-)  # task.tools: minirl/tools/envs/calculator.py, minirl/tools/envs/python_tool.py
+TOOLS = ("calc", "py")  # task.tools: tools/envs/calculator.py, tools/envs/python_tool.py
 
 
 @dataclasses.dataclass(frozen=True)
