@@ -150,7 +150,7 @@ def _copy_bandwidth() -> float:
 
 def _decode(cfg, params, slots: int, peak: float, fp32_bytes: int) -> dict:
     engine = decode_engine(cfg, slots, params)
-    requests = lambda seed: decode_requests(cfg, slots, 32, seed)  # noqa: E731
+    requests = lambda seed: decode_requests(cfg, slots, 32, seed)
     engine.generate(requests(1))  # compiles
     seconds, rollouts = _timed(lambda: engine.generate(requests(2)))
     tps = sum(len(r.tokens) for r in rollouts) / seconds

@@ -26,6 +26,7 @@ import dataclasses
 
 from minirl.configlib import ConfigError
 from minirl.engine import EngineConfig
+from minirl.hf_config import read_model_config
 from minirl.losses import Objective, get_preset
 from minirl.losses.presets import BEHAVIOUR_CAP, has_behaviour_cap, with_behaviour_cap
 from minirl.model import ModelConfig
@@ -270,7 +271,7 @@ _FROM_MODEL_DIR = tuple(
 
 
 def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
-    """With model.path set, the model's shapes come from DIR/config.json (minirl.tools.hf); only
+    """With model.path set, the model's shapes come from DIR/config.json (hf_config.py); only
     model.dtype / model.param_dtype stay yours (float32 master weights by default, see hf.py).
     Setting a shape too is refused: it would do nothing."""
     if not cfg.model.path:
@@ -282,8 +283,6 @@ def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
                 f"{key} comes from {cfg.model.path}/config.json; it cannot be set "
                 "together with model.path"
             )
-    from minirl.hf_config import read_model_config
-
     try:
         import safetensors  # noqa: F401  (read_model_config opens the tensor index with it)
     except ImportError as e:
