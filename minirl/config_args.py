@@ -62,7 +62,9 @@ def add_config_arguments(
     p.add_argument(
         "--verifier",
         metavar="NAME",
-        help="how completions of --data are scored (data.verifier; default: math)",
+        help="how completions of --data are scored (data.verifier): math (the default; minirl's "
+        "own answer extraction and comparison) or math_verify (the math-verify library, in a "
+        "pool of worker processes)",
     )
 
 

@@ -16,9 +16,11 @@ import ast
 import dataclasses
 import hashlib
 import inspect
+import io
 import json
 import math
-import re
+import textwrap
+import tokenize
 import types
 import typing
 from typing import Any
@@ -238,14 +240,25 @@ def config_hash(cfg, ignore: tuple[str, ...] = ()) -> str:
 
 
 def _field_comments(cls) -> dict[str, str]:
-    """The trailing `# comment` of each field line in the class source: the knob's help text."""
+    """The `# comment` of each field in the class source: the knob's help text. A field that a
+    formatter wrapped over several lines keeps its comment somewhere inside its statement, so
+    every comment from the field's first line to its last is read, in order, and joined."""
     try:
-        source = inspect.getsource(cls)
+        source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
         return {}
+    comments: dict[int, str] = {}  # line number -> comment text
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string.lstrip("#").strip()
+    (body,) = ast.parse(source).body
     found = {}
-    for match in re.finditer(r"^\s+(\w+)\s*:[^=\n]*=[^#\n]*#\s*(.+)$", source, re.M):
-        found.setdefault(match.group(1), match.group(2).strip())
+    for node in body.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            lines = range(node.lineno, node.end_lineno + 1)
+            text = " ".join(comments[n] for n in lines if comments.get(n))
+            if text:
+                found[node.target.id] = text
     return found
 
 

@@ -47,20 +47,20 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 class ModelConfig:
     """Shapes and numerics of a decoder. Presets: `ModelConfig.preset(name)`."""
 
-    vocab_size: int = 64
+    vocab_size: int = 64  # V: token ids the embedding and the output layer cover
     dim: int = 256  # D
     num_layers: int = 4  # L
     num_heads: int = 4  # H
     num_kv_heads: int = 2  # K
     head_dim: int = 64  # Dh
     mlp_dim: int = 768  # F
-    rope_theta: float = 10000.0
+    rope_theta: float = 10000.0  # RoPE base: the longest rotary wavelength
     rope_scaling: tuple | None = None  # Llama-3: (factor, low_freq, high_freq, original_max_len)
-    norm_eps: float = 1e-6
+    norm_eps: float = 1e-6  # RMSNorm's epsilon (added to the mean square)
     qkv_bias: bool = False  # Qwen2
     qk_norm: bool = False  # Qwen3
-    tie_embeddings: bool = True
-    max_seq_len: int = 512
+    tie_embeddings: bool = True  # the output layer reuses the input embedding matrix
+    max_seq_len: int = 512  # positions the model serves (prompt + completion)
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"  # storage dtype
     path: str = (

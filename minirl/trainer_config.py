@@ -26,9 +26,9 @@ class TrainerConfig:
     warmup_steps: int = 0  # train steps of linear warm-up
     total_steps: int = 1000  # cosine: train steps from start to the end of the decay
     min_lr_ratio: float = 0.1  # cosine: final learning rate / peak
-    b1: float = 0.9
-    b2: float = 0.95
-    eps: float = 1e-8
+    b1: float = 0.9  # Adam's decay of the gradient mean
+    b2: float = 0.95  # Adam's decay of the squared-gradient mean
+    eps: float = 1e-8  # Adam's epsilon (added to the root of the squared-gradient mean)
     weight_decay: float = 0.0  # decoupled (AdamW); applied to matrices only, never to norms
     max_grad_norm: float = 1.0  # global-norm clipping threshold; 0 = no clipping
     # batching

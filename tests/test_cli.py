@@ -91,3 +91,39 @@ def test_debug_shows_the_traceback_of_a_user_error(tmp_path, capsys):
         main(["eval", missing, "--debug"])  # anywhere on the line
     with pytest.raises(ConfigError, match="does not exist"):
         main(["--debug", "eval", missing])
+
+
+def test_every_knob_has_a_meaning_even_where_the_formatter_wrapped_its_line(capsys):
+    """`minirl config` prints a non-empty meaning for every key: a field whose line ruff wrapped
+    (`eta: int = (\\n    0  # ...\\n)`) keeps its comment inside the statement."""
+    from minirl.config import RunConfig
+    from minirl.configlib import describe
+
+    rows = describe(RunConfig)
+    assert [key for key, _, meaning in rows if not meaning.strip()] == []
+    meanings = {key: meaning for key, _, meaning in rows}
+    assert meanings["rl.eta"].startswith("AReaL: generation may run at most eta batches ahead")
+    assert meanings["task.tools"].startswith("multi-turn episodes with these tools")
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == len(rows)
+    assert all(len(line.split(maxsplit=2)) == 3 for line in out)  # key, value, meaning
+
+
+def test_help_lists_each_command_once_and_no_internal_names(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    examples = [line.strip() for line in out.splitlines() if line.strip().startswith("minirl ")]
+    assert len(examples) == len(set(examples))  # no row twice
+    commands = {"train", "sft", "eval", "export", "plot", "samples", "plan", "diagnose", "config"}
+    assert {line.split()[1] for line in examples} == commands
+    assert "USER_ERRORS" not in out
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: the device's) (default: None)" not in out and "(default: None)" not in out
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "math (" in out and "math_verify (" in out  # --verifier names its choices

@@ -1,8 +1,6 @@
-"""The `minirl` command: train, sft, eval, plot, diagnose.
+"""The `minirl` command: train, sft, eval, export, plot, samples, plan, diagnose, config.
 
     minirl train                              the built-in default (countdown, 0.75M-parameter model, ~5 min)
-    minirl train --model DIR --data train.jsonl [--eval-data test.jsonl] [--verifier math]
-                                              your own Hugging Face model directory and dataset file
     minirl train --model DIR --data train.jsonl [--eval-data test.jsonl] [--verifier math]
                                               your own Hugging Face model directory and dataset file
     minirl train --preset arithmetic --set rl.steps=50 --set engine.temperature=0.8
@@ -10,23 +8,25 @@
     minirl sft                                only the warm start (cached for `train`)
     minirl eval RUN_DIR                       held-out pass@1 / pass@k of a run's last checkpoint
     minirl export RUN_DIR --out DIR           a run's weights as a Hugging Face checkpoint directory
-    minirl export RUN_DIR --out DIR           a run's weights as a Hugging Face checkpoint directory
     minirl plot RUN_DIR [RUN_DIR ...]         dashboard PNGs (several runs: one comparison plot)
     minirl samples RUN_DIR [--step N] [--worst|--best]
                                               what the model wrote, its reward and why
+    minirl plan --model qwen2.5-7b --device v5p
+                                              what a cluster would do with a model (simulated)
     minirl diagnose [--fast]                  training-inference mismatch per source, as a table
     minirl config [--preset NAME]             every knob, its default and what it means
 
-Every command validates its config first: an unknown key or a bad value is a one-line error
-that names the valid choices, never a traceback. So is every other mistake a user can make or
-fix (a missing or damaged file, a run directory in use, a full disk: `USER_ERRORS`); `--debug`
-shows the traceback as well. Anything else is a bug in minirl, and prints its traceback.
+Every command validates its input first: an unknown key, a bad value, a missing or damaged
+file, a run directory in use or a full disk is a one-line error that says what to change;
+`--debug` shows the traceback as well. Anything else is a bug in minirl, and prints its
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -278,8 +278,22 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, ValueError, OSError, CorruptCheckpointError)
 
 
+def _dash_values(argv: list[str]) -> list[str]:
+    """`--staleness -1,0,0` as `--staleness=-1,0,0`. argparse takes a word that starts with
+    "-" (and is not a plain number) for an option, and says only "expected one argument"; no
+    option of minirl starts with "-" and a digit, so such a word is the value before it, and
+    that value's own check says what is wrong with it."""
+    out: list[str] = []
+    for word in argv:
+        if out and re.match(r"-[\d.]", word) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _dash_values(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in argv  # anywhere on the line: `minirl train ... --debug` works too
     parser = build_parser()
     parser.add_argument(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from minirl.config import RLConfig
@@ -33,10 +34,36 @@ SWEEPABLE = (
     "scheduler",
     "slots",
 )
+# Every number `minirl plan` takes, checked once (options, --staleness's parts and --sweep's
+# values alike): name -> (lowest allowed, highest allowed or None, is the lowest excluded).
+NUMBERS = {
+    "engine_devices": (1, None, False),
+    "trainer_devices": (1, None, False),
+    "replica_devices": (0, None, False),
+    "mfu": (0, 1, True),
+    "decode_eff": (0, 1, True),
+    "max_new_tokens": (1, None, False),
+    "prompt_len": (1, None, False),
+    "prompts": (1, None, False),
+    "group_size": (1, None, False),
+    "slots": (1, None, False),
+    "verify_s": (0, None, False),
+    "steps": (2, None, False),
+    "seed": (0, None, False),
+    "reload_every": (1, None, False),
+    "max_lag": (0, None, False),
+    "eta": (0, None, False),
+}
 
 
 class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every option's default."""
+    """The module docstring as written, and every option's default (an option without one says
+    in its own words what happens when it is not given)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_plan_parser(sub) -> None:
@@ -80,7 +107,9 @@ def _cluster_arguments(p) -> None:
         help="devices per engine replica (0: the fewest whose memory holds weights and KV cache)",
     )
     p.add_argument("--mfu", type=float, help="trainer's share of peak (default: the device's)")
-    p.add_argument("--decode-eff", type=float, help="engine's share of its roofline")
+    p.add_argument(
+        "--decode-eff", type=float, help="engine's share of its roofline (default: the device's)"
+    )
 
 
 def _workload_arguments(p) -> None:
@@ -131,11 +160,32 @@ def _model(name: str):
     )
 
 
+def check_number(name: str, value, where: str):
+    """`value` if it is in NUMBERS[name]'s range (finite), else a ValueError naming `where`."""
+    low, high, excluded = NUMBERS[name]
+    above = value > low if excluded else value >= low
+    if above and (high is None or value <= high) and math.isfinite(value):
+        return value
+    bound = f"in ({low}, {high}]" if excluded else f">= {low}"
+    finite = "" if math.isfinite(value) else "a finite number "
+    raise ValueError(f"{where} must be {finite}{bound}, got {value}")
+
+
+def check_options(args) -> None:
+    """Every number given as an option, in range (argparse has checked its type)."""
+    for name in NUMBERS:
+        value = getattr(args, name, None)
+        if value is not None:
+            check_number(name, value, "--" + name.replace("_", "-"))
+
+
 def knobs_of(args) -> dict:
     try:
         j, k, eta = (int(x) for x in args.staleness.split(","))
     except ValueError:
         raise ValueError(f"--staleness {args.staleness!r}: expected J,K,ETA integers") from None
+    for name, value in (("reload_every", j), ("max_lag", k), ("eta", eta)):
+        check_number(name, value, f"--staleness {args.staleness}: {name}")
     return {
         "engine_devices": args.engine_devices,
         "trainer_devices": args.trainer_devices,
@@ -153,8 +203,6 @@ def make_setup(args, knobs: dict) -> Setup:
     device = DEVICES[args.device]
     tweaks = {"mfu": args.mfu, "decode_eff": args.decode_eff}
     device = dataclasses.replace(device, **{k: v for k, v in tweaks.items() if v is not None})
-    if not (0 < device.mfu <= 1 and 0 < device.decode_eff <= 1):
-        raise ValueError("--mfu and --decode-eff must be in (0, 1]")
     cache = args.prompt_len + args.max_new_tokens
     engine = EngineConfig(
         slots=knobs["slots"], cache_len=cache, prefill_buckets=(args.prompt_len,), decode_chunk=16
@@ -221,16 +269,16 @@ def _sweep(args) -> tuple[str, list]:
         )
     text = knob in ("reload_policy", "scheduler")
     try:
-        return knob, [v if text else int(v) for v in values.split(",")]
+        values = [v if text else int(v) for v in values.split(",")]
     except ValueError:
         raise ValueError(f"--sweep {args.sweep!r}: {knob} takes integers") from None
+    for value in values if not text else ():
+        check_number(knob, value, f"--sweep {args.sweep}: {knob}")
+    return knob, values
 
 
 def cmd_plan(args) -> int:
-    if args.steps < 2:
-        raise ValueError("--steps must be >= 2")
-    if args.verify_s < 0:
-        raise ValueError("--verify-s must be >= 0")
+    check_options(args)
     if args.plot and not args.sweep:
         raise ValueError("--plot draws a sweep: give --sweep KNOB=V1,V2 too")
     base = knobs_of(args)
