@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -54,11 +55,27 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _rope(hf: dict) -> tuple[float, tuple | None]:
+def _number(hf: dict, field: str, kind: type, source: str, default=None):
+    """config.json's `field` as a positive, finite `kind` (int or float); `default` when it is
+    absent or null (None: the field is required). Anything else is a CheckpointError naming
+    the file and the field, never a bare "could not convert string to float"."""
+    value = hf.get(field)
+    if value is None and default is not None:
+        return default
+    numeric = isinstance(value, int | float) if kind is float else isinstance(value, int)
+    if not numeric or isinstance(value, bool) or not (math.isfinite(value) and value > 0):
+        what = "a positive number" if kind is float else "a positive integer"
+        raise CheckpointError(f"{source}: {field} = {value!r}: {what} is required")
+    return kind(value)
+
+
+def _rope(hf: dict, source: str = "config.json") -> tuple[float, tuple | None]:
     """(rope_theta, Llama-3 scaling or None) from transformers 5 `rope_parameters` or the older
     top-level `rope_theta` + `rope_scaling`."""
     params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if not isinstance(params, dict):
+        raise CheckpointError(f"{source}: rope_parameters / rope_scaling is not an object")
+    theta = _number({**hf, **params}, "rope_theta", float, source, 10000.0)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, None
@@ -66,11 +83,11 @@ def _rope(hf: dict) -> tuple[float, tuple | None]:
         keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
         missing = [k for k in keys if k not in params]
         if missing:
-            raise CheckpointError(f"llama3 rope scaling is missing {missing}")
-        factor, low, high, original = (params[k] for k in keys)
-        return theta, (float(factor), float(low), float(high), int(original))
+            raise CheckpointError(f"{source}: llama3 rope scaling is missing {missing}")
+        kinds = (float, float, float, int)
+        return theta, tuple(_number(params, k, t, source) for k, t in zip(keys, kinds, strict=True))
     raise CheckpointError(
-        f"unsupported rope_type {kind!r}; minirl implements 'default' and 'llama3'"
+        f"{source}: unsupported rope_type {kind!r}; minirl implements 'default' and 'llama3'"
     )
 
 
@@ -100,8 +117,7 @@ def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelCo
         "vocab_size",
     )
     for field in required:
-        if isinstance(hf.get(field), bool) or not isinstance(hf.get(field), int) or hf[field] < 1:
-            raise refuse(field, "a positive integer is required")
+        _number(hf, field, int, source)
     if hf.get("hidden_act", "silu") != "silu":
         raise refuse("hidden_act", "minirl's MLP uses silu")
     if hf.get("use_sliding_window"):
@@ -111,26 +127,31 @@ def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelCo
     if hf.get("mlp_bias"):
         raise refuse("mlp_bias", "MLP biases are not implemented")
     heads = hf["num_attention_heads"]
-    theta, scaling = _rope(hf)
+    theta, scaling = _rope(hf, source)
     dtype = _dtype_name("float32" if dtype is None else dtype)
-    return ModelConfig(
-        vocab_size=hf["vocab_size"],
-        dim=hf["hidden_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        mlp_dim=hf["intermediate_size"],
-        rope_theta=theta,
-        rope_scaling=scaling,
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        qkv_bias=qkv_bias,
-        qk_norm=qk_norm,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_seq_len=hf.get("max_position_embeddings", 2048),
-        dtype=dtype,
-        param_dtype=dtype,
-    )
+    if not isinstance(hf.get("tie_word_embeddings", False), bool):
+        raise refuse("tie_word_embeddings", "true or false is required")
+    try:
+        return ModelConfig(
+            vocab_size=hf["vocab_size"],
+            dim=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=_number(hf, "num_key_value_heads", int, source, heads),
+            head_dim=_number(hf, "head_dim", int, source, hf["hidden_size"] // heads),
+            mlp_dim=hf["intermediate_size"],
+            rope_theta=theta,
+            rope_scaling=scaling,
+            norm_eps=_number(hf, "rms_norm_eps", float, source, 1e-6),
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            tie_embeddings=hf.get("tie_word_embeddings", False),
+            max_seq_len=_number(hf, "max_position_embeddings", int, source, 2048),
+            dtype=dtype,
+            param_dtype=dtype,
+        )
+    except ValueError as e:  # shapes that do not fit together (ModelConfig's own checks)
+        raise CheckpointError(f"{source}: {e}") from None
 
 
 def architecture_of(hf: dict, source: str = "config.json") -> str:

@@ -480,6 +480,19 @@ def test_published_configs_give_the_presets(hf, preset):
         ({"use_sliding_window": True}, "sliding-window"),
         ({"hidden_size": None}, "hidden_size = None: a positive integer is required"),
         ({"torch_dtype": "float16"}, None),  # loads, as float32
+        # every number names the file and the field, never "could not convert string to float"
+        ({"rms_norm_eps": "tiny"}, "m/config.json: rms_norm_eps = 'tiny': a positive number"),
+        ({"rms_norm_eps": -1e-6}, "rms_norm_eps = -1e-06: a positive number"),
+        ({"rope_theta": "big"}, "m/config.json: rope_theta = 'big': a positive number"),
+        ({"max_position_embeddings": 1.5}, "max_position_embeddings = 1.5: a positive integer"),
+        ({"num_key_value_heads": "2"}, "num_key_value_heads = '2': a positive integer"),
+        ({"head_dim": True}, "head_dim = True: a positive integer"),
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings = 'yes': true or false"),
+        ({"num_key_value_heads": 3}, "m/config.json: .*num_heads"),  # shapes that do not fit
+        (
+            {"rope_scaling": {**LLAMA32_1B["rope_scaling"], "factor": "x"}},
+            "m/config.json: factor = 'x': a positive number",
+        ),
     ],
 )
 def test_config_errors(change, message):
@@ -488,7 +501,7 @@ def test_config_errors(change, message):
         assert config_from_hf(hf).dtype == "float32"
         return
     with pytest.raises(CheckpointError, match=message):
-        config_from_hf(hf)
+        config_from_hf(hf, source="m/config.json")
 
 
 def test_save_refuses_an_architecture_that_cannot_hold_the_model(tmp_path):

@@ -153,7 +153,7 @@ def _model(name: str):
     if Path(name, "config.json").is_file():
         from minirl.hf_config import config_from_hf, read_config
 
-        return config_from_hf(read_config(Path(name)))
+        return config_from_hf(read_config(Path(name)), source=str(Path(name, "config.json")))
     raise ValueError(
         f"--model {name!r}: not a known shape ({sorted(SHAPES)}) or a checkpoint "
         "directory with config.json"
