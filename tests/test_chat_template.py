@@ -143,3 +143,31 @@ def test_char_tokenizer_exports_to_transformers(tmp_path):
     text = "12 34 -> 46:\n(1+2)*3"
     assert theirs(text)["input_ids"] == tok.encode(text).tolist()
     assert theirs.decode(tok.encode(text, eos=True).tolist(), skip_special_tokens=True) == text
+
+
+def test_a_broken_template_is_one_error_with_its_reason(tmp_path):
+    """Issue #34: a template that is not valid Jinja is refused where it is loaded, naming the
+    directory; one that fails on every row (its own bug: str + int) is one line with the
+    reason, not a bare "no usable rows" and not a traceback."""
+    from minirl.tools.tasks.files import scan
+
+    path = make_tokenizer_dir(tmp_path / "tok", "qwen")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({**config, "chat_template": "{% for m in messages %}{{ m['content'] }"})
+    )
+    with pytest.raises(ValueError, match=f"{path}: the chat template is not valid Jinja: "):
+        HFTokenizer.from_dir(path)
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({**config, "chat_template": "{{ messages[0]['content'] + 1 }}"})
+    )
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"{i}?", "answer": "1"}) + "\n" for i in (1, 2))
+    )
+    with pytest.raises(ValueError) as info:
+        scan(data, HFTokenizer.from_dir(path))
+    assert str(info.value) == (
+        f"no usable rows in {data}: all 2 rows: the chat template failed on these messages: "
+        'TypeError: can only concatenate str (not "int") to str'
+    )

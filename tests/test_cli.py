@@ -127,3 +127,25 @@ def test_help_lists_each_command_once_and_no_internal_names(capsys):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "math (" in out and "math_verify (" in out  # --verifier names its choices
+
+
+def test_a_model_directory_is_not_taken_for_a_damaged_run(tmp_path, capsys):
+    """`minirl export MODEL_DIR` (or eval, or --resume) says MODEL_DIR is not a run directory,
+    not that its config.json "was changed by hand or damaged"."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64}))
+    for argv in (
+        ["export", str(tmp_path), "--out", str(tmp_path / "out")],
+        ["eval", str(tmp_path)],
+        ["train", "--resume", str(tmp_path)],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"{tmp_path} is not a minirl run directory (its config.json is a Hugging Face " in err
+        )
+        assert "changed by hand" not in err and len(err.splitlines()) == 1
+    (tmp_path / "config.json").write_text(json.dumps({"config": {}}))  # minirl's, damaged
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "changed by hand or damaged" in capsys.readouterr().err

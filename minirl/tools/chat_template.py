@@ -103,3 +103,7 @@ def render(source: str, messages, add_generation_prompt: bool = True, **special_
         )
     except jinja2.exceptions.TemplateError as e:  # raise_exception(...) or a sandbox refusal
         raise ChatTemplateError(f"the chat template refused these messages: {e}") from None
+    except Exception as e:  # the template's own code failed (e.g. a str + int): its bug, named
+        raise ChatTemplateError(
+            f"the chat template failed on these messages: {type(e).__name__}: {e}"
+        ) from None

@@ -45,6 +45,10 @@ class HFTokenizer:
         if outside:
             raise ValueError(f"eos ids {outside} are outside the tokenizer's vocabulary")
         self.eos_ids = tuple(dict.fromkeys((self.eos_id, *extra_eos_ids)))
+        if chat_template is not None:  # a template that is not valid Jinja: said here, once
+            from minirl.tools.chat_template import compile_template
+
+            compile_template(chat_template)
         self.chat_template = chat_template
         self.special_tokens = {
             "eos_token": eos_token,

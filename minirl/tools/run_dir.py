@@ -68,6 +68,13 @@ def load_config(run_dir) -> RunConfig:
     data = read_json_object(path)
     if data is None:
         raise ConfigError(f"{path} does not exist (not a minirl run directory)")
+    if not {"hash", "config"} & data.keys():  # not damaged: some other program's config.json
+        hf = "model_type" in data or "architectures" in data
+        raise ConfigError(
+            f"{run_dir} is not a minirl run directory (its config.json is "
+            f"{'a Hugging Face model' if hf else 'not a minirl run'}'s); a run directory is "
+            "what `minirl train` writes, e.g. runs/countdown"
+        )
     if not isinstance(data.get("config"), dict) or not isinstance(data.get("hash"), str):
         raise ConfigError(
             f"{path} must hold {{'hash': str, 'config': {{...}}}} as minirl wrote "

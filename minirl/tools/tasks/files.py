@@ -306,7 +306,7 @@ def scan(
     if report.num_bad:
         log.warning("%s", report.summary())
     if not report.num_good:
-        raise ValueError(f"no usable rows in {path}\n{report.summary()}")
+        raise ValueError(_none_usable(path, report))
     reader = _Rows(path)
     files = {
         split: PromptFile(
@@ -315,6 +315,17 @@ def scan(
         for split, (p, n) in kept.items()
     }
     return files, report
+
+
+def _none_usable(path: Path, report: FileReport) -> str:
+    """One line saying why no row is usable (the report itself was logged above)."""
+    reasons = {why for _, why in report.bad}
+    if len(reasons) == 1 and report.num_bad > 1:  # one cause (a template, a field name): once
+        return f"no usable rows in {path}: all {report.num_bad} rows: {reasons.pop()}"
+    if not report.bad:
+        return f"no usable rows in {path}: it holds no rows"
+    number, why = report.bad[0]
+    return f"no usable rows in {path} ({report.num_bad} bad, the first shown); row {number}: {why}"
 
 
 # ------------------------------------------------------------------------------- the task
