@@ -1,15 +1,21 @@
 """`minirl export RUN_DIR --out DIR [--step N]`: a run's weights as a Hugging Face checkpoint.
 
 The directory it writes is what `transformers.AutoModelForCausalLM.from_pretrained(DIR)` and
-vLLM load: `config.json` (with the bos/eos/pad ids), `model.safetensors`, `generation_config.json`
-(every EOS id, so `generate` stops where minirl's engine stops) and the tokenizer files
+vLLM load: `config.json`, `model.safetensors`, `generation_config.json` and the tokenizer files
 (`tokenizer.json`, `tokenizer_config.json` with the chat template). Logits equal minirl's
-(tests/test_export.py). The architecture is the model directory's (Qwen2, Qwen3 or Llama) for a
-run started with --model, else the one whose layer shapes match (minirl/tools/hf.py).
+(tests/test_user_model.py). For a run started with --model, the source directory's settings
+travel unchanged: its generation_config.json (temperature, top_k, top_p, every EOS id, ...) is
+copied as it is, config.json keeps the source's bos/eos/pad ids (and no others), and the
+tokenizer's special tokens are the source's (no padding token is invented); training changes
+none of them. The architecture is the source's (Qwen2, Qwen3 or Llama); a built-in run gets
+the one whose layer shapes match (minirl/tools/hf.py) and its tokenizer's ids.
 
-The checkpoint is written to `DIR.partial` and renamed into place, so a crash never leaves a
-half-written DIR that looks complete. An existing, non-empty DIR is refused unless `force`; a DIR
-that is (or holds) the run directory, the model directory or a dataset file is always refused.
+Nothing the export reads is ever deleted: an --out that is, holds or lies inside the run
+directory (but for the run's own `RUN_DIR/hf`), the model directory (or a file it links to)
+or a dataset file is refused, symbolic links resolved. The checkpoint is written to
+`DIR.partial` and renamed into place, so a crash never leaves a half-written DIR that looks
+complete. An existing, non-empty DIR is refused unless `force`, and `force` replaces only an
+earlier export (a directory holding minirl_export.json), never a directory of other files.
 Simplified on purpose: one safetensors file (or shards of `max_shard_bytes`), weights in the
 run's float32 unless `dtype="bfloat16"` is asked for.
 """
@@ -26,6 +32,8 @@ import jax.numpy as jnp
 from minirl.checkpoints import CheckpointManager
 from minirl.config import RunConfig
 from minirl.configlib import ConfigError
+
+MARKER = "minirl_export.json"  # what the export came from; marks a directory as an export
 
 
 def export_run(
@@ -62,14 +70,11 @@ def export_params(
     from minirl.tools.hf import TokenIds, architecture_of, read_config, save_hf
 
     out = Path(out)
-    inputs = [cfg.model.path, cfg.data.train, cfg.data.eval, (source or {}).get("run_dir")]
-    for kept in (Path(p).resolve() for p in inputs if p):
-        if out.resolve() == kept or out.resolve() in kept.parents:  # --force would delete it
-            raise ConfigError(
-                f"--out {out} is or holds {kept}, which the export reads; choose another directory"
-            )
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --force")
+    partial = out.with_name(out.name + ".partial")
+    for path in (out, partial):  # both are deleted if they exist
+        _refuse_inputs(path, cfg, (source or {}).get("run_dir"))
+    _check_replaceable(out, force)
+    _check_replaceable(partial, force=True)  # a crashed export's leftover, or refused
     model_cfg = cfg.model
     if dtype is not None and dtype != model_cfg.param_dtype:
         model_cfg = _with_dtype(model_cfg, dtype)
@@ -77,15 +82,55 @@ def export_params(
     arch = architecture_of(read_config(cfg.model.path)) if cfg.model.path else None
     token_ids = TokenIds(bos=tokenizer.bos_id, eos=tuple(tokenizer.eos_ids), pad=tokenizer.pad_id)
 
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    save_hf(params, model_cfg, partial, architecture=arch, token_ids=token_ids)
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    (partial / MARKER).write_text(json.dumps(source or {}, indent=2) + "\n")  # ours, from now
+    if cfg.model.path:  # the source's generation settings and token ids, unchanged
+        save_hf(params, model_cfg, partial, architecture=arch, source=cfg.model.path)
+    else:
+        save_hf(params, model_cfg, partial, token_ids=token_ids)
     tokenizer.save(partial)
-    (partial / "minirl_export.json").write_text(json.dumps(source or {}, indent=2) + "\n")
     if out.exists():
         shutil.rmtree(out)
     partial.rename(out)
     return out
+
+
+def _refuse_inputs(out: Path, cfg: RunConfig, run_dir: str | None) -> None:
+    """A ConfigError if `out` (symbolic links resolved) is, holds or lies inside something the
+    export reads: the run directory (its own `hf` export excepted), the model directory and
+    the files it links to (a Hugging Face cache links into a blobs folder), a dataset file."""
+    target = out.resolve()
+    kept: list[Path] = [Path(p).resolve() for p in (cfg.data.train, cfg.data.eval) if p]
+    if cfg.model.path and Path(cfg.model.path).is_dir():
+        model = Path(cfg.model.path)
+        kept += [model.resolve(), *(f.resolve() for f in model.iterdir())]
+    own = Path(run_dir or ".") / "hf"  # the run's own export (rl.export_hf) and its partial
+    if run_dir and target not in (own.resolve(), own.with_name("hf.partial").resolve()):
+        kept.append(Path(run_dir).resolve())
+    for path in kept:
+        inside = path.is_dir() and path in target.parents
+        if target == path or target in path.parents or inside:
+            raise ConfigError(
+                f"--out {out} is, holds or is inside {path}, which the export reads; "
+                "choose another directory"
+            )
+
+
+def _check_replaceable(out: Path, force: bool) -> None:
+    """Only an empty directory, or with `force` an earlier export, may be replaced."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ConfigError(f"--out {out} is not a directory; choose another --out")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not force:
+        raise ConfigError(f"{out} exists and is not empty; choose another --out or pass --force")
+    if not (out / MARKER).is_file():
+        raise ConfigError(
+            f"{out} holds files that minirl export did not write (no {MARKER}); --force "
+            "replaces only an earlier export: choose another --out"
+        )
 
 
 def _with_dtype(model_cfg, dtype: str):

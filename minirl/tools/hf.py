@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -72,6 +73,7 @@ from minirl.hf_config import (
 from minirl.model import ModelConfig, Transformer, abstract_model, param_shapes
 
 _SHOW = 5  # how many offending names an error message lists
+TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def _names(names, show: int = _SHOW) -> str:
@@ -230,15 +232,24 @@ def save_hf(
     architecture: str | None = None,
     max_shard_bytes: int | None = None,
     token_ids: TokenIds | None = None,
+    source=None,
 ) -> None:
     """Write config.json + safetensors that transformers (and `load_hf`) read. `model_or_state`
     is a Transformer, its nnx.State or its pure dict. With `max_shard_bytes`, tensors are split
     into `model-0000i-of-0000n.safetensors` files plus `model.safetensors.index.json`. With
-    `token_ids`, config.json and a generation_config.json carry the BOS / EOS / padding ids."""
+    `token_ids`, config.json and a generation_config.json carry the BOS / EOS / padding ids.
+    With `source` (the checkpoint directory the weights came from) instead, its
+    generation_config.json is copied unchanged and config.json carries the source's own token
+    id fields (those it has, as they are)."""
     path = Path(path)
     hf_config = config_to_hf(cfg, architecture)
     path.mkdir(parents=True, exist_ok=True)
-    if token_ids is not None:
+    if source is not None:
+        original = read_config(source)
+        hf_config.update({k: original[k] for k in TOKEN_ID_FIELDS if k in original})
+        if (Path(source) / GENERATION_FILE).is_file():
+            shutil.copyfile(Path(source) / GENERATION_FILE, path / GENERATION_FILE)
+    elif token_ids is not None:
         ids = {
             "bos_token_id": token_ids.bos,
             "eos_token_id": token_ids.eos[0] if len(token_ids.eos) == 1 else list(token_ids.eos),

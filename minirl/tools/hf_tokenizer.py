@@ -23,9 +23,10 @@ class HFTokenizer:
     """A Hugging Face tokenizer (`tokenizers.Tokenizer`) with the interface of `CharTokenizer`.
 
     Build it with `HFTokenizer.from_dir(path)`; the constructor takes a loaded tokenizer and the
-    special tokens' strings, and does no I/O. `pad_token` defaults to `eos_token` (as for Qwen
-    and Llama, which define no separate padding token). `config` is the tokenizer_config.json
-    it came from (written back by `save`)."""
+    special tokens' strings, and does no I/O. Without a `pad_token`, padding uses the EOS id
+    (as for Llama 3, which defines no padding token), but no padding token is invented: the
+    template sees none, and `save` writes none. `config` is the tokenizer_config.json it came
+    from, written back unchanged by `save`."""
 
     def __init__(
         self,
@@ -53,7 +54,7 @@ class HFTokenizer:
         self.special_tokens = {
             "eos_token": eos_token,
             "bos_token": bos_token,
-            "pad_token": pad_token or eos_token,
+            "pad_token": pad_token,
         }
         self.config = dict(config or {"tokenizer_class": "PreTrainedTokenizerFast"})
 
@@ -141,9 +142,15 @@ class HFTokenizer:
         return "".join(pieces)
 
     def save(self, directory) -> None:
-        """tokenizer.json and tokenizer_config.json (with the chat template) in `directory`."""
-        config = {**self.config, **{k: v for k, v in self.special_tokens.items() if v is not None}}
-        if self.chat_template is not None:
+        """tokenizer.json and tokenizer_config.json (with the chat template) in `directory`: the
+        source's tokenizer_config.json as it was (special tokens in their own form, none added);
+        only what it lacks (a template read from chat_template.jinja, a token given to the
+        constructor) is added."""
+        config = dict(self.config)
+        for role, token in self.special_tokens.items():
+            if token is not None and config.get(role) is None:
+                config[role] = token
+        if self.chat_template is not None and config.get("chat_template") is None:
             config["chat_template"] = self.chat_template
         write_files(directory, self._tok, config)
 
