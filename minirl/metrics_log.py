@@ -2,7 +2,8 @@
 
 The controller writes a record per step (`MetricsWriter`), `minirl plot` and the tutorials read
 them back (`read_metrics`). Non-finite values are written as null, a torn last line (a crash in
-mid-write) is skipped, and an I/O error becomes a warning: metrics never stop a run.
+mid-write) is skipped (and moved to a side file when the run resumes: `truncate_metrics`), and
+an I/O error becomes a warning: metrics never stop a run.
 
 `format_table(rows, columns)` prints metrics (dicts) as a plain-text table; `minirl diagnose`,
 the lag table of `minirl plot` and the experiments' summaries all print through it.
@@ -135,32 +136,53 @@ def read_metrics(run_dir, filename: str = METRICS_FILE) -> list[dict[str, Any]]:
     return records
 
 
-def truncate_metrics(run_dir, step: int, filename: str = METRICS_FILE) -> None:
-    """Drop the lines of steps after `step` (they are about to be redone), byte for byte
-    keeping everything before them: the file is cut at the first record with a larger step,
-    or, if there is none, after the last record. A damaged line in the kept part stays as it
-    was (it is the only copy of that step's metrics); damaged lines after the last record are
-    a torn write of a step being redone, and go."""
+def truncate_metrics(run_dir, step: int, filename: str = METRICS_FILE) -> Path | None:
+    """Drop the lines of steps after `step` (they are about to be redone): the file is cut at
+    the first record with a larger step, or, if there is none, after the last record; damaged
+    lines after that point are a torn write of a step being redone, and go with it. A damaged
+    line in the kept part (a torn write, anything that is not a JSON object) would stay in the
+    file for good, so it is moved aside: its bytes go to a side file `<filename>.torn-<n>`
+    first, then the file is rewritten without it (both atomically). Every record is kept byte
+    for byte. Returns the side file, or None when nothing was damaged."""
     path = Path(run_dir) / filename
     if not path.exists():
-        return
+        return None
     lines = path.read_bytes().splitlines(keepends=True)
     cut, last_record = None, 0
     for i, line in enumerate(lines):
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        if not _is_record(line):
             continue
-        if not isinstance(rec, dict):
-            continue
+        rec = json.loads(line)
         if isinstance(rec.get("step"), int) and rec["step"] > step:
             cut = i
             break
         last_record = i + 1
-    kept = b"".join(lines[: last_record if cut is None else cut])
-    if kept and not kept.endswith(b"\n"):
-        kept += b"\n"
-    atomic_write(path, kept)
+    kept = lines[: last_record if cut is None else cut]
+    damaged = [line for line in kept if line.strip() and not _is_record(line)]
+    side = None
+    if damaged:
+        side = _free_name(path, ".torn-")
+        atomic_write(side, b"".join(damaged))
+    text = b"".join(line for line in kept if _is_record(line))
+    if text and not text.endswith(b"\n"):
+        text += b"\n"
+    atomic_write(path, text)
+    return side
+
+
+def _is_record(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
+def _free_name(path: Path, infix: str) -> Path:
+    """`path` + infix + the first unused number (1, 2, ...): earlier side files are kept."""
+    n = 1
+    while path.with_name(f"{path.name}{infix}{n}").exists():
+        n += 1
+    return path.with_name(f"{path.name}{infix}{n}")
 
 
 # ----------------------------------------------------------------------------- text tables

@@ -198,14 +198,35 @@ def test_out_of_range_values_are_refused_where_declared(tmp_path, capsys, assign
     _one_line_error(capsys, assignment.split("=")[0].split(".")[-1])
 
 
-def test_a_damaged_metrics_line_survives_a_resume(tmp_path):
+def test_a_damaged_metrics_line_is_moved_aside_on_resume(tmp_path):
+    """Issue #34: a torn line in the kept part stayed in metrics.jsonl for good (steps read
+    1, ?, 3, ...). It goes to a side file, every record stays byte for byte."""
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 1}\n{"step": 2, "reward/me\n{"step": 3}\n{"step": 4}\n{"st')
-    truncate_metrics(tmp_path, 2)  # steps 3, 4 and the torn tail are about to be redone
-    assert path.read_text() == '{"step": 1}\n{"step": 2, "reward/me\n'
-    path.write_text('{"step": 1}\n{"step": 2}\n{"st')
-    truncate_metrics(tmp_path, 2)
+    path.write_text('{"step": 1}\n{"step": 2, "reward/me\n{"step": 2}\n{"step": 4}\n{"st')
+    assert truncate_metrics(tmp_path, 2) == tmp_path / "metrics.jsonl.torn-1"
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'  # 4 and the torn tail: redone
+    assert (tmp_path / "metrics.jsonl.torn-1").read_text() == '{"step": 2, "reward/me\n'
+    path.write_text('{"step": 1}\n[1]\n\n{"step": 2}\n{"st')
+    assert truncate_metrics(tmp_path, 2) == tmp_path / "metrics.jsonl.torn-2"  # 1 is kept
     assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+    assert (tmp_path / "metrics.jsonl.torn-2").read_text() == "[1]\n"
+    assert truncate_metrics(tmp_path, 2) is None  # nothing damaged: no side file
+
+
+@pytest.mark.slow  # redoes two steps (~20 s on 2 cores); the unit test above is the fast lane's
+def test_a_run_with_a_torn_metrics_line_resumes_without_a_gap(run_copy, capsys):
+    """A torn write of step 3 before the complete line of step 4; the run resumes from step
+    2's checkpoint: metrics.jsonl reads 1, 2, 3, 4, the torn bytes are in the side file, and
+    the log says so."""
+    path = run_copy / "metrics.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    torn = lines[2][:30] + b"\n"  # cut mid-write; the next writer starts a new line
+    path.write_bytes(b"".join([*lines[:2], torn, lines[3]]))
+    shutil.rmtree(CheckpointManager(run_copy).path(4))
+    assert main(["train", "--resume", str(run_copy), "--quiet"]) == 0
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3, 4]
+    assert (run_copy / "metrics.jsonl.torn-1").read_bytes() == torn
+    assert "their bytes are in " + str(run_copy / "metrics.jsonl.torn-1") in capsys.readouterr().out
 
 
 def test_held_out_evaluation_does_not_leak_into_a_resumed_runs_metrics(tmp_path):

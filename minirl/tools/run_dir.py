@@ -36,7 +36,7 @@ from minirl.config import RunConfig
 from minirl.configlib import ConfigError, config_hash, from_dict, read_json_object, to_dict
 from minirl.controller import Controller
 from minirl.hashed_files import CorruptCheckpointError, atomic_write
-from minirl.metrics_log import MetricsWriter, truncate_metrics
+from minirl.metrics_log import METRICS_FILE, MetricsWriter, truncate_metrics
 from minirl.tools.inputs import describe_inputs
 from minirl.tools.tracking import SAMPLES_FILE, Trackers, sample_rows
 from minirl.trees import TreeMismatchError, match_template
@@ -205,9 +205,10 @@ def lock_run_dir(run_dir):
         os.close(fd)  # releases the lock
 
 
-def restore_run(restored: Checkpoint, controller: Controller, run_dir) -> None:
+def restore_run(restored: Checkpoint, controller: Controller, run_dir, log=print) -> None:
     """Put the trainer (through the controller's worker) and the controller back to
-    `restored`, and drop metrics.jsonl lines of the steps about to be redone."""
+    `restored`, and drop metrics.jsonl lines of the steps about to be redone; a damaged line
+    before them is moved to a side file, and `log` says so."""
     state = from_plain(restored.controller_state)
     if "trainer_checkpoint" in state:  # the trainer wrote its own (save_checkpoint, trainer_side)
         controller.trainer.call("restore_checkpoint", state["trainer_checkpoint"]["step"]).result()
@@ -219,8 +220,13 @@ def restore_run(restored: Checkpoint, controller: Controller, run_dir) -> None:
         }
         controller.trainer.call("load_state_dict", trainer_state).result()
     controller.restore(state["controller"])
-    truncate_metrics(run_dir, controller.counters.steps)
-    truncate_metrics(run_dir, controller.counters.steps, SAMPLES_FILE)
+    for name in (METRICS_FILE, SAMPLES_FILE):
+        side = truncate_metrics(run_dir, controller.counters.steps, name)
+        if side is not None:
+            log(
+                f"{Path(run_dir) / name} held damaged lines (torn writes): the file was "
+                f"rewritten without them, their bytes are in {side}"
+            )
 
 
 def checkpoint_due(cfg: RunConfig, counters, async_scheduler: bool = False) -> bool:

@@ -84,7 +84,7 @@ class Run:
         controller, summary = self._start(restored)
         fresh = controller.snapshot()  # where a trainer that dies before any checkpoint rewinds to
         if restored is not None:
-            restore_run(restored, controller, self.run_dir)
+            restore_run(restored, controller, self.run_dir, self.log)
             record_config(self.cfg, self.run_dir)  # only now: the checkpoint fit
             self.log(
                 f"resumed {self.run_dir} at step {controller.counters.steps} "
