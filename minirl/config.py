@@ -42,6 +42,8 @@ VOCAB = CharTokenizer().vocab_size  # the built-in tasks' character tokenizer
 FILE_TASK = "file"  # task.name of a run on the dataset files named in `data`
 DEFAULT_PRESET = "countdown"  # what `minirl train` runs (minirl/run_presets.py)
 TOOLS = ("calc", "py")  # task.tools: tools/envs/calculator.py, tools/envs/python_tool.py
+# what a chat template is given by minirl itself (tools/chat_template.py), not by data.chat_template_kwargs
+TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "tools", "documents")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,9 @@ class DataConfig:
     system_prompt: str = ""  # a system message put before every prompt ("" = none)
     instruction: str = ""  # appended to every question, e.g. "\nPut the final answer in \\boxed{}."
     chat_template: bool = True  # render prompts with the model's chat template, if it has one
+    chat_template_kwargs: dict = dataclasses.field(
+        default_factory=dict
+    )  # more variables for the template, e.g. {"enable_thinking": False} (Qwen3's non-thinking mode)
     max_new_tokens: int = 256  # completion budget per sample (tokens, EOS included)
     verifier: str = "math"  # scores completions against the gold answer (minirl.tools.verifiers)
     format_reward: float = 0.0  # reward for a wrong but well-formed (extractable) final answer
@@ -85,6 +90,12 @@ class DataConfig:
             raise ValueError(f"data.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not 0.0 <= self.format_reward < 1.0:
             raise ValueError(f"data.format_reward must be in [0, 1), got {self.format_reward}")
+        taken = set(self.chat_template_kwargs) & set(TEMPLATE_VARIABLES)
+        if taken or not all(isinstance(k, str) for k in self.chat_template_kwargs):
+            raise ValueError(
+                "data.chat_template_kwargs: names (strings) other than the ones minirl sets "
+                f"{TEMPLATE_VARIABLES}, got {sorted(map(str, self.chat_template_kwargs))}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ them. This module holds the three generic operations on such trees:
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import hashlib
 import inspect
@@ -74,6 +75,9 @@ def _parse(text: str, tp: Any, key: str) -> Any:
         except (ValueError, SyntaxError):
             if tp is Any:
                 return text
+            if origin is dict or tp is dict:  # JSON spelling too: {"enable_thinking": false}
+                with contextlib.suppress(json.JSONDecodeError):
+                    return _typed(json.loads(text), tp, key)
             if args in ((str, ...), (str,)):  # words: calc,py -> ("calc", "py")
                 return tuple(w.strip() for w in text.split(",") if w.strip())
             raise ConfigError(
@@ -81,6 +85,8 @@ def _parse(text: str, tp: Any, key: str) -> Any:
             ) from None
         if origin is tuple or tp is tuple:
             value = _typed(value if isinstance(value, (list, tuple)) else (value,), tp, key)
+        elif origin is dict or tp is dict:
+            value = _typed(value, tp, key)
         return value
     raise ConfigError(f"{key}: cannot parse a value of type {tp}")
 

@@ -11,7 +11,7 @@ Interface (both tokenizers):
     vocab_size: int; pad_id: int; eos_id: int (the one appended to demonstrations)
     eos_ids: tuple[int, ...] (every id that ends a completion; eos_id first)
     bos_id: int or None (None for models without a BOS token, e.g. Qwen)
-    chat_template: str or None; apply_chat_template(messages, add_generation_prompt=True) -> str
+    chat_template: str or None; apply_chat_template(messages, add_generation_prompt=True, **kw) -> str
     encode(text, bos=True, eos=False) -> np.ndarray int32 [T]
     decode(ids, skip_special=True) -> str   (unknown ids decode to U+FFFD, never raise)
     save(directory)
@@ -44,7 +44,7 @@ class CharTokenizer:
         self.pad_id, self.bos_id, self.eos_id, self.eos_ids = PAD, BOS, EOS, (EOS,)
         self.chat_template = None
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
         raise ValueError(
             "the character tokenizer has no chat template; set data.chat_template=false"
         )

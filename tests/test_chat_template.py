@@ -171,3 +171,54 @@ def test_a_broken_template_is_one_error_with_its_reason(tmp_path):
         f"no usable rows in {data}: all 2 rows: the chat template failed on these messages: "
         'TypeError: can only concatenate str (not "int") to str'
     )
+
+
+# Qwen3's way of switching thinking off: the template reads `enable_thinking`, a keyword of
+# apply_chat_template, and writes an empty think block after the assistant header.
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+def test_template_keywords_reach_the_template_as_in_transformers(tmp_path):
+    """data.chat_template_kwargs: Qwen3's enable_thinking=False renders the empty think block
+    exactly as transformers does, from the tokenizer to a dataset file's prompts."""
+    from minirl.run_presets import make_config
+    from minirl.tools.tasks.files import FileFormat, scan
+
+    path = make_tokenizer_dir(tmp_path / "tok", "qwen")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["chat_template"] = QWEN3_TEMPLATE
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    mine, theirs = HFTokenizer.from_dir(path), transformers.AutoTokenizer.from_pretrained(path)
+    for chat in CHATS:
+        for kwargs in ({}, {"enable_thinking": False}, {"enable_thinking": True}):
+            want = theirs.apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=True, **kwargs
+            )
+            assert mine.apply_chat_template(chat, **kwargs) == want
+    off = mine.apply_chat_template(CHATS[0], enable_thinking=False)
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not mine.apply_chat_template(CHATS[0]).endswith("</think>\n\n")
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": CHATS[0][0]["content"], "answer": "7"}) + "\n")
+    for spelling in ('{"enable_thinking": false}', "{'enable_thinking': False}"):
+        cfg = make_config(
+            "fixture",
+            [f"data.chat_template_kwargs={spelling}", "task.name=file", f"data.train={data}"],
+        )
+        assert cfg.data.chat_template_kwargs == {"enable_thinking": False}
+    fmt = FileFormat(chat_template_kwargs=cfg.data.chat_template_kwargs)
+    (prompt,) = scan(data, mine, fmt)[0]["all"]
+    assert prompt.text == off
+    want = theirs.apply_chat_template(
+        CHATS[0], tokenize=True, add_generation_prompt=True, enable_thinking=False
+    )
+    want = want["input_ids"] if isinstance(want, dict | transformers.BatchEncoding) else want
+    assert prompt.tokens.tolist() == list(want)

@@ -28,6 +28,9 @@ def test_config_lists_every_knob_with_its_meaning(capsys):
         ("task.tools=calc,calc", "task.tools: each of ('calc', 'py') at most once"),
         ("task.max_turns=3", "task.max_turns does nothing without task.tools"),
         ("task.max_turns=0", "task.max_turns must be >= 1"),
+        ("data.chat_template_kwargs={'messages': []}", "data.chat_template_kwargs: names"),
+        ("data.chat_template_kwargs={1: 2}", "data.chat_template_kwargs: names (strings)"),
+        ("data.chat_template_kwargs=[1]", "data.chat_template_kwargs: expected dict"),
     ],
 )
 def test_bad_overrides_are_clear_errors(capsys, assignment, message):

@@ -11,8 +11,10 @@ The rendering follows what `transformers` does, so the same messages give the sa
 (tests/test_chat_template.py compares with `apply_chat_template`): a sandboxed, immutable Jinja
 environment with `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, a `tojson`
 filter that keeps non-ASCII characters, and the globals `raise_exception` and `strftime_now`.
-The template sees `messages`, `add_generation_prompt`, `tools=None` and the special-token
-strings (`bos_token`, `eos_token`, `pad_token`, `unk_token`).
+The template sees `messages`, `add_generation_prompt`, `tools=None`, the special-token
+strings (`bos_token`, `eos_token`, `pad_token`, `unk_token`) and any keyword arguments given,
+as transformers' `apply_chat_template(..., **kwargs)` passes them (`data.chat_template_kwargs`,
+e.g. Qwen3's `enable_thinking=False`, which writes an empty think block into the prompt).
 
 Simplified on purpose: no tools, documents or assistant-token masks; the `{% generation %}` tag
 some templates use to mark assistant text is accepted and renders its body unchanged.
@@ -90,8 +92,9 @@ def check_messages(messages) -> list[dict]:
     return out
 
 
-def render(source: str, messages, add_generation_prompt: bool = True, **special_tokens) -> str:
-    """`messages` laid out by the template `source`; `special_tokens`: bos_token=..., etc."""
+def render(source: str, messages, add_generation_prompt: bool = True, **variables) -> str:
+    """`messages` laid out by the template `source`; `variables`: the special tokens
+    (bos_token=..., etc.) and any keyword the template reads (`enable_thinking=False`)."""
     template = compile_template(source)
     try:
         return template.render(
@@ -99,7 +102,7 @@ def render(source: str, messages, add_generation_prompt: bool = True, **special_
             tools=None,
             documents=None,
             add_generation_prompt=add_generation_prompt,
-            **special_tokens,
+            **variables,
         )
     except jinja2.exceptions.TemplateError as e:  # raise_exception(...) or a sandbox refusal
         raise ChatTemplateError(f"the chat template refused these messages: {e}") from None

@@ -159,20 +159,12 @@ def cmd_samples(args) -> int:
 def cmd_config(args) -> int:
     from minirl.config import RunConfig
 
-    cfg = config_from_args(args)
-    flat = {}
-
-    def walk(d, prefix=""):
-        for k, v in d.items():
-            if isinstance(v, dict) and k != "args":
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat[prefix + k] = v
-
-    walk(to_dict(cfg))
-    helps = {key: text for key, _, text in describe(RunConfig)}
-    for key, value in flat.items():
-        print(f"{key:32s} {json.dumps(value):24s} {helps.get(key, '')}")
+    values = to_dict(config_from_args(args))
+    for key, _, meaning in describe(RunConfig):  # every knob, dict-valued ones included
+        value = values
+        for part in key.split("."):
+            value = value[part]
+        print(f"{key:32s} {json.dumps(value):24s} {meaning}")
     return 0
 
 

@@ -108,9 +108,11 @@ class HFTokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
         """The prompt text of `messages` (a list of {"role", "content"} dicts), laid out by the
-        checkpoint's chat template as transformers lays it out (minirl/tools/chat_template.py)."""
+        checkpoint's chat template as transformers lays it out (minirl/tools/chat_template.py).
+        `kwargs`: more variables the template reads, as transformers passes them (e.g. Qwen3's
+        `enable_thinking=False`)."""
         from minirl.tools.chat_template import render
 
         if self.chat_template is None:
@@ -118,7 +120,7 @@ class HFTokenizer:
         tokens = {k: v for k, v in self.special_tokens.items() if v is not None}
         unk = self.config.get("unk_token")
         tokens["unk_token"] = unk.get("content") if isinstance(unk, dict) else unk
-        return render(self.chat_template, messages, add_generation_prompt, **tokens)
+        return render(self.chat_template, messages, add_generation_prompt, **tokens, **kwargs)
 
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> np.ndarray:
         ids = self._tok.encode(text, add_special_tokens=bos).ids

@@ -119,6 +119,7 @@ def make_task(cfg: RunConfig, tokenizer):
         system_prompt=d.system_prompt,
         instruction=d.instruction,
         use_chat_template=d.chat_template,
+        chat_template_kwargs=d.chat_template_kwargs,
         max_prompt_tokens=cfg.engine.cache_len - d.max_new_tokens,
     )
 

@@ -70,6 +70,7 @@ class FileFormat:
     system_prompt: str = ""
     instruction: str = ""
     use_chat_template: bool = True
+    chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
     max_prompt_tokens: int | None = None
 
 
@@ -168,7 +169,8 @@ def _check_messages(value, key: str) -> list[dict]:
 def render(messages: list[dict], tokenizer, fmt: FileFormat) -> tuple[str, np.ndarray]:
     """(prompt text, its tokens): the chat template's layout, or plain text with BOS."""
     if fmt.use_chat_template and tokenizer.chat_template is not None:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        kwargs = fmt.chat_template_kwargs
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
         return text, tokenizer.encode(text, bos=False)
     text = "\n\n".join(m["content"] for m in messages) + "\n"
     return text, tokenizer.encode(text, bos=True)
