@@ -152,3 +152,16 @@ def test_a_model_directory_is_not_taken_for_a_damaged_run(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"config": {}}))  # minirl's, damaged
     assert main(["eval", str(tmp_path)]) == 2
     assert "changed by hand or damaged" in capsys.readouterr().err
+
+
+def test_the_readme_set_up_commands_do_not_share_an_environment():
+    """Issue #34: both README commands made `.venv` in the same folder, so the second silently
+    reused the first's packages."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    setup = readme.split("## Set up", 1)[1].split("##", 1)[0]
+    made = re.findall(r"python3 -m venv (\S+) && \. (\S+)/bin/activate", setup)
+    assert len(made) == 2 and all(venv == activated for venv, activated in made)
+    assert len({venv for venv, _ in made}) == 2
