@@ -244,20 +244,7 @@ def save_hf(
     path = Path(path)
     hf_config = config_to_hf(cfg, architecture)
     path.mkdir(parents=True, exist_ok=True)
-    if source is not None:
-        original = read_config(source)
-        hf_config.update({k: original[k] for k in TOKEN_ID_FIELDS if k in original})
-        if (Path(source) / GENERATION_FILE).is_file():
-            shutil.copyfile(Path(source) / GENERATION_FILE, path / GENERATION_FILE)
-    elif token_ids is not None:
-        ids = {
-            "bos_token_id": token_ids.bos,
-            "eos_token_id": token_ids.eos[0] if len(token_ids.eos) == 1 else list(token_ids.eos),
-            "pad_token_id": token_ids.pad,
-        }
-        hf_config.update(ids)
-        generation = {**ids, "do_sample": True}
-        (path / GENERATION_FILE).write_text(json.dumps(generation, indent=2) + "\n")
+    hf_config.update(_token_ids(path, token_ids, source))
     params = _pure_params(model_or_state)
     tensors = {}
     for name, (where, transposed) in tensor_names(cfg).items():
@@ -292,6 +279,26 @@ def save_hf(
     total = sum(a.nbytes for a in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _token_ids(path: Path, token_ids: TokenIds | None, source) -> dict:
+    """config.json's token id fields, writing generation_config.json on the way: the source's
+    (copied unchanged), or one made of `token_ids`, or none."""
+    if source is not None:
+        original = read_config(source)
+        if (Path(source) / GENERATION_FILE).is_file():
+            shutil.copyfile(Path(source) / GENERATION_FILE, path / GENERATION_FILE)
+        return {k: original[k] for k in TOKEN_ID_FIELDS if k in original}
+    if token_ids is None:
+        return {}
+    ids = {
+        "bos_token_id": token_ids.bos,
+        "eos_token_id": token_ids.eos[0] if len(token_ids.eos) == 1 else list(token_ids.eos),
+        "pad_token_id": token_ids.pad,
+    }
+    generation = {**ids, "do_sample": True}
+    (path / GENERATION_FILE).write_text(json.dumps(generation, indent=2) + "\n")
+    return ids
 
 
 __all__ = [  # the config side is re-exported from minirl.hf_config
