@@ -121,7 +121,8 @@ def _refuse_inputs(out: Path, cfg: RunConfig, run_dir: str | None) -> None:
 def _check_replaceable(out: Path, force: bool) -> None:
     """Only an empty directory, or with `force` an earlier export, may be replaced."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ConfigError(f"--out {out} is not a directory; choose another --out")
+        what = "a symbolic link" if out.is_symlink() else "not a directory"
+        raise ConfigError(f"--out {out} is {what}; choose another --out")
     if not out.exists() or not any(out.iterdir()):
         return
     if not force:
