@@ -125,6 +125,7 @@ def test_right_padding_does_not_leak_into_real_positions():
     assert not np.array_equal(a[~real], b[~real])  # the padding did change the padded positions
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_exact_mode_is_bitwise(dtype):
     tokens = _tokens()
@@ -155,6 +156,7 @@ def test_token_logprobs_by_hand():
     )
 
 
+@pytest.mark.gpu
 def test_token_logprobs_exact_is_shape_invariant():
     """Engine (one position per call) and trainer (all positions) get the same bits."""
     rng = np.random.default_rng(1)
