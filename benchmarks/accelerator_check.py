@@ -18,9 +18,14 @@ Rows, in this order (each one's figures, or its error: a failed row never stops 
               held-out pass@1 before and after
   lane        `pytest -m gpu` (the bitwise claims) in a child process: passed / failed / skipped
 
-Limits measured in the same run, before the rows and again after them (the faster counts):
-the copy rate (read + write bytes/s of a jitted in-place update) and the square matmul rate
-per dtype. Nothing is copied from roofline.py: its limits and workloads are imported.
+Limits measured in the same run: the copy rate (read + write bytes/s of a jitted in-place
+update) and the square matmul rate per dtype, before the rows (`limits_before`: the rows' memory
+and update times use its copy rate; each row's compute limit is its own matmul chain, timed
+beside it) and after them (`limits_after`); `limits` keeps the faster of each, and is what
+`minirl plan --calibrate-device` reads. Nothing is copied from roofline.py: its limits and
+workloads are imported. On the CPU's tiny shapes (`--small`) the figures test the plumbing,
+not the machine: a jitted call's fixed cost dominates both a step and its chain, and XLA CPU's
+bfloat16 matmuls are slow, so ratios above 1 happen there.
 
 The JSON names the device (`jax.devices()[0].device_kind`), the jax / jaxlib versions, the
 commit (`MINIRL_COMMIT` or `git rev-parse HEAD`), the packages found and missing, and is
@@ -292,20 +297,21 @@ def lane_row(plan: Plan, timeout: float) -> dict:
         if not xml.is_file():
             raise RuntimeError(f"pytest wrote no report (exit {out.returncode}): {_tail(out)}")
         cases = ET.parse(xml).getroot().iter("testcase")
-        result = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "skip_reasons": []}
+        result = {"tests_passed": 0, "tests_failed": 0, "tests_skipped": 0}
+        result |= {"failures": [], "skip_reasons": []}
         for case in cases:
             name = f"{case.get('classname')}::{case.get('name')}"
             bad = case.find("failure") if case.find("failure") is not None else case.find("error")
             if bad is not None:
-                result["failed"] += 1
+                result["tests_failed"] += 1
                 result["failures"].append(f"{name}: {(bad.get('message') or '')[:300]}")
             elif case.find("skipped") is not None:
-                result["skipped"] += 1
+                result["tests_skipped"] += 1
                 reason = case.find("skipped").get("message") or ""
                 if reason not in result["skip_reasons"]:
                     result["skip_reasons"].append(reason)
             else:
-                result["passed"] += 1
+                result["tests_passed"] += 1
     return {
         "command": "pytest " + " ".join(plan.lane),
         "exit": out.returncode,
@@ -402,7 +408,7 @@ def _summary(row: dict) -> str:
     if not row["ok"]:
         return "FAILED " + row["error"].splitlines()[0][:200]
     keys = ("step_s", "efficiency", "tokens_per_s", "fraction_of_peak", "median_step_s")
-    keys += ("pass1_after", "passed", "failed", "skipped")
+    keys += ("pass1_after", "tests_passed", "tests_failed", "tests_skipped")
     return ", ".join(f"{k}={_fmt(row[k])}" for k in keys if k in row)
 
 

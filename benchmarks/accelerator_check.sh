@@ -43,5 +43,5 @@ RESULT=${OUT:-benchmarks/results}/accelerator_check.json
 echo "[check] $("$PY" --version 2>&1); nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none)"
 "$PY" benchmarks/accelerator_check.py --out "$RESULT" "$@"
 status=$?
-echo "[check] exit $status; JSON: $RESULT"
+echo "[check] exit $status"
 exit $status
