@@ -45,6 +45,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -81,7 +82,7 @@ class Plan:
     square: int = 8192  # the square matmul of the peak rate
     train_run: tuple[str, ...] = ("--preset", "countdown", "--set", "rl.steps=30")
     train_run_s: float = 150.0  # time reserved for (and limit of) the `minirl train` row
-    lane: tuple[str, ...] = ("-m", "gpu")
+    lane_files: tuple[str, ...] = ()  # empty: every tests/ file with a `gpu` mark
     lane_s: float = 180.0
     lane_test_s: int = 120  # per-test limit when pytest-timeout is installed
 
@@ -94,7 +95,7 @@ SMALL = Plan(
     square=256,
     train_run=("--preset", "fixture", "--set", "rl.steps=3"),
     train_run_s=120.0,
-    lane=("-m", "gpu", "tests/test_model.py"),
+    lane_files=("tests/test_model.py",),
     lane_s=120.0,
     lane_test_s=60,
 )
@@ -283,40 +284,75 @@ def train_run_row(plan: Plan, timeout: float) -> dict:
     }
 
 
+VERDICT = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)")
+
+
+def lane_files(plan: Plan) -> list[str]:
+    """The test files the lane collects: the plan's, or every tests/ file with a `gpu` mark
+    (only those: a test file whose imports fail on a bare GPU image cannot stop the lane)."""
+    if plan.lane_files:
+        return list(plan.lane_files)
+    tests = sorted((ROOT / "tests").rglob("test_*.py"))
+    return [str(p.relative_to(ROOT)) for p in tests if "mark.gpu" in p.read_text()]
+
+
 def lane_row(plan: Plan, timeout: float) -> dict:
-    """`pytest -m gpu` in a child process; counts and the failures from its JUnit XML."""
+    """`pytest -m gpu` in a child process: counts and failures from its JUnit XML, or, when it
+    runs out of time, the verdicts it printed so far (and an error saying so)."""
+    files = lane_files(plan)
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp, "lane.xml")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plan.lane]
-        cmd += [f"--junitxml={xml}", "-o", "junit_family=xunit2"]
+        cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu"]
+        cmd += ["--continue-on-collection-errors", *files]
         if _has("pytest_timeout"):
             cmd += [f"--timeout={plan.lane_test_s}"]
+        row = {"command": " ".join(["pytest", *cmd[3:]]), "files": files}
+        cmd += [f"--junitxml={xml}", "-o", "junit_family=xunit2"]
         t0 = time.perf_counter()
-        out = _child(cmd, timeout, check=False)
-        wall = time.perf_counter() - t0
+        try:
+            out = _child(cmd, timeout, check=False)
+        except subprocess.TimeoutExpired as e:
+            printed = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+            verdicts = [m.groups() for m in map(VERDICT.match, printed.splitlines()) if m]
+            return row | _count(verdicts) | {"error": f"timed out after {timeout:.0f} s"}
+        row |= {"exit": out.returncode, "wall_s": time.perf_counter() - t0}
         if not xml.is_file():
-            raise RuntimeError(f"pytest wrote no report (exit {out.returncode}): {_tail(out)}")
-        cases = ET.parse(xml).getroot().iter("testcase")
-        result = {"tests_passed": 0, "tests_failed": 0, "tests_skipped": 0}
-        result |= {"failures": [], "skip_reasons": []}
-        for case in cases:
-            name = f"{case.get('classname')}::{case.get('name')}"
-            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-            if bad is not None:
-                result["tests_failed"] += 1
-                result["failures"].append(f"{name}: {(bad.get('message') or '')[:300]}")
-            elif case.find("skipped") is not None:
-                result["tests_skipped"] += 1
-                reason = case.find("skipped").get("message") or ""
-                if reason not in result["skip_reasons"]:
-                    result["skip_reasons"].append(reason)
-            else:
-                result["tests_passed"] += 1
-    return {
-        "command": "pytest " + " ".join(plan.lane),
-        "exit": out.returncode,
-        "wall_s": wall,
-    } | result
+            return row | {"error": f"pytest wrote no report (exit {out.returncode}): {_tail(out)}"}
+        return row | _count(_junit_verdicts(xml))
+
+
+def _junit_verdicts(xml: Path) -> list[tuple[str, str, str]]:
+    """(test, PASSED | FAILED | SKIPPED, message) per test case of a JUnit XML report."""
+    out = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        bad = [case.find(t) for t in ("failure", "error") if case.find(t) is not None]
+        skip = case.find("skipped")
+        if bad:
+            out.append((name, "FAILED", bad[0].get("message") or ""))
+        elif skip is not None:
+            out.append((name, "SKIPPED", skip.get("message") or ""))
+        else:
+            out.append((name, "PASSED", ""))
+    return out
+
+
+def _count(verdicts) -> dict:
+    """Counts of (test, verdict[, message]) tuples; the failures and the distinct skip reasons."""
+    result = {"tests_passed": 0, "tests_failed": 0, "tests_skipped": 0}
+    result |= {"failures": [], "skip_reasons": []}
+    for name, verdict, *message in verdicts:
+        text = (message or [""])[0][:300]
+        if verdict in ("FAILED", "ERROR"):
+            result["tests_failed"] += 1
+            result["failures"].append(f"{name}: {text}".rstrip(": "))
+        elif verdict == "SKIPPED":
+            result["tests_skipped"] += 1
+            if text and text not in result["skip_reasons"]:
+                result["skip_reasons"].append(text)
+        else:
+            result["tests_passed"] += 1
+    return result
 
 
 def _has(module: str) -> bool:
@@ -385,7 +421,7 @@ class Check:
             t0 = time.perf_counter()
             try:
                 row |= fn(room) if child else fn()
-                row["ok"] = True
+                row["ok"] = "error" not in row
             except Exception as e:  # noqa: BLE001 - a failed row records its error, the rest run
                 row["error"] = f"{type(e).__name__}: {e}"[:2000]
                 row["traceback"] = traceback.format_exc()[-2000:]

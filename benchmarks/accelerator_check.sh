@@ -20,7 +20,8 @@ WHEELS="multiprocess==0.70.19 dill==0.4.1"  # minirl train's worker pool; absent
 
 if [ "${1:-}" = wheels ]; then
     mkdir -p .whl
-    grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>.git/info/exclude
+    exclude=$(git rev-parse --git-path info/exclude 2>/dev/null) &&
+        { grep -qxF '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >>"$exclude"; }
     # shellcheck disable=SC2086
     exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \

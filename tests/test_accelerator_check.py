@@ -190,3 +190,38 @@ def test_the_check_script_runs_every_row_on_the_cpu(tmp_path):
     assert all(r["ok"] for r in report["rows"]), [r.get("error") for r in report["rows"]]
     lane_row = report["rows"][-1]
     assert lane_row["tests_skipped"] > 0 and lane_row["tests_failed"] == 0
+
+
+def test_the_lane_row_counts_verdicts_from_a_report_or_from_what_pytest_printed(check, tmp_path):
+    printed = [
+        "tests/test_model.py::test_a[float32] PASSED                       [ 33%]",
+        "tests/test_model.py::test_b FAILED                                [ 66%]",
+        "tests/test_engine.py::test_c SKIPPED (GPU lane: no GPU)           [100%]",
+        "some other line",
+    ]
+    verdicts = [m.groups() for m in map(check.VERDICT.match, printed) if m]
+    assert check._count(verdicts) == {
+        "tests_passed": 1,
+        "tests_failed": 1,
+        "tests_skipped": 1,
+        "failures": ["tests/test_model.py::test_b"],
+        "skip_reasons": [],
+    }
+    xml = tmp_path / "lane.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_model" name="test_a"/>'
+        '<testcase classname="tests.test_model" name="test_b"><failure message="bits differ"/>'
+        '</testcase><testcase classname="tests.test_engine" name="test_c">'
+        '<skipped message="GPU lane: why"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert check._count(check._junit_verdicts(xml)) == {
+        "tests_passed": 1,
+        "tests_failed": 1,
+        "tests_skipped": 1,
+        "failures": ["tests.test_model::test_b: bits differ"],
+        "skip_reasons": ["GPU lane: why"],
+    }
+    files = check.lane_files(check.Plan())
+    assert {"tests/test_model.py", "tests/test_trainer.py", "tests/test_engine.py"} <= set(files)
