@@ -162,7 +162,10 @@ def test_the_committed_cpu_dry_run_is_sane_and_complete(check):
     report = json.loads(CPU_CHECK.read_text())
     _assert_sane(check, report)
     kinds = [r["kind"] for r in report["rows"]]
-    assert kinds == ["decode"] * 4 + ["train", "train_run", "lane"]
+    assert kinds == ["decode", "decode", "train", "decode", "decode", "train_run", "lane"]
+    assert [r.get("dtype") for r in report["rows"][:5]] == ["bfloat16"] * 2 + [None] + [
+        "float32"
+    ] * 2
     assert all(r["ok"] for r in report["rows"])
     lane_row = report["rows"][-1]
     assert lane_row["tests_skipped"] > 0 and lane_row["tests_passed"] == 0
