@@ -192,7 +192,9 @@ def decode_row(plan: Plan, dtype: str, slots: int, params, copy: float) -> dict:
     """The decode step and the prefill of `slots` requests against their same-run limits."""
     from roofline import (
         CONTEXT,
+        LONG,
         PROMPT,
+        SHORT,
         decode_engine,
         decode_limit,
         decode_step_time,
@@ -206,6 +208,8 @@ def decode_row(plan: Plan, dtype: str, slots: int, params, copy: float) -> dict:
     cfg = ModelConfig.preset(plan.shape, dtype=dtype, param_dtype=dtype)
     engine = decode_engine(cfg, slots, params)
     step = decode_step_time(engine, cfg, slots)
+    if step <= 0:  # a difference of two times: a loaded machine can make the longer run faster
+        raise RuntimeError(f"timing noise: {LONG} new tokens took no longer than {SHORT}")
     calls = -(-slots // engine.config.prefill_rows)
     prefill = generate_time(engine, cfg, slots, 1) / calls
     limit = decode_limit(cfg, slots, CONTEXT, copy)
@@ -536,7 +540,8 @@ def main(argv=None) -> int:
 
 
 def problems(report: dict) -> list[str]:
-    """What is wrong with a check's JSON (empty: none): the schema, limits > 0, ratios finite."""
+    """What is wrong with a check's JSON (empty: none): the schema, limits > 0, every figure
+    finite, every failed row with its error. (Nothing about time: the rows' own checks raise.)"""
     bad = []
     for key in ("schema", "device", "commit", "packages", "rows", "limits"):
         if key not in report:
@@ -553,9 +558,6 @@ def problems(report: dict) -> list[str]:
             for k, v in row.items():
                 if isinstance(v, float) and not math.isfinite(v):
                     bad.append(f"{row['name']}: {k} = {v}")
-            for k in ("efficiency", "memory_efficiency", "prefill_efficiency", "step_s"):
-                if k in row and not row[k] > 0:
-                    bad.append(f"{row['name']}: {k} = {row[k]} is not > 0")
         elif "skipped" not in row and not row.get("error"):
             bad.append(f"{row['name']}: failed without an error")
     return bad

@@ -423,11 +423,15 @@ def test_plan_calibrated_by_a_check_and_its_errors(capsys, tmp_path):
     no_rows = json.loads(CPU_CHECK.read_text())
     no_rows["rows"] = [r for r in no_rows["rows"] if r["kind"] != "decode"]
     (tmp_path / "c.json").write_text(json.dumps(no_rows))
+    noisy = json.loads(CPU_CHECK.read_text())
+    noisy["rows"][0]["step_s"] = -1e-4
+    (tmp_path / "d.json").write_text(json.dumps(noisy))
     for bad, says in [
         (["--calibrate-device", str(tmp_path / "none.json")], "No such file"),
         (["--calibrate-device", str(not_json)], "not JSON"),
         (["--calibrate-device", str(empty)], "not a finished accelerator check"),
         (["--calibrate-device", str(tmp_path / "c.json")], "no bfloat16 matmul rate or"),
+        (["--calibrate-device", str(tmp_path / "d.json")], "timing noise"),
         (["--calibrate-device", str(CPU_CHECK), "--calibrate", str(tmp_path)], "give one"),
         (["--calibrate-device", str(CPU_CHECK), "--decode-eff", "0"], "must be in (0, 1]"),
     ]:

@@ -64,6 +64,11 @@ def device_from_check(report: dict, base: Device, source: str = "check") -> Devi
     decode = sorted(_ok(report, "decode", "bfloat16"), key=lambda r: r["slots"])
     if "bfloat16" not in rates or not decode:
         raise ValueError(f"{source}: no bfloat16 matmul rate or bfloat16 decode row succeeded")
+    timed = [*decode, *_ok(report, "train")]
+    if any(not r["step_s"] > 0 or not r.get("prefill_s", 1) > 0 for r in timed):
+        raise ValueError(
+            f"{source}: a measured time is not > 0 (timing noise: run the check again)"
+        )
     kind = report.get("device", {}).get("device_kind", "?")
     raw = dataclasses.replace(
         base,
