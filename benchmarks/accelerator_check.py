@@ -524,9 +524,15 @@ def main(argv=None) -> int:
     check = Check(plan, args.out, args.budget, {s for s in args.skip.split(",") if s})
     missing = check.report["packages"]["missing"]
     if missing:
-        print(f"[check] missing packages (their rows will fail): {missing}", flush=True)
+        print(
+            f"[check] missing packages (their rows will fail): {missing}; install them, or put "
+            "their wheels in .whl/ (`bash benchmarks/accelerator_check.sh wheels` fetches "
+            "multiprocess and dill)",
+            flush=True,
+        )
     if "core" in missing:
         check.write()
+        print("[check] minirl's core cannot run without them: nothing measured", flush=True)
         return 1
     check.report["device"] = device_info()
     print(f"[check] device: {check.report['device']}", flush=True)

@@ -10,8 +10,8 @@
 #                                                    # driver (--small, --budget S, --skip KINDS)
 #
 # The GPU machine needs no network: a .whl/ folder beside this repository's root, if present,
-# is installed into a private directory first. The JSON goes to $OUT/accelerator_check.json
-# when OUT is set (the device machine's result folder), else benchmarks/results/. Set
+# is installed into a private directory first. The JSON and the log (accelerator_check.json,
+# accelerator_check.log) go to $OUT when OUT is set, else to benchmarks/results/. Set
 # MINIRL_COMMIT to the commit checked (the copy on the GPU machine may have no .git).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,10 +39,13 @@ export PYTHONUNBUFFERED=1
 # own: allocate on demand instead of taking 75% of the card up front.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/minirl-jax-cache}
-RESULT=${OUT:-benchmarks/results}/accelerator_check.json
+DIR=${OUT:-benchmarks/results}
+mkdir -p "$DIR"
 
-echo "[check] $("$PY" --version 2>&1); nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none)"
-"$PY" benchmarks/accelerator_check.py --out "$RESULT" "$@"
-status=$?
-echo "[check] exit $status"
-exit $status
+{
+    echo "[check] $("$PY" --version 2>&1); nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none)"
+    "$PY" benchmarks/accelerator_check.py --out "$DIR/accelerator_check.json" "$@"
+    status=$?
+    echo "[check] exit $status"
+    exit $status
+} 2>&1 | tee "$DIR/accelerator_check.log"
