@@ -32,7 +32,8 @@ import numpy as np
 from minirl.batching import make_batch
 from minirl.engine import Engine, EngineConfig, Request
 from minirl.losses import get_preset
-from minirl.model import ModelConfig
+from minirl.model import ModelConfig, token_logprobs
+from minirl.sampling import Sampling, sample_tokens
 from minirl.tools.sim.costs import attention_flops, kv_bytes, matrices, weight_bytes
 from minirl.trainer import Trainer, TrainerConfig
 from minirl.types import Prompt, Rollout, Score
@@ -60,6 +61,18 @@ def copy_rate(nbytes: int = 2**30, repeats: int = 3) -> float:
         x = bump(x).block_until_ready()
         best = min(best, time.perf_counter() - t0)
     return 2 * nbytes / best
+
+
+def matmul_rate(n: int, dtype, repeats: int = 3) -> float:
+    """Best FLOP/s of a jitted [n, n] @ [n, n] matmul in `dtype`: the device's peak for the
+    dtype as this run sees it (a large square product; accumulation in the dtype's default)."""
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32), dtype)
+    return 2.0 * n**3 / best_time(lambda: _square(a), repeats)
+
+
+@jax.jit
+def _square(a):
+    return a @ a
 
 
 def matmul_chain_time(cfg: ModelConfig, rows: int, head: bool = True) -> tuple[float, float]:
@@ -152,14 +165,16 @@ def grpo_trainer(cfg: ModelConfig, params) -> Trainer:
     return Trainer(cfg, params, get_preset("grpo"), TrainerConfig(learning_rate=1e-6))
 
 
-def train_batch(rows: int, length: int, seed: int = 0):
-    """A GRPO batch of `rows` rollouts of `length` tokens (16 of prompt), rewards 0 and 1."""
+def train_batch(rows: int, length: int, seed: int = 0, vocab: int = 300):
+    """A GRPO batch of `rows` rollouts of `length` tokens (16 of prompt), rewards 0 and 1; token
+    ids in [3, min(300, vocab))."""
     rng = np.random.default_rng(seed)
+    high = min(300, vocab)
     out = []
     for i in range(rows):
-        prompt = Prompt(i // 2, "b", "", rng.integers(3, 300, 16).astype(np.int32))
+        prompt = Prompt(i // 2, "b", "", rng.integers(3, high, 16).astype(np.int32))
         c = length - 16
-        tokens = rng.integers(3, 300, c).astype(np.int32)
+        tokens = rng.integers(3, high, c).astype(np.int32)
         behaviour = np.full(c, -1.0, np.float32)
         out.append(
             Rollout(
@@ -199,3 +214,41 @@ def decode_requests(cfg: ModelConfig, slots: int, new: int, seed: int) -> list[R
     rng = np.random.default_rng(seed)
     prompts = rng.integers(3, min(cfg.vocab_size, 30_000), (slots, PROMPT)).astype(np.int32)
     return [Request(Prompt(seed * 1000 + i, "b", "", p), 0, new) for i, p in enumerate(prompts)]
+
+
+SHORT, LONG = 8, 40  # new tokens of the two timed runs whose difference is the decode step
+CONTEXT = PROMPT + (SHORT + LONG) / 2  # mean cache positions a steady decode step attends over
+
+
+def generate_time(engine: Engine, cfg: ModelConfig, slots: int, new: int) -> float:
+    """Best of two timed `engine.generate` runs of `slots` requests of `new` tokens after a
+    warm-up (compiles excluded), fresh prompts each time."""
+    engine.generate(decode_requests(cfg, slots, new, seed=new))
+    times = []
+    for r in range(2):
+        reqs = decode_requests(cfg, slots, new, seed=100 * new + r)
+        t0 = time.perf_counter()
+        engine.generate(reqs)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def decode_step_time(engine: Engine, cfg: ModelConfig, slots: int) -> float:
+    """The steady decode step: (time of LONG new tokens - time of SHORT) / (LONG - SHORT). The
+    prefill and the first chunk cancel; what is left is a step at a mean context of CONTEXT."""
+    long, short = (generate_time(engine, cfg, slots, n) for n in (LONG, SHORT))
+    return (long - short) / (LONG - SHORT)
+
+
+def sampling_time(cfg: ModelConfig, slots: int) -> float:
+    """sample_tokens + the behaviour log-prob on [slots, V] float32 logits, jitted."""
+    logits = jnp.asarray(np.random.default_rng(0).standard_normal((slots, cfg.vocab_size)))
+    keys = jax.random.split(jax.random.key(0), slots)
+    s = Sampling(temperature=1.0)
+
+    @jax.jit
+    def sample(keys, logits):
+        tok = sample_tokens(keys, logits, s)
+        return tok, token_logprobs(logits[:, None], tok[:, None], s)[:, 0]
+
+    return best_time(lambda: sample(keys, logits))

@@ -41,20 +41,23 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (BENCHMARKING.md)
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 from roofline import (  # noqa: E402
+    LONG,
     PROMPT,
+    SHORT,
     best_time,
     copy_rate,
     decode_engine,
     decode_limit,
     decode_requests,
+    decode_step_time,
+    generate_time,
     grpo_trainer,
     prefill_limit,
+    sampling_time,
     train_batch,
     train_limit,
 )
@@ -62,12 +65,9 @@ from test_bench_trainer import matmul_peak  # noqa: E402
 
 from minirl.model import (  # noqa: E402
     ModelConfig,
-    init_model,
-    token_logprobs,  # noqa: E402
+    init_model,  # noqa: E402
 )
-from minirl.sampling import Sampling, sample_tokens  # noqa: E402
 
-SHORT, LONG = 8, 40
 SHAPES = ("small", "qwen2.5-0.5b", "qwen3-0.6b")
 ROWS = [(s, d, b) for s in SHAPES for d in ("float32", "bfloat16") for b in (1, 8, 32, 64)]
 
@@ -76,31 +76,6 @@ ROWS = [(s, d, b) for s in SHAPES for d in ("float32", "bfloat16") for b in (1, 
 def model(shape: str, dtype: str):
     cfg = ModelConfig.preset(shape, dtype="float32", param_dtype=dtype)
     return cfg, nnx.to_pure_dict(nnx.split(init_model(cfg, seed=0))[1])
-
-
-def generate_time(engine, cfg, slots: int, new: int) -> float:
-    """Best of two timed runs after a warm-up (compiles excluded), fresh prompts each time."""
-    engine.generate(decode_requests(cfg, slots, new, seed=new))
-    times = []
-    for r in range(2):
-        reqs = decode_requests(cfg, slots, new, seed=100 * new + r)
-        t0 = time.perf_counter()
-        engine.generate(reqs)
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def sampling_time(cfg, slots: int) -> float:
-    logits = jnp.asarray(np.random.default_rng(0).standard_normal((slots, cfg.vocab_size)))
-    keys = jax.random.split(jax.random.key(0), slots)
-    s = Sampling(temperature=1.0)
-
-    @jax.jit
-    def sample(keys, logits):
-        tok = sample_tokens(keys, logits, s)
-        return tok, token_logprobs(logits[:, None], tok[:, None], s)[:, 0]
-
-    return best_time(lambda: sample(keys, logits))
 
 
 def hf_step_time(cfg, params, slots: int) -> float:
@@ -152,9 +127,7 @@ def test_roofline(benchmark, shape, dtype, slots):
     cfg, params = model(shape, dtype)
     before = limits(cfg, slots)
     engine = decode_engine(cfg, slots, params)
-    step = (generate_time(engine, cfg, slots, LONG) - generate_time(engine, cfg, slots, SHORT)) / (
-        LONG - SHORT
-    )
+    step = decode_step_time(engine, cfg, slots)
     calls = -(-slots // 8)
     prefill = generate_time(engine, cfg, slots, 1) / calls
     benchmark.pedantic(lambda: engine.generate(decode_requests(cfg, slots, SHORT, 7)), rounds=1)

@@ -106,7 +106,15 @@ def dense(x: jax.Array, w: jax.Array, exact: bool = False) -> jax.Array:
     xc = _pad_axis(x, -1, n * CHUNK).reshape(*x.shape[:-1], n, CHUNK)  # [..., n, C]
     wc = _pad_axis(w, 0, n * CHUNK).reshape(n, CHUNK, w.shape[-1])  # [n, C, O]
     # bf16 inputs are upcast: a bf16 x bf16 product is exact in float32, sums accumulate in fp32.
-    parts = jnp.einsum("...nc,nco->...no", xc.astype(jnp.float32), wc.astype(jnp.float32))
+    # HIGHEST: true float32 products on every backend (a GPU's default runs float32 dots in TF32,
+    # 10 bits of mantissa; the CPU's are float32 either way, so its bits are unchanged).
+    parts = jnp.einsum(
+        "...nc,nco->...no",
+        xc.astype(jnp.float32),
+        wc.astype(jnp.float32),
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )
     return tree_sum(parts, axis=-2).astype(x.dtype)
 
 

@@ -144,7 +144,9 @@ def test_greedy_equals_a_plain_greedy_loop(params):
     assert matched >= 60  # of 72: near-ties are rare
 
 
-@pytest.mark.parametrize("config", [SAMPLED, EXACT], ids=["fast", "exact"])
+@pytest.mark.parametrize(
+    "config", [SAMPLED, pytest.param(EXACT, marks=pytest.mark.gpu)], ids=["fast", "exact"]
+)
 def test_same_request_alone_or_in_a_full_batch(params, config):
     reqs = requests(make_prompts(6, seed=2), max_new=(6, 14), seed=2)
     batch = engine(config, params).generate(reqs)
@@ -158,6 +160,7 @@ def test_same_request_alone_or_in_a_full_batch(params, config):
             np.testing.assert_allclose(alone.logprobs, batch[i].logprobs, atol=1e-4)
 
 
+@pytest.mark.gpu
 def test_two_engine_replicas_make_the_rollouts_one_engine_makes(params):
     """minirl.workers.Replicas: the same requests split over two engines (generate), or dealt
     round-robin and stepped (submit/step, as the async rollout thread drives them), give the
@@ -194,7 +197,11 @@ def test_two_engine_replicas_make_the_rollouts_one_engine_makes(params):
 
 @pytest.mark.parametrize(
     "config,dtype",
-    [(SAMPLED, None), (EXACT, None), (EXACT, "bfloat16")],
+    [
+        (SAMPLED, None),
+        pytest.param(EXACT, None, marks=pytest.mark.gpu),
+        pytest.param(EXACT, "bfloat16", marks=pytest.mark.gpu),
+    ],
     ids=["fast-fp32", "exact-fp32", "exact-bf16"],
 )
 def test_behaviour_logprobs_equal_the_trainers_recomputation(params, config, dtype):
@@ -213,6 +220,7 @@ def test_behaviour_logprobs_equal_the_trainers_recomputation(params, config, dty
         assert np.all(r.logprobs <= 0) and r.versions.tolist() == [0] * len(r.tokens)
 
 
+@pytest.mark.gpu
 def test_decode_window_grows_past_64_positions_exactly(params):
     # 10 prompt + 80 new tokens: decode attends over the first 64 cache positions, then 128
     prompt = Prompt(uid=77, task="test", text="", tokens=np.arange(1, 11, dtype=np.int32))
@@ -277,6 +285,7 @@ def test_discard_regenerates_every_rollout_with_one_version(params, params_v1):
 # ---- paged cache ---------------------------------------------------------------------------
 
 
+@pytest.mark.gpu
 def test_paged_equals_contiguous_with_preemption_and_reports_memory(params):
     reqs = requests(make_prompts(6, seed=6), max_new=(20, 30), seed=6)
     small = dataclasses.replace(EXACT, paged=True, block_size=8, num_blocks=17)  # 16 real blocks

@@ -78,6 +78,7 @@ def _row(rows, source, contains):
     return found[0]
 
 
+@pytest.mark.gpu
 def test_fast_table_covers_every_source_and_exact_rows_are_zero(fast_table):
     rc, rows = fast_table
     assert rc == 0
@@ -134,6 +135,7 @@ def test_prompt_lengths_from_the_mask():
 # The teacher-forced decode is the engine's computation (bitwise, in exact mode)
 
 
+@pytest.mark.gpu
 def test_decode_replay_equals_the_exact_engine_bitwise():
     cfg = make_config("fixture")
     tok = CharTokenizer()
@@ -229,6 +231,7 @@ def _assert_zero_mismatch(records):
             assert r[f"{prefix}/max_abs_dlogp"] == 0.0, (r["step"], prefix)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", list(EXACT_RUNS))
 def test_exact_run_has_zero_mismatch_every_step(name, run_root):
     _assert_zero_mismatch(_exact_run(name, run_root))

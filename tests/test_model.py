@@ -125,6 +125,7 @@ def test_right_padding_does_not_leak_into_real_positions():
     assert not np.array_equal(a[~real], b[~real])  # the padding did change the padded positions
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_exact_mode_is_bitwise(dtype):
     tokens = _tokens()
@@ -155,6 +156,7 @@ def test_token_logprobs_by_hand():
     )
 
 
+@pytest.mark.gpu
 def test_token_logprobs_exact_is_shape_invariant():
     """Engine (one position per call) and trainer (all positions) get the same bits."""
     rng = np.random.default_rng(1)
@@ -166,6 +168,24 @@ def test_token_logprobs_exact_is_shape_invariant():
         step = np.asarray(f(logits[:, t : t + 1], targets[:, t : t + 1]))  # [B, 1]
         assert (step[:, 0] == whole[:, t]).all()
         assert np.asarray(f(logits[:1, t : t + 1], targets[:1, t : t + 1]))[0, 0] == whole[0, t]
+
+
+def test_exact_dense_asks_for_true_float32_products_forward_and_backward():
+    """Exact mode's dots ask for HIGHEST precision and float32 accumulation (a GPU runs float32
+    dots at default precision in TF32); fast mode leaves XLA its default. The CPU computes
+    float32 products either way: its exact bits are unchanged (test_exact_mode_is_bitwise)."""
+    x, w = jnp.ones((2, 40), jnp.bfloat16), jnp.ones((40, 3), jnp.bfloat16)
+
+    def dots(fn) -> list[str]:
+        text = jax.jit(fn).lower(x, w).as_text()
+        return [line for line in text.splitlines() if "dot_general" in line]
+
+    loss = lambda x, w: X.dense(x, w, exact=True).astype(jnp.float32).sum()
+    exact = dots(jax.grad(loss, argnums=(0, 1)))  # the forward and the two backward dots
+    assert len(exact) == 3 and all("precision = [HIGHEST, HIGHEST]" in d for d in exact), exact
+    assert all("-> tensor<" in d and "xf32>" in d.split("->")[1] for d in exact)
+    (fast,) = dots(X.dense)
+    assert "HIGHEST" not in fast
 
 
 def test_dense_backward_matches_autodiff():

@@ -170,6 +170,7 @@ def test_batch_holds_the_engine_tokens_byte_for_byte(episodes, batch):
         assert np.array_equal(batch.behaviour_logprobs[i, p - 1 : n], r.logprobs)
 
 
+@pytest.mark.gpu
 def test_exact_logprobs_equal_the_trainers_across_turns(params, episodes, batch):
     cfg = TrainerConfig(micro_batch_tokens=256)
     trainer = Trainer(CFG, params, None, cfg, sampling=EXACT.sampling)

@@ -79,6 +79,7 @@ def test_token_logprobs_without_truncation_is_unchanged():
     )
 
 
+@pytest.mark.gpu
 def test_exact_prefix_sum_is_a_cumsum_and_batch_invariant():
     x = jax.random.uniform(jax.random.key(0), (37, 100))
     out = jax.jit(lambda x: prefix_sum(x, True))(x)

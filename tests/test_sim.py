@@ -3,6 +3,7 @@ on virtual time, the event-driven async scheduler against the threaded one, dete
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -367,3 +368,81 @@ def test_verifier_unsolved_prompts_and_latency():
     assert clock() == pytest.approx(1.0 + 0.5 * 8000)  # sigma 0: every rollout per_rollout_s
     never = (rewards.sum(1) == 0).mean()  # unsolved prompts + solvable ones that missed 4 times
     assert never == pytest.approx(0.3 + 0.7 * 0.5**4, abs=0.03)
+
+
+# ---- a device measured by the accelerator check (benchmarks/accelerator_check.py) -------------
+
+CPU_CHECK = Path(__file__).parent / "data" / "accelerator_check_cpu.json"
+
+
+def test_decode_efficiency_between_measured_slot_counts_is_linear_in_log_slots():
+    dev = Device("d", 1.0, 1.0, 1.0, 1.0, decode_eff=0.5, decode_eff_at=((1, 0.2), (4, 0.6)))
+    assert [dev.decode_eff_for(n) for n in (1, 2, 4, 64)] == pytest.approx([0.2, 0.4, 0.6, 0.6])
+    assert Device("d", 1.0, 1.0, 1.0, 1.0, decode_eff=0.5).decode_eff_for(7) == 0.5
+
+
+def test_a_device_calibrated_from_the_cpu_check_reproduces_its_measured_steps():
+    """tests/data/accelerator_check_cpu.json is the CPU dry run of the check (tiny model). The
+    calibrated device's roofline of each measured step, at the measured efficiency, IS that
+    step; the rates are the check's; memory and link stay the base preset's."""
+    from minirl.tools.sim.measured_device import device_from_check
+
+    report = json.loads(CPU_CHECK.read_text())
+    copy = report["limits"]["copy_bytes_per_s"]
+    dev = device_from_check(report, DEVICES["h100"])
+    assert dev.peak_flops == report["limits"]["matmul_flops_per_s"]["bfloat16"]
+    assert dev.hbm_bytes_per_s == copy
+    assert (dev.hbm_bytes, dev.link_bytes_per_s) == (80e9, 900e9)
+    decode = [r for r in report["rows"] if r["kind"] == "decode" and r["dtype"] == "bfloat16"]
+    assert [n for n, _ in dev.decode_eff_at] == [1, 4]
+    # By hand, tiny (D 256, L 4, K 2, Dh 64, F 768, V 64) at 1 slot and 40 positions, bf16:
+    # matmul params 4 x (2 x 256^2 + 2 x 256 x 128 + 3 x 256 x 768) + 256 x 64 = 3,162,112;
+    # bytes 2 x (3,162,112 + 256) + 41 x 4 x 2 x 2 x 64 x 2 = 6,408,704;
+    # FLOPs 2 x 3,162,112 + 4 x 4 x 4 x 64 x 40 = 6,488,064.
+    roofline = max(6_408_704 / copy, 6_488_064 / dev.peak_flops)
+    assert dev.decode_eff_at[0][1] == pytest.approx(roofline / decode[0]["step_s"])
+    costs = Costs(SHAPES["tiny"], dev)
+    for row in decode:
+        assert costs.decode_chunk(row["slots"], row["context"], 1) == pytest.approx(row["step_s"])
+    (train,) = [r for r in report["rows"] if r["kind"] == "train"]
+    assert dev.mfu == pytest.approx(
+        8 * 3_162_112 * train["tokens"] / dev.peak_flops / train["step_s"]
+    )
+    assert costs.train_step(train["tokens"]) == pytest.approx(train["step_s"])
+    fills = [costs.prefill(r["prefill_rows"], 16) / r["prefill_s"] for r in decode]
+    assert sum(fills) / len(fills) == pytest.approx(1.0)  # the mean prefill at its mean efficiency
+
+
+def test_plan_calibrated_by_a_check_and_its_errors(capsys, tmp_path):
+    from minirl.tools.cli import main
+
+    args = ["plan", "--model", "tiny", "--device", "h100", "--max-new-tokens", "32"]
+    args += ["--prompt-len", "16", "--prompts", "4", "--group-size", "2", "--slots", "4"]
+    args += ["--steps", "2", "--engine-devices", "1", "--trainer-devices", "1", "--json"]
+    assert main(args) == 0
+    (datasheet,) = json.loads(capsys.readouterr().out)
+    assert main([*args, "--calibrate-device", str(CPU_CHECK)]) == 0
+    (measured,) = json.loads(capsys.readouterr().out)
+    # a 2-core CPU's rates are ~10^4 below an H100's datasheet: the planned step is far slower
+    assert measured["seconds_per_step"] > 100 * datasheet["seconds_per_step"]
+    not_json, empty = tmp_path / "a.json", tmp_path / "b.json"
+    not_json.write_text("{")
+    empty.write_text("{}")
+    no_rows = json.loads(CPU_CHECK.read_text())
+    no_rows["rows"] = [r for r in no_rows["rows"] if r["kind"] != "decode"]
+    (tmp_path / "c.json").write_text(json.dumps(no_rows))
+    noisy = json.loads(CPU_CHECK.read_text())
+    noisy["rows"][0]["step_s"] = -1e-4
+    (tmp_path / "d.json").write_text(json.dumps(noisy))
+    for bad, says in [
+        (["--calibrate-device", str(tmp_path / "none.json")], "No such file"),
+        (["--calibrate-device", str(not_json)], "not JSON"),
+        (["--calibrate-device", str(empty)], "not a finished accelerator check"),
+        (["--calibrate-device", str(tmp_path / "c.json")], "no bfloat16 matmul rate or"),
+        (["--calibrate-device", str(tmp_path / "d.json")], "timing noise"),
+        (["--calibrate-device", str(CPU_CHECK), "--calibrate", str(tmp_path)], "give one"),
+        (["--calibrate-device", str(CPU_CHECK), "--decode-eff", "0"], "must be in (0, 1]"),
+    ]:
+        assert main(args + bad) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, err

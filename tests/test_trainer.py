@@ -321,6 +321,7 @@ def test_exact_recompute_matches_prefill_plus_decode(exact_recompute):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
+@pytest.mark.gpu
 def test_exact_recompute_equals_prefill_plus_decode_bitwise(exact_recompute):
     got, want = exact_recompute
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
@@ -555,6 +556,7 @@ def test_reinforce_raises_the_logprob_of_rewarded_completions(params):
     assert (end[good] > start[good] + 0.5).all() and (end[bad] < start[bad] - 0.5).all()
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("remat", ["none", "dots"])
 def test_training_forward_logprobs_equal_the_recompute_in_exact_mode(params, batch, remat):
     """The training step's forward (under the gradient, with remat) computes the same numbers

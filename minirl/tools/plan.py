@@ -2,12 +2,15 @@
 
     minirl plan --model qwen2.5-7b --device v5p --engine-devices 64 --trainer-devices 64 \\
         --lengths lognormal:7,1 --staleness 1,2,1 --scheduler async
+    minirl plan --model qwen2.5-7b --device h100 --calibrate-device accelerator_check.json
 
 runs the real controller on simulated parts (minirl/tools/sim/) for --steps steps and prints
 throughput (trained tokens/s, steps/hour), each pool's busy share, the token lag of trained
 batches and the share of generated tokens thrown away. `--sweep KNOB=V1,V2,...` repeats it for
 each value of one knob (engine-devices, trainer-devices, eta, reload-every, max-lag,
 reload-policy, scheduler, slots) and, with --plot FILE, draws steps/hour against it.
+`--calibrate-device` replaces --device's rates and efficiencies by those the accelerator check
+(benchmarks/accelerator_check.py) measured on one such device.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 
 from minirl.config import RLConfig
 from minirl.engine_config import EngineConfig
-from minirl.tools.sim.costs import DEVICES, SHAPES, Costs
+from minirl.tools.sim.costs import DEVICES, SHAPES, Costs, Device
 from minirl.tools.sim.run import Setup, simulate
 from minirl.tools.sim.workload import Lengths
 
@@ -97,6 +100,14 @@ def _cluster_arguments(p) -> None:
         type=Path,
         help="this machine instead of --device: per-call costs fitted to a lockstep "
         "minirl run (minirl.tools.sim.calibrate; the run's model, one device per pool)",
+    )
+    p.add_argument(
+        "--calibrate-device",
+        metavar="CHECK_JSON",
+        type=Path,
+        help="--device with the rates and efficiencies that benchmarks/accelerator_check.py "
+        "measured on one such device (minirl.tools.sim.measured_device; memory and link stay "
+        "--device's)",
     )
     p.add_argument("--engine-devices", type=int, default=8, help="devices of the engine pool")
     p.add_argument("--trainer-devices", type=int, default=8, help="devices of the trainer")
@@ -198,11 +209,25 @@ def knobs_of(args) -> dict:
     }
 
 
+def _device(args) -> Device:
+    """--device, calibrated from an accelerator check if asked, then --mfu / --decode-eff (an
+    explicit efficiency replaces the measured ones)."""
+    device = DEVICES[args.device]
+    if args.calibrate_device:
+        if args.calibrate:
+            raise ValueError("--calibrate and --calibrate-device: give one")
+        from minirl.tools.sim.measured_device import device_from_file
+
+        device = device_from_file(args.calibrate_device, device)
+    tweaks = {"mfu": args.mfu, "decode_eff": args.decode_eff}
+    if args.decode_eff is not None:
+        tweaks |= {"decode_eff_at": (), "prefill_eff": None}
+    return dataclasses.replace(device, **{k: v for k, v in tweaks.items() if v is not None})
+
+
 def make_setup(args, knobs: dict) -> Setup:
     model = _model(args.model)
-    device = DEVICES[args.device]
-    tweaks = {"mfu": args.mfu, "decode_eff": args.decode_eff}
-    device = dataclasses.replace(device, **{k: v for k, v in tweaks.items() if v is not None})
+    device = _device(args)
     cache = args.prompt_len + args.max_new_tokens
     engine = EngineConfig(
         slots=knobs["slots"], cache_len=cache, prefill_buckets=(args.prompt_len,), decode_chunk=16

@@ -13,13 +13,16 @@ Every duration in the simulator comes from here (issue #17):
 
 An engine replica of d devices splits the weights d ways (tensor parallel, no communication
 cost counted: an optimistic bound). The numbers of a device preset are its datasheet's; `this
-machine` is measured (minirl.tools.sim.calibrate). Efficiencies are knobs, not facts.
+machine` is measured (minirl.tools.sim.calibrate), and so is a device calibrated from the
+accelerator check's JSON (minirl.tools.sim.measured_device). Efficiencies are knobs, not facts,
+unless measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 from minirl.model import PRESETS, ModelConfig
 
@@ -41,6 +44,25 @@ class Device:
     call_s: float = 0.0  # fixed cost of an engine call (a decode chunk or a prefill)
     train_call_s: float = 0.0  # fixed cost of a train step
     itemsize: int = 2  # bytes per parameter (bf16)
+    # Measured (minirl.tools.sim.measured_device): decode efficiency at given slot counts,
+    # ((slots, eff), ...) ascending, and the prefill's; empty / None: decode_eff for both.
+    decode_eff_at: tuple[tuple[int, float], ...] = ()
+    prefill_eff: float | None = None
+
+    def decode_eff_for(self, rows: int) -> float:
+        """The share of the roofline a decode step of `rows` slots reaches: `decode_eff`, or
+        the measured one, linear in log2(slots) between measured slot counts and the nearest
+        measured value outside them."""
+        at = self.decode_eff_at
+        if not at:
+            return self.decode_eff
+        if rows <= at[0][0]:
+            return at[0][1]
+        for (n0, e0), (n1, e1) in zip(at[:-1], at[1:], strict=True):
+            if rows <= n1:
+                share = math.log2(rows / n0) / math.log2(n1 / n0)
+                return e0 + (e1 - e0) * share
+        return at[-1][1]
 
 
 # Datasheet figures (dense bf16; HBM bandwidth; HBM per chip; inter-chip link per chip).
@@ -69,6 +91,15 @@ DEVICES: dict[str, Device] = {
         900 * GB,
         "NVIDIA H100 datasheet: 989 TFLOP/s bf16 dense (1,979 with sparsity), 3.35 TB/s HBM3, "
         "80 GB, NVLink 900 GB/s",
+    ),
+    "h200": Device(
+        "H200 SXM",
+        989e12,
+        4800 * GB,
+        141 * GB,
+        900 * GB,
+        "NVIDIA H200 datasheet: 989 TFLOP/s bf16 dense (1,979 with sparsity), 4.8 TB/s HBM3e, "
+        "141 GB, NVLink 900 GB/s",
     ),
 }
 
@@ -140,23 +171,25 @@ class Costs:
     engine_devices: int = 1  # devices per engine replica
     trainer_devices: int = 1
 
-    def _roofline(self, nbytes: float, flops: float, devices: int) -> float:
+    def _roofline(self, nbytes: float, flops: float, devices: int, eff: float) -> float:
         d = self.device
-        return max(nbytes / d.hbm_bytes_per_s, flops / d.peak_flops) / (devices * d.decode_eff)
+        return max(nbytes / d.hbm_bytes_per_s, flops / d.peak_flops) / (devices * eff)
 
     def decode_chunk(self, rows: int, context: float, steps: int) -> float:
         """`steps` decode steps of `rows` slots at mean `context` positions each."""
         m, item = self.model, self.device.itemsize
         nbytes = weight_bytes(m, item, rows) + kv_bytes(m, rows * (context + 1), item)
         flops = 2.0 * rows * matmul_params(m) + attention_flops(m, rows, context)
-        return self.device.call_s + steps * self._roofline(nbytes, flops, self.engine_devices)
+        eff = self.device.decode_eff_for(rows)
+        return self.device.call_s + steps * self._roofline(nbytes, flops, self.engine_devices, eff)
 
     def prefill(self, rows: int, length: int) -> float:
         m, item = self.model, self.device.itemsize
         tokens = rows * length
         nbytes = weight_bytes(m, item, tokens) + kv_bytes(m, tokens, item)
         flops = 2.0 * tokens * matmul_params(m) + attention_flops(m, tokens, length / 2)
-        return self.device.call_s + self._roofline(nbytes, flops, self.engine_devices)
+        eff = self.device.prefill_eff or self.device.decode_eff
+        return self.device.call_s + self._roofline(nbytes, flops, self.engine_devices, eff)
 
     def train_step(self, tokens: int) -> float:
         """Forward + backward (6 P T) and the recompute of log pi_prox (2 P T)."""
