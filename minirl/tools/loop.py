@@ -148,14 +148,13 @@ class _Loop:
         bar = tqdm(total=cfg.rl.steps, initial=ctl.counters.steps, desc="RL", disable=not progress)
 
         def on_step(m: dict) -> None:
-            c = ctl.counters
+            self.last, c = snapshot(ctl, self.rollouts), ctl.counters  # a whole step
             if cfg.eval.every and c.steps % cfg.eval.every == 0:
                 # the trainer's weights on an engine of its own: the rollout engine's counters
                 # (the next step's engine/ metrics) must not see evaluation work, or a resumed
                 # run would differ
                 m.update({f"eval/{k}": v for k, v in self._evaluate().items()})
             self.record.step(m)
-            self.last = snapshot(ctl, self.rollouts)
             bar.update(1)
             bar.set_postfix(
                 reward=f"{m['reward/mean']:.3f}",
