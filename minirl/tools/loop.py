@@ -99,13 +99,11 @@ def _train(cfg, run_dir: Path, parts: Parts, resume, force, log, progress, step_
     if restored is not None:
         restore_run(restored, controller, run_dir)
         record_config(cfg, run_dir)  # only now: the checkpoint fit
-        log(
-            f"resumed {run_dir} at step {controller.counters.steps} (version {controller.counters.version})"
-        )
+        c = controller.counters
+        log(f"resumed {run_dir} at step {c.steps} (version {c.version})")
     parts.start_engine(controller)
-    c = controller.counters
     if "before" not in summary:
-        summary["before"] = parts.evaluate(c.version, controller.params())
+        summary["before"] = parts.evaluate(controller.counters.version, controller.params())
         log(f"held-out before RL: {_fmt(summary['before'])}")
     write_json(run_dir, "summary.json", summary)
     t0 = time.perf_counter()
@@ -114,7 +112,7 @@ def _train(cfg, run_dir: Path, parts: Parts, resume, force, log, progress, step_
     summary["stopped"] = loop.run(fresh, progress, step_lines)
     summary["after"] = loop.finish()
     summary["rl_seconds"] = summary.get("rl_seconds", 0.0) + time.perf_counter() - t0
-    summary["counters"] = to_plain(c.__dict__)
+    summary["counters"] = to_plain(controller.counters.__dict__)  # a rewind replaces them
     write_json(run_dir, "summary.json", summary)
     log(f"held-out after RL:  {_fmt(summary['after'])}")
     return summary, controller
