@@ -48,7 +48,9 @@ import numpy as np
 from minirl.config_args import add_config_arguments, config_from_args
 from minirl.controller import Controller
 from minirl.data.mixture import Mixture
+from minirl.losses import make_objective
 from minirl.metrics_log import MetricsWriter, format_table, read_metrics
+from minirl.tools.loop import run_steps
 from minirl.tools.plots import plot_mismatch
 from minirl.tools.runner import Run
 from minirl.tools.warmstart import warm_start
@@ -86,8 +88,9 @@ def run_arm(arm: str, cfg, base, evaluator: Run, run_dir: Path, steps: int) -> d
     warm start: every arm starts from the same weights), then the held-out evaluation."""
     run = Run(cfg, run_dir, progress=False, log=lambda *a: None)
     engine = run.engine(0, base)
+    loss = make_objective(cfg.rl.loss, cfg.rl.behaviour_cap)
     trainer = Trainer(
-        cfg.model, base, cfg.rl.objective(), cfg.trainer, sampling=cfg.engine.sampling.scoring
+        cfg.model, base, loss, cfg.trainer_config(), sampling=cfg.engine.sampling.scoring
     )
     store = InMemoryWeightStore(keep=max(4, cfg.rl.reload_every + 2))
     controller = Controller(
@@ -106,14 +109,16 @@ def run_arm(arm: str, cfg, base, evaluator: Run, run_dir: Path, steps: int) -> d
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     t0 = time.perf_counter()
     with MetricsWriter(run_dir) as writer:
-        for _ in range(steps):
-            m = controller.step()
+
+        def on_step(m: dict) -> None:
             writer.write(m, step=controller.counters.steps)
             print(
                 f"    {arm:9s} step {controller.counters.steps:3d}  reward {m['reward/mean']:.3f}  "
                 f"|dlogp| mean {m['mismatch/mean_abs_dlogp']:.2e}  {m['time/step']:.1f}s",
                 flush=True,
             )
+
+        run_steps(controller, steps, on_step)  # minirl train's step loop
     seconds = time.perf_counter() - t0
     after = evaluator.evaluate(evaluator.engine(steps, trainer.params(host=True)))
     return {"seconds": seconds, "after": after, "skipped_steps": controller.counters.skipped_steps}

@@ -58,6 +58,7 @@ from minirl.evaluation import decode_rollouts, heldout_prompts
 from minirl.metrics_log import format_table
 from minirl.run_presets import make_config
 from minirl.scheduler import Request
+from minirl.tools.loop import run_steps
 from minirl.tools.runner import Run
 from minirl.tools.tasks.countdown import sample_in_range
 from minirl.tools.warmstart import demonstration_rollouts, warm_start
@@ -123,9 +124,9 @@ def rl_arm(run: Run, base, sft_lr: float | None = None) -> Arm:
     controller.store.put(0, controller.params())
     log = []
 
-    def step():
-        m = controller.step()
-        log.append({k: m[k] for k in RL_KEYS})
+    def step():  # one more step of minirl train's loop
+        on_step = lambda m: log.append({k: m[k] for k in RL_KEYS})  # noqa: E731
+        run_steps(controller, controller.counters.steps + 1, on_step)
 
     return Arm(step, lambda: controller.params(host=False), log, limit=run.cfg.rl.steps)
 

@@ -53,6 +53,7 @@ from minirl.tools.envs import (
     stop_sequences,
 )
 from minirl.tools.inputs import initial_params
+from minirl.tools.loop import run_steps
 from minirl.tools.tasks.arithmetic import Arithmetic, ArithmeticConfig
 from minirl.trainer import Trainer
 from minirl.weights import InMemoryWeightStore
@@ -134,7 +135,8 @@ def rl(cfg, task, tools, turns, args, seed: int, params) -> dict:
         log=lambda *_: None,
     )
     ctl.store.put(0, ctl.params())
-    rewards = [ctl.step()["reward/mean"] for _ in range(args.rl_steps)]
+    rewards = []
+    run_steps(ctl, args.rl_steps, lambda m: rewards.append(m["reward/mean"]))  # minirl train's loop
     return ctl.params(), rewards
 
 

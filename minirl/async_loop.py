@@ -32,7 +32,7 @@ import threading
 import time
 
 from minirl.scheduler import Request
-from minirl.workers import InProcessWorker, WorkerDied
+from minirl.workers import InProcessWorker, WorkerDied, call_restarting
 
 
 class RolloutThread(threading.Thread):
@@ -83,10 +83,12 @@ class RolloutThread(threading.Thread):
             while not self._halt.is_set():
                 self._timed("reload", self._maybe_reload)
                 self._admit()
-                if self._call("pending") == 0:
-                    with self.ctl.cond:  # nothing to do until the trainer consumes or publishes
+                with self.ctl.cond:
+                    # nothing in flight, so nothing in the engine: wait until the trainer
+                    # consumes or publishes (no round trip to the engine to ask)
+                    if not self.in_flight:
                         self._timed("idle", self.ctl.cond.wait, 0.05)
-                    continue
+                        continue
                 self._collect(self._timed("busy", self._call, "step"))
         except BaseException as e:  # noqa: BLE001 - re-raised in the trainer thread
             self.error = e
@@ -97,27 +99,25 @@ class RolloutThread(threading.Thread):
         """Call the engine; if its process died, bring up a fresh one with the weights the old
         one held, re-submit everything in flight (partial rollouts are dropped: they come back
         identical) and call again."""
-        for attempt in range(3):
-            try:
-                return self.engine.call(method, *args).result()
-            except WorkerDied as e:
-                if attempt == 2:
-                    raise
-                self.ctl.log(
-                    f"engine worker died ({e}); restarting it and re-submitting its requests"
-                )
-                self.restarts += 1
-                self.engine.restart()
-                with self.ctl.cond:
-                    self.ctl.counters.worker_restarts += 1
-                    version = self.ctl.counters.engine_version
-                    prompts = [entry["prompt"] for entry in self.in_flight.values()]
-                    for entry in self.in_flight.values():
-                        entry["rollouts"] = []
-                self.engine.call("load_weights", *self.ctl.store.get(version)).result()
-                self._submit(prompts)
-                if method == "submit":
-                    return None  # what it submitted is in flight, so it was just re-submitted
+
+        def restarted(error: Exception) -> None:
+            self.ctl.log(
+                f"engine worker died ({error}); restarting it and re-submitting its requests"
+            )
+            self.restarts += 1
+
+        def recover() -> bool:
+            with self.ctl.cond:
+                self.ctl.counters.worker_restarts += 1
+                version = self.ctl.counters.engine_version
+                prompts = [entry["prompt"] for entry in self.in_flight.values()]
+                for entry in self.in_flight.values():
+                    entry["rollouts"] = []
+            self.engine.call("load_weights", *self.ctl.store.get(version)).result()
+            self._submit(prompts)
+            return method == "submit"  # what it submitted is in flight: just re-submitted
+
+        return call_restarting(self.engine, method, *args, on_restart=restarted, recover=recover)
 
     def _timed(self, part: str, fn, *args):
         t0 = time.perf_counter()

@@ -6,8 +6,9 @@
       data      a dataset file of your own: fields, prompt format, verifier (task.name=file)
       model     shapes of the decoder (minirl.model.ModelConfig), or model.path: a Hugging Face
                 checkpoint directory whose config.json gives the shapes (`resolve_model`)
-      engine    rollout engine: slots, sampling, exact mode (minirl.engine.EngineConfig)
-      trainer   optimiser and micro-batching (minirl.trainer.TrainerConfig)
+      engine    rollout engine: slots, sampling, exact mode (minirl.engine_config.EngineConfig)
+      trainer   optimiser and micro-batching (minirl.trainer_config.TrainerConfig); the cosine
+                schedule's length follows rl.steps unless set (`RunConfig.trainer_config`)
       rl        the controller: loss preset, batch shape, staleness knobs (j, k, eta), schedule
       sft       the supervised warm start that teaches the task's format
       eval      held-out pass@k measurement
@@ -18,6 +19,10 @@ key and its meaning is listed by `minirl config`. `minirl train --model DIR --da
 from the `custom` preset with model.path, task.name=file and data.train set. How tokens are
 drawn and scored (temperature, top-k/p, exact mode) is set once, on the engine: the trainer
 scores under the same `minirl.sampling.Sampling` spec (`cfg.engine.sampling.scoring`). Defaults run on a 2-core laptop CPU.
+
+A leaf: this module imports only the components' small config modules, never the engine, the
+trainer or the controller; the loss a run trains with is built where it is used
+(minirl.losses.make_objective).
 """
 
 from __future__ import annotations
@@ -25,13 +30,12 @@ from __future__ import annotations
 import dataclasses
 
 from minirl.configlib import ConfigError
-from minirl.engine import EngineConfig
+from minirl.engine_config import EngineConfig
 from minirl.hf_config import read_model_config
-from minirl.losses import Objective, get_preset
-from minirl.losses.presets import BEHAVIOUR_CAP, has_behaviour_cap, with_behaviour_cap
+from minirl.losses.presets import BEHAVIOUR_CAP, get_preset, has_behaviour_cap
 from minirl.model import ModelConfig
 from minirl.tokenizer import CharTokenizer
-from minirl.trainer import TrainerConfig
+from minirl.trainer_config import TrainerConfig
 
 SCHEDULERS = ("lockstep", "async")
 RELOAD_POLICIES = ("discard", "continue")
@@ -163,13 +167,6 @@ class RLConfig:
                 "every rollout would be too stale to train on"
             )
 
-    def objective(self) -> Objective:
-        """The loss this run trains with: the preset `loss`, its bound on c set by `behaviour_cap`."""
-        objective = get_preset(self.loss)
-        if not has_behaviour_cap(objective):
-            return objective
-        return with_behaviour_cap(objective, self.behaviour_cap or None)
-
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
@@ -239,6 +236,15 @@ class RunConfig:
     eval: EvalConfig = EvalConfig()
     log: LogConfig = LogConfig()
 
+    def trainer_config(self) -> TrainerConfig:
+        """The trainer's config as a run uses it: trainer.total_steps (the cosine schedule's
+        length) is rl.steps when left at 0. Derived, not stored, so the config hash does not
+        move with rl.steps, which a resumed run may change; the run directory's config.json
+        records the value used."""
+        if self.trainer.total_steps:
+            return self.trainer
+        return dataclasses.replace(self.trainer, total_steps=self.rl.steps)
+
     def check(self) -> RunConfig:
         """Rules across sections, checked once the whole config is assembled (a preset and its
         overrides may pass through states that break them). Returns self."""
@@ -270,6 +276,10 @@ class RunConfig:
                 f"rl.behaviour_cap={rl.behaviour_cap} does nothing with rl.loss={rl.loss}: only "
                 "decoupled_ppo and decoupled_ppo_mis bound c = pi_prox/mu"
             )
+        try:
+            self.trainer_config()
+        except ValueError as e:  # e.g. warm-up longer than a cosine schedule of rl.steps
+            raise ConfigError(f"trainer.total_steps follows rl.steps={rl.steps}: {e}") from None
         return self
 
 

@@ -48,10 +48,11 @@ from minirl.data.filters import dynamic_filter
 from minirl.data.mixture import Mixture
 from minirl.diagnostics import batch_diagnostics
 from minirl.evaluation import assistant_turns, decode_rollouts
+from minirl.losses import make_objective
 from minirl.metrics_log import flatten_metrics
 from minirl.scheduler import Request
 from minirl.types import Rollout, Score
-from minirl.workers import WorkerDied
+from minirl.workers import call_restarting
 
 
 @dataclasses.dataclass
@@ -103,7 +104,10 @@ class Controller:
         self.cfg, self.rl = cfg, cfg.rl
         # DAPO's dynamic sampling is part of its preset (Objective.dynamic_filtering), so
         # `rl.loss=dapo` filters without also setting rl.dynamic_filter.
-        self.dynamic_filter = cfg.rl.dynamic_filter or cfg.rl.objective().dynamic_filtering
+        self.dynamic_filter = (
+            cfg.rl.dynamic_filter
+            or make_objective(cfg.rl.loss, cfg.rl.behaviour_cap).dynamic_filtering
+        )
         self.engine, self.trainer, self.verifier, self.store = engine, trainer, verifier, store
         self.mixture, self.tokenizer, self.max_new_tokens = mixture, tokenizer, max_new_tokens
         self.clock, self.log = clock, log
@@ -281,31 +285,23 @@ class Controller:
     def _call_engine(self, method: str, *args):
         """Call the engine; if its process died, restart it, reload its weights and call again
         (requests are keyed by counter-based RNG, so the retry produces the same rollouts)."""
-        for attempt in range(3):
-            try:
-                return self.engine.call(method, *args).result()
-            except WorkerDied as e:
-                if attempt == 2:
-                    raise
-                self.counters.worker_restarts += 1
-                self.log(f"engine worker died ({e}); restarting it and re-issuing its requests")
-                self.engine.restart()
-                version, params = self.store.get(self.counters.engine_version)
-                self.engine.call("load_weights", version, params).result()
 
-    def _call_restarting(self, worker, name: str, method: str, *args):
-        """Call a stateless worker (the verifier); if its process died, start a fresh one and
-        call again (a verdict depends only on the rollout, so the retry gives the same)."""
-        for attempt in range(3):
-            try:
-                return worker.call(method, *args).result()
-            except WorkerDied as e:
-                if attempt == 2:
-                    raise
-                with self.cond:
-                    self.counters.worker_restarts += 1
-                self.log(f"{name} worker died ({e}); restarting it and calling again")
-                worker.restart()
+        def reload() -> None:
+            version, params = self.store.get(self.counters.engine_version)
+            self.engine.call("load_weights", version, params).result()
+
+        restarted = self._restarted("engine", "re-issuing its requests")
+        return call_restarting(self.engine, method, *args, on_restart=restarted, recover=reload)
+
+    def _restarted(self, name: str, then: str):
+        """What a worker's death leaves: a count and a log line."""
+
+        def note(error: Exception) -> None:
+            with self.cond:
+                self.counters.worker_restarts += 1
+            self.log(f"{name} worker died ({error}); restarting it and {then}")
+
+        return note
 
     def _add_groups(self, groups: list[list[Rollout]]) -> list[Group]:
         self._score(groups)
@@ -316,7 +312,9 @@ class Controller:
         flat = [r for g in groups for r in g]
         decode_rollouts(flat, self.tokenizer)
         t0 = self.clock()
-        scores = self._call_restarting(self.verifier, "verifier", "score", flat)
+        # a verdict depends only on the rollout: a fresh verifier called again gives the same
+        restarted = self._restarted("verifier", "calling again")
+        scores = call_restarting(self.verifier, "score", flat, on_restart=restarted)
         self.times["verify"] += self.clock() - t0
         for r, s in zip(flat, scores, strict=True):
             r.score = s if np.isfinite(s.reward) else Score(0.0, f"non-finite reward ({s.reason})")

@@ -41,10 +41,13 @@ SCHEDULES = ("constant", "cosine")
 def learning_rate(cfg, step: int) -> float:
     """The learning rate of train step `step` (0-based) under a `TrainerConfig` `cfg`: linear
     warm-up from lr/(W+1) to lr over W = warmup_steps steps, then constant, or cosine down to
-    min_lr_ratio * lr at total_steps."""
+    min_lr_ratio * lr at total_steps (which a run sets from rl.steps when it is 0:
+    minirl.config.RunConfig.trainer_config)."""
     warm = min(1.0, (step + 1) / (cfg.warmup_steps + 1))
     if cfg.schedule == "constant":
         return cfg.learning_rate * warm
+    if not cfg.total_steps:
+        raise ValueError("a cosine schedule needs its length: TrainerConfig.total_steps >= 1")
     progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / (cfg.total_steps - cfg.warmup_steps)))
     cosine = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     return cfg.learning_rate * warm * cosine

@@ -24,7 +24,9 @@ class TrainerConfig:
     learning_rate: float = 1e-4  # peak learning rate
     schedule: str = "constant"  # "constant" or "cosine" (after warm-up, down to min_lr_ratio)
     warmup_steps: int = 0  # train steps of linear warm-up
-    total_steps: int = 1000  # cosine: train steps from start to the end of the decay
+    total_steps: int = (
+        0  # cosine: train steps from start to the end of the decay (0 = the run's rl.steps)
+    )
     min_lr_ratio: float = 0.1  # cosine: final learning rate / peak
     b1: float = 0.9  # Adam's decay of the gradient mean
     b2: float = 0.95  # Adam's decay of the squared-gradient mean
@@ -44,10 +46,10 @@ class TrainerConfig:
         rules = [  # (holds, what must hold)
             (s.learning_rate > 0 and math.isfinite(s.learning_rate), "learning_rate > 0, finite"),
             (s.schedule in optimizer.SCHEDULES, f"schedule in {optimizer.SCHEDULES}"),
-            (s.warmup_steps >= 0 and s.total_steps >= 1, "warmup_steps >= 0, total_steps >= 1"),
+            (s.warmup_steps >= 0 and s.total_steps >= 0, "warmup_steps >= 0, total_steps >= 0"),
             (s.seed >= 0, "seed >= 0"),
             (
-                s.schedule != "cosine" or s.total_steps > s.warmup_steps,
+                s.schedule != "cosine" or s.total_steps == 0 or s.total_steps > s.warmup_steps,
                 "total_steps > warmup_steps",
             ),
             (0.0 <= s.min_lr_ratio <= 1.0, "0 <= min_lr_ratio <= 1"),

@@ -297,30 +297,64 @@ class LocalPlacement:
         return InProcessWorker(factory())
 
 
-def _gather(futures: list[Future], combine: Callable[[list], Any]) -> Future:
-    """One future for several: `combine(results)` once all succeed; the first failure otherwise
-    (a WorkerDied before any other error, so the caller's restart path sees it)."""
+def gather(futures: list[Future], combine: Callable[[list], Any]) -> Future:
+    """One future for several: `combine(results)` once all succeed. Fails fast: the first
+    `WorkerDied` fails it at once (the other calls may never answer: a multi-process job's live
+    processes wait in a collective for the dead one), so the caller's restart path sees it;
+    any other error fails it once every call has answered (the first such error)."""
     out: Future = Future()
     remaining = [len(futures)]
     lock = threading.Lock()
 
-    def done(_: Future) -> None:
+    def done(f: Future) -> None:
         with lock:
+            if out.done():
+                return
             remaining[0] -= 1
+            if isinstance(f.exception(), WorkerDied):
+                out.set_exception(f.exception())
+                return
             if remaining[0]:
                 return
-        errors = [f.exception() for f in futures if f.exception() is not None]
-        if errors:
-            out.set_exception(next((e for e in errors if isinstance(e, WorkerDied)), errors[0]))
-            return
-        try:
-            out.set_result(combine([f.result() for f in futures]))
-        except BaseException as e:  # noqa: BLE001 - the caller sees it through the future
-            out.set_exception(e)
+            errors = [g.exception() for g in futures if g.exception() is not None]
+            if errors:
+                out.set_exception(errors[0])
+                return
+            try:
+                out.set_result(combine([g.result() for g in futures]))
+            except BaseException as e:  # noqa: BLE001 - the caller sees it through the future
+                out.set_exception(e)
 
     for f in futures:
         f.add_done_callback(done)
     return out
+
+
+def call_restarting(
+    worker,
+    method: str,
+    *args,
+    on_restart: Callable[[Exception], None] | None = None,
+    recover: Callable[[], bool | None] | None = None,
+    attempts: int = 3,
+):
+    """`worker.call(method, *args).result()`; if the worker's process died, restart it and call
+    again, up to `attempts` calls in all. For parts whose answers depend only on what they are
+    sent (a verdict; rollouts keyed by counter-based RNG), so a retry gives what the lost call
+    would have. `on_restart(error)` hears of each death first (to log and count it);
+    `recover()` runs after the restart (reload the weights the old process held, re-submit
+    its requests) and returns True when that already did this call's work (None is returned)."""
+    for attempt in range(attempts):
+        try:
+            return worker.call(method, *args).result()
+        except WorkerDied as e:
+            if attempt == attempts - 1:
+                raise
+            if on_restart is not None:
+                on_restart(e)
+            worker.restart()
+            if recover is not None and recover():
+                return None
 
 
 def _sum_counts(results: list[dict]) -> dict:
@@ -357,26 +391,26 @@ class Replicas:
             bounds = [len(requests) * i // n for i in range(n + 1)]
             shares = [requests[bounds[i] : bounds[i + 1]] for i in range(n)]
             futures = [w.call("generate", s) for w, s in zip(ws, shares, strict=True) if s]
-            return _gather(futures, lambda parts: [r for part in parts for r in part])
+            return gather(futures, lambda parts: [r for part in parts for r in part])
         if method == "submit":
             (requests,) = args
             shares = [[] for _ in ws]
             for i, request in enumerate(requests):
                 shares[(self._next + i) % n].append(request)
             self._next = (self._next + len(requests)) % n
-            return _gather(
+            return gather(
                 [w.call("submit", s) for w, s in zip(ws, shares, strict=True) if s]
                 or [_done(None)],
                 lambda _: None,
             )
         futures = [w.call(method, *args, **kwargs) for w in ws]
         if method == "step":
-            return _gather(futures, lambda parts: [r for part in parts for r in part])
+            return gather(futures, lambda parts: [r for part in parts for r in part])
         if method in ("pending", "interrupt"):
-            return _gather(futures, sum)
+            return gather(futures, sum)
         if method == "work_stats":
-            return _gather(futures, _sum_counts)
-        return _gather(futures, lambda results: results[0])
+            return gather(futures, _sum_counts)
+        return gather(futures, lambda results: results[0])
 
     def alive(self) -> bool:
         return all(w.alive() for w in self.workers)

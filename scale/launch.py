@@ -7,7 +7,8 @@
 
 This module is the command line. What the commands run lives beside it: the roles — one
 process's part of a job, built inside a Ray actor after it joined its JAX job — and the
-controller's loop over them, `drive`, in scale/roles.py; the Ray side in scale/ray_run.py and
+controller's side, `drive` (the step loop every run uses, minirl/tools/loop.py), in
+scale/roles.py; the Ray side in scale/ray_run.py and
 scale/ray_workers.py; the verifier service in scale/verifier_service.py.
 
 Weights travel BY REFERENCE, as in RLAX's parameter server: the trainer job writes its own FSDP
@@ -35,8 +36,10 @@ again, and the engine job loads it.
 Scripts that start a service as a local process (tests, lesson 11) wait for it to print its
 address with `wait_for_output(proc, r"on (http://\\S+)")`.
 
-Simplified on purpose: the controller loop runs lockstep scheduling without evaluation passes
-(the by-value `ray` run without --weights is `minirl train` itself: async, evaluations).
+The loop is `minirl train`'s own: lockstep or async (rl.scheduler), held-out evaluation before,
+every eval.every steps and after, rl.time_budget, a checkpoint of the last step however it
+ends. Simplified on purpose: the evaluation runs in the driver's process on weights it reads
+whole from the store (fine for a model one host holds).
 """
 
 from __future__ import annotations

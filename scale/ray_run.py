@@ -18,8 +18,8 @@ a multithreaded JAX process.
 With --weights URL the trainer and each engine replica are multi-host JAX jobs instead
 (`RayJob`: --trainer-hosts / --engine-hosts actors joined by jax.distributed, the roles of
 scale/launch.py), weights pass by reference through that TensorStore store, --checkpoints URL
-gives the trainer job its own Orbax checkpoints, and the controller loop is scale.launch's
-(`drive`: lockstep, no evaluation passes).
+gives the trainer job its own Orbax checkpoints; the step loop is the same (scale/roles.py's
+`drive` calls minirl/tools/loop.py): lockstep or async, evaluation, rl.time_budget.
 
 Simplified on purpose: without --weights, weights travel by value (the trainer actor's numpy
 arrays through the driver's weight store to each engine actor: fine for models one host holds).
@@ -107,8 +107,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def placement_from_args(args):
-    """The RayPlacement the flags describe (ValueError naming a malformed --resource)."""
+def placement_from_args(args, task=None):
+    """The RayPlacement the flags describe (ValueError naming a malformed --resource). `task`:
+    the run's task, whose test-data repository a --verifier-url service may ask for."""
     from scale.ray_workers import RayPlacement
 
     options = {
@@ -118,25 +119,10 @@ def placement_from_args(args):
     for role in ("engine", "trainer"):
         options[role]["num_gpus"] = getattr(args, f"{role}_gpus")
     for role in options:
-        text = getattr(args, f"{role}_cores")
-        try:
-            cores = tuple(int(c) for c in text.split(",")) if text else ()
-        except ValueError:
-            cores = (-1,)
-        if any(c < 0 or c >= (os.cpu_count() or 1) for c in cores):
-            raise ValueError(
-                f"--{role}-cores {text!r}: expected comma-separated core numbers "
-                f"0..{(os.cpu_count() or 1) - 1}"
-            )
-        options[role]["cores"] = cores
+        options[role]["cores"] = _cores(role, getattr(args, f"{role}_cores"))
     for item in args.resource:
-        role, _, rest = item.partition(":")
-        name, _, amount = rest.partition("=")
-        try:
-            value = float(amount)
-        except ValueError:
-            value = -1.0
-        if role not in options or not name or value <= 0:
+        role, name, value = _resource(item)
+        if role not in options:
             raise ValueError(
                 f"--resource {item!r}: expected ROLE:NAME=N with ROLE one of "
                 f"engine, trainer, verifier and N > 0 (e.g. engine:TPU=4)"
@@ -150,46 +136,64 @@ def placement_from_args(args):
     if min(args.trainer_hosts, args.engine_hosts) < 1:
         raise ValueError("--trainer-hosts and --engine-hosts must be >= 1")
     hosts = {"trainer": args.trainer_hosts, "engine": args.engine_hosts} if args.weights else {}
-    return RayPlacement(args.engines, hosts=hosts, verifier_worker=remote_verifier(args), **options)
+    verifier = remote_verifier(args, task)
+    return RayPlacement(args.engines, hosts=hosts, verifier_worker=verifier, **options)
 
 
-def remote_verifier(args):
+def _cores(role: str, text: str) -> tuple[int, ...]:
+    try:
+        cores = tuple(int(c) for c in text.split(",")) if text else ()
+    except ValueError:
+        cores = (-1,)
+    if any(c < 0 or c >= (os.cpu_count() or 1) for c in cores):
+        raise ValueError(
+            f"--{role}-cores {text!r}: expected comma-separated core numbers "
+            f"0..{(os.cpu_count() or 1) - 1}"
+        )
+    return cores
+
+
+def _resource(item: str) -> tuple[str, str, float]:
+    """ROLE:NAME=N -> (role, name, N); ("", "", 0) when malformed."""
+    role, _, rest = item.partition(":")
+    name, _, amount = rest.partition("=")
+    try:
+        value = float(amount)
+    except ValueError:
+        value = -1.0
+    return (role, name, value) if name and value > 0 else ("", "", 0.0)
+
+
+def remote_verifier(args, task=None):
     """With --verifier-url: a worker around the HTTP verifier service's client (in the driver:
     it only sends requests), else None. A task that stores test data by reference
     (program_synthesis) uploads it from its repository the first time the service asks."""
     if not args.verifier_url:
         return None
-    from minirl.config_args import config_from_args
-    from minirl.tools.tasks import get_task
     from minirl.workers import InProcessWorker
     from scale.remote_verifier import RemoteVerifier
     from scale.roles import shared_token
 
-    cfg = config_from_args(args)
-    repository = (
-        getattr(get_task(cfg.task.name, **cfg.task.args), "repository", None)
-        if cfg.task.name != "file"
-        else None
-    )
+    repository = getattr(task, "repository", None)
     return InProcessWorker(RemoteVerifier(args.verifier_url, shared_token(), repository=repository))
 
 
 def run(args) -> None:
+    import functools
+
     import ray
 
     from minirl.config_args import config_from_args, default_run_dir
     from minirl.tools.runner import Run, summary_json
-    from scale.roles import role_config
 
-    placement = placement_from_args(args)  # flags checked before anything starts
     cfg = config_from_args(args)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     # the tokenizer and the dataset file read and checked before Ray starts: a user's mistake
-    # there is one line, not a cluster brought up and down
-    if args.weights:
-        _, tokenizer, task = role_config(args)
-    else:
-        run = Run(cfg, run_dir, progress=not args.quiet, placement=placement)
+    # there is one line, not a cluster brought up and down. Built once: the driver's task
+    # serves the verifier service's uploads, the warm start and the evaluation
+    log = functools.partial(print, flush=True)  # read line by line by scripts
+    run = Run(cfg, run_dir, log=log, progress=not args.quiet)
+    run.placement = placement = placement_from_args(args, run.task)
     if args.address:
         _reachable(args.address)
         ray.init(address=args.address, log_to_driver=not args.quiet)
@@ -207,9 +211,9 @@ def run(args) -> None:
     try:
         placement.check()  # before the warm start: a cluster that can never hold it fails now
         if args.weights:
-            run_jobs(args, cfg, run_dir, placement, tokenizer, task)
-            return
-        summary = run.train(resume=True, force=args.force)
+            summary = run_jobs(args, run, placement)
+        else:
+            summary = run.train(resume=True, force=args.force)
     finally:
         placement.close()
         ray.shutdown()
@@ -237,8 +241,8 @@ def _reachable(address: str, timeout_s: float = 10.0) -> None:
         ) from None
 
 
-def run_jobs(args, cfg, run_dir: Path, placement, tokenizer, task) -> dict:
-    """--weights: scale.launch's trainer and engine roles as Ray jobs, its controller loop here."""
+def run_jobs(args, run, placement) -> dict:
+    """--weights: scale.launch's trainer and engine roles as Ray jobs, the step loop here."""
     from minirl.tools.inputs import make_verifier
     from minirl.workers import Replicas
     from scale.ray_workers import RayJob, RayWorker
@@ -250,7 +254,7 @@ def run_jobs(args, cfg, run_dir: Path, placement, tokenizer, task) -> dict:
             "JAX_PLATFORMS": "cpu",
             "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.cpu_devices}",
         }
-    role_args = dict(vars(args), steps=0, run_dir=str(run_dir))
+    role_args = dict(vars(args), run_dir=str(run.run_dir))
     t_args = argparse.Namespace(**{**role_args, "mesh": args.trainer_mesh})
     e_args = argparse.Namespace(**{**role_args, "mesh": args.engine_mesh})
     opts = placement.options
@@ -271,6 +275,7 @@ def run_jobs(args, cfg, run_dir: Path, placement, tokenizer, task) -> dict:
         )
         for k in range(args.engines)
     ]
+    cfg = run.cfg
     verifier = placement.verifier_worker or RayWorker(
         lambda: make_verifier(cfg), "verifier", **opts["verifier"]
     )
@@ -279,9 +284,7 @@ def run_jobs(args, cfg, run_dir: Path, placement, tokenizer, task) -> dict:
         for job in jobs:
             job.start()
         engine = engines[0] if len(engines) == 1 else Replicas(engines)
-        return drive(
-            argparse.Namespace(**role_args), cfg, tokenizer, task, engine, trainer, verifier
-        )
+        return drive(argparse.Namespace(**role_args), run, engine, trainer, verifier)
     finally:
         for job in jobs:
             job.close()

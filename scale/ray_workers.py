@@ -41,9 +41,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from minirl.workers import WorkerDied, WorkerError, decode, encode
+from minirl.workers import WorkerDied, WorkerError, decode, encode, gather
 
-__all__ = ["RayJob", "RayPlacement", "RayWorker"]
+__all__ = ["BuildFailed", "RayJob", "RayPlacement", "RayWorker"]
+
+
+class BuildFailed(RuntimeError):
+    """The actor's factory raised: every call says why (no retry helps)."""
 
 
 class _Host:
@@ -66,7 +70,7 @@ class _Host:
 
     def run(self, message: bytes) -> bytes:
         if self.error is not None:  # every call says why, not only the first
-            raise RuntimeError(f"could not be built: {self.error}")
+            raise BuildFailed(f"could not be built: {self.error}")
         method, args, kwargs = decode(message)
         if method.startswith("_"):
             raise AttributeError(f"private method {method!r} cannot be called on a worker")
@@ -110,7 +114,7 @@ def _outcome(name: str, ray_future: Future) -> tuple[Any, BaseException | None]:
         return decode(ray_future.result()), None
     except rx.RayTaskError as e:  # the method raised: name the original exception
         cause = e.cause if e.cause is not None else e
-        if isinstance(cause, RuntimeError) and str(cause).startswith("could not be built"):
+        if isinstance(cause, BuildFailed):
             return None, WorkerError(f"{name}: {cause}")  # the factory raised: no retry helps
         return None, WorkerError(f"{name}: {type(cause).__name__}: {cause}")
     except (
@@ -255,6 +259,7 @@ class RayJob:
         self.env, self.strategy, self.place_timeout_s = dict(env or {}), strategy, place_timeout_s
         self.workers: list[RayWorker] = []
         self._group = None
+        self._order = threading.Lock()  # one caller at a time submits to all processes
 
     def _reserve(self) -> list[dict]:
         """Each process's options, pointed at its bundle of a placement group made for the job."""
@@ -301,30 +306,14 @@ class RayJob:
 
     def call(self, method: str, *args, **kwargs) -> Future:
         """Process 0's answer once every process has answered. One death fails the call at
-        once: the others may be stuck in a collective waiting for the dead one."""
+        once (minirl.workers.gather): the others may be stuck in a collective waiting for the
+        dead one. Calls from several threads (the async scheduler's two) reach every process in
+        the same order, or the processes would run different collectives and hang."""
         if not self.workers:
             self.start()
-        futures = [w.call(method, *args, **kwargs) for w in self.workers]
-        out: Future = Future()
-        lock = threading.Lock()
-
-        def done(f: Future) -> None:
-            with lock:
-                if out.done():
-                    return
-                error = f.exception()
-                if isinstance(error, WorkerDied):
-                    out.set_exception(error)
-                elif all(g.done() for g in futures):
-                    errors = [g.exception() for g in futures if g.exception() is not None]
-                    if errors:
-                        out.set_exception(errors[0])
-                    else:
-                        out.set_result(futures[0].result())
-
-        for f in futures:
-            f.add_done_callback(done)
-        return out
+        with self._order:
+            futures = [w.call(method, *args, **kwargs) for w in self.workers]
+        return gather(futures, lambda results: results[0])
 
     @property
     def pids(self) -> list[int]:

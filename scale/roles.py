@@ -1,4 +1,4 @@
-"""The roles of a multi-host run and the controller's loop over them (`python -m scale.launch ray
+"""The roles of a multi-host run and the controller's side of it (`python -m scale.launch ray
 --weights ...`, scale/ray_run.py). One process's part of a job, built inside a Ray actor after it
 joined its JAX job (scale/ray_workers.py's RayJob):
 
@@ -6,15 +6,15 @@ joined its JAX job (scale/ray_workers.py's RayJob):
                    writes its own Orbax checkpoints (`--checkpoints`)
     engine_role    minirl's Engine on a tensor-parallel mesh; loads weights from TensorStore
 
-and `drive`, the controller's loop over them: minirl's Controller, the only active part. How
-weights travel (by reference) and how a run resumes: scale/launch.py's docstring.
+and `drive`, the controller's side: the step loop every run uses (minirl/tools/loop.py) over
+them, with weights passed by reference. How weights travel and how a run resumes:
+scale/launch.py's docstring.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 
 from scale.tensorstore_weights import StoredWeights
 
@@ -171,12 +171,9 @@ def role_config(args):
     --set, --model DIR, --data FILE): every role builds the same tokenizer from the model
     directory, so ids and EOS agree across hosts."""
     from minirl.config_args import config_from_args
-    from minirl.configlib import override
     from minirl.tools.inputs import load_tokenizer, make_task
 
     cfg = config_from_args(args)
-    if getattr(args, "steps", 0):
-        cfg = override(cfg, f"rl.steps={args.steps}")
     tokenizer = load_tokenizer(cfg)
     return cfg, tokenizer, make_task(cfg, tokenizer)
 
@@ -204,6 +201,7 @@ def trainer_role(args) -> TrainerRole:
     the FSDP mesh `args.mesh`, the TensorStore store `args.weights`, and with `args.checkpoints`
     its own Orbax checkpoints. Built in each Ray actor of the trainer job by
     `python -m scale.launch ray --weights ...` (scale/ray_run.py)."""
+    from minirl.losses import make_objective
     from minirl.trainer import Trainer
     from scale import mesh as M
     from scale.tensorstore_weights import TensorStoreWeightStore
@@ -216,8 +214,8 @@ def trainer_role(args) -> TrainerRole:
         return Trainer(
             cfg.model,
             start,
-            cfg.rl.objective(),
-            cfg.trainer,
+            make_objective(cfg.rl.loss, cfg.rl.behaviour_cap),
+            cfg.trainer_config(),
             placement=M.RowPlacement(mesh, M.fsdp()),
             sampling=cfg.engine.sampling.scoring,
         )
@@ -245,71 +243,60 @@ def engine_role(args) -> EngineRole:
     return EngineRole(make_engine(cfg, tokenizer), store, mesh, M.tensor_parallel())
 
 
-def drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
-    """The controller's loop over engine, trainer and verifier workers (Ray jobs): open or
-    resume the run directory (locked meanwhile), publish the start by reference, train,
-    checkpoint, summarize."""
-    from minirl.tools.run_dir import lock_run_dir
-
-    with lock_run_dir(args.run_dir):
-        return _drive(args, cfg, tokenizer, task, engine, trainer, verifier)
-
-
-def _drive(args, cfg, tokenizer, task, engine, trainer, verifier) -> dict:
+def drive(args, run, engine, trainer, verifier) -> dict:
+    """The controller's side of a multi-host run: the step loop of every run
+    (minirl/tools/loop.py: lockstep or async, evaluation, rl.time_budget, checkpoints, resume)
+    over the trainer and engine jobs and the verifier, weights by reference through the
+    TensorStore store `args.weights`. `run` (a minirl.tools.runner.Run) gives the tokenizer,
+    the task and the held-out evaluation, which runs in this process on weights read from the
+    store."""
     from minirl.controller import Controller
     from minirl.data.mixture import Mixture
-    from minirl.tools import run_dir
     from minirl.tools.inputs import train_prompts
+    from minirl.tools.loop import Parts, train
+    from minirl.tools.run_dir import write_json
     from scale.tensorstore_weights import TensorStoreWeightStore
 
-    ckpts, restored = run_dir.open_run_dir(cfg, args.run_dir, resume=True, force=args.force)
+    cfg, task = run.cfg, run.task
     store = ReferenceStore(TensorStoreWeightStore(args.weights, keep=args.keep))
-    controller = Controller(
-        cfg,
-        engine=engine,
-        trainer=trainer,
-        verifier=verifier,
-        store=store,
-        mixture=Mixture({task.name: train_prompts(task)}, seed=cfg.rl.seed),
-        tokenizer=tokenizer,
-        max_new_tokens=task.max_new_tokens,
-    )
+
+    def build(summary: dict) -> Controller:
+        return Controller(
+            cfg,
+            engine=engine,
+            trainer=trainer,
+            verifier=verifier,
+            store=store,
+            mixture=Mixture({task.name: train_prompts(task)}, seed=cfg.rl.seed),
+            tokenizer=run.tokenizer,
+            max_new_tokens=task.max_new_tokens,
+            log=run.log,
+        )
+
+    def start_engine(controller: Controller) -> None:
+        c = controller.counters
+        trainer.call("publish_from", c.version).result()
+        first = trainer.call("params", True).result()  # the trainer job publishes c.version
+        store.put(first.version, first)
+        engine.call("load_weights", first.version, first).result()
+        c.engine_version = first.version
+
+    def evaluate(version: int, weights: StoredWeights) -> dict:
+        _, params = store.store.get(weights.version)
+        return run.evaluate(run.engine(version, params))
+
     trainer_side = trainer.call("checkpoint_directory").result() is not None
-    if restored is not None:
-        run_dir.restore_run(
-            restored, controller, args.run_dir
-        )  # the trainer job loads the checkpoint
-        run_dir.record_config(cfg, args.run_dir)
-        print(
-            f"resumed {args.run_dir} at step {controller.counters.steps} "
-            f"(version {controller.counters.version})",
-            flush=True,
-        )
+    parts = Parts(build, start_engine, evaluate, trainer_side=trainer_side)
+    summary, controller = train(
+        cfg, args.run_dir, parts, force=args.force, log=run.log, progress=False, step_lines=True
+    )
     c = controller.counters
-    trainer.call("publish_from", c.version).result()
-    first = trainer.call("params", True).result()  # the trainer job publishes c.version
-    store.put(first.version, first)
-    engine.call("load_weights", first.version, first).result()
-    c.engine_version = first.version
-    record = run_dir.StepRecorder(cfg, args.run_dir, ckpts, controller, trainer_side=trainer_side)
-    t0 = time.perf_counter()
-    while c.steps < cfg.rl.steps:
-        m = controller.step()
-        record.step(m)  # metrics.jsonl, trackers, samples, a checkpoint when due
-        print(
-            f"step {c.steps} version {c.version} reward {m['reward/mean']:.3f} "
-            f"step_s {m['time/step']:.2f}",
-            flush=True,
-        )
-    record.close()
-    scored = getattr(getattr(verifier, "obj", None), "stats", {})  # a RemoteVerifier's counts
-    summary = {
-        "steps": c.steps,
-        "version": c.version,
-        "seconds": time.perf_counter() - t0,
-        "weights": store.versions(),
-        "verifier": scored,
-    }
-    run_dir.write_json(args.run_dir, "summary.json", summary)
-    print(f"done: {json.dumps(summary)}", flush=True)
+    summary.update(
+        steps=c.steps,
+        version=c.version,
+        weights=store.versions(),
+        verifier=getattr(getattr(verifier, "obj", None), "stats", {}),  # a RemoteVerifier's
+    )
+    write_json(args.run_dir, "summary.json", summary)
+    run.log(f"done: {json.dumps({k: summary[k] for k in ('steps', 'version', 'weights')})}")
     return summary

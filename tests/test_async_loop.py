@@ -104,3 +104,24 @@ def test_every_issued_prompt_is_in_flight_whenever_a_snapshot_could_be_taken():
     thread._admit()
     thread.resubmit(ctl.next_prompts(1))  # a resumed run re-issues its snapshot's prompts
     assert len(thread.in_flight) == 3 and checks and all(checks), checks
+
+
+def test_the_rollout_thread_asks_the_engine_nothing_it_already_knows():
+    """Whether the engine has work is what the thread has in flight: one loop is an admission
+    and an engine step, no `pending` round trip (one per loop, to a remote engine)."""
+
+    class Recording(StubEngine):
+        calls = []
+
+        def submit(self, requests):
+            self.calls.append("submit")
+
+        def step(self):
+            self.calls.append("step")
+            thread.stop()
+            return []
+
+    engine = Recording()
+    thread = RolloutThread(StubController(version=0, engine_version=0), engine)
+    thread.run()  # one loop, in this thread
+    assert thread.error is None and engine.calls == ["submit", "step"]

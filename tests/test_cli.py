@@ -57,10 +57,12 @@ def test_tools_parse_as_words_or_literals_and_need_a_built_in_task(tmp_path, cap
 def test_behaviour_cap_reaches_decoupled_ppo_in_any_order():
     """rl.behaviour_cap sets decoupled PPO's bound on c (AReaL's 5 by default, 0 = the paper's
     uncapped Eq. 5), whichever of the two settings comes first on the command line."""
+    from minirl.losses import make_objective
     from minirl.run_presets import make_config
 
     def cap(*sets):
-        (part,) = make_config("fixture", list(sets)).rl.objective().importance
+        rl = make_config("fixture", list(sets)).rl
+        (part,) = make_objective(rl.loss, rl.behaviour_cap).importance
         return part.cap
 
     assert cap("rl.loss=decoupled_ppo") == 5.0

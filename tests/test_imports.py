@@ -86,3 +86,22 @@ def test_the_check_sees_a_lazy_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _circle_from(graph, "a") == ["a", "b", "c", "a"]
     assert _circle_from(graph, "d") is None
+
+
+def test_the_config_is_a_leaf():
+    """Loading the config loads no engine, trainer or controller (config.py imports only the
+    components' small *_config modules), in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    heavy = ("minirl.engine", "minirl.trainer", "minirl.controller", "minirl.tools")
+    code = f"import sys, minirl.config; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=PACKAGE.parent,
+        env={**__import__("os").environ, "PYTHONPATH": str(PACKAGE.parent)},
+    )
+    assert out.stdout.strip() == "[]", out.stdout

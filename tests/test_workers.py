@@ -134,3 +134,62 @@ def test_killed_process_fails_pending_calls_and_restarts():
     assert w.call("pid").result(timeout=30) != pid
     w.close()
     assert not w.alive()
+
+
+def test_gather_fails_at_once_when_a_worker_dies_and_waits_for_other_errors():
+    """A death fails the gathered call without waiting for the others (in a multi-process job
+    they may wait forever for the dead one); other errors once all have answered."""
+    from concurrent.futures import Future
+
+    from minirl.workers import WorkerDied, gather
+
+    slow, dying = Future(), Future()
+    out = gather([slow, dying], lambda results: results)
+    dying.set_exception(WorkerDied("gone"))
+    assert out.done() and isinstance(out.exception(), WorkerDied)
+    a, b = Future(), Future()
+    out = gather([a, b], lambda results: results)
+    b.set_exception(ValueError("bad"))
+    assert not out.done()
+    a.set_result(1)
+    assert isinstance(out.exception(), ValueError)
+    c, d = Future(), Future()
+    out = gather([c, d], sum)
+    c.set_result(2), d.set_result(3)
+    assert out.result() == 5
+
+
+def test_call_restarting_restarts_recovers_and_calls_again():
+    """Two deaths: two restarts, each followed by `recover`, then the answer; a third death in
+    a row is the caller's; a `recover` that did the call's work ends it."""
+    from concurrent.futures import Future
+
+    from minirl.workers import WorkerDied, call_restarting
+
+    class Flaky:
+        def __init__(self, deaths):
+            self.deaths, self.log = deaths, []
+
+        def call(self, method, *args):
+            self.log.append(method)
+            future = Future()
+            if self.deaths:
+                self.deaths -= 1
+                future.set_exception(WorkerDied("killed"))
+            else:
+                future.set_result(args[0] * 2)
+            return future
+
+        def restart(self):
+            self.log.append("restart")
+
+    worker, heard = Flaky(deaths=2), []
+    recover = lambda: worker.log.append("recover")  # noqa: E731
+    assert call_restarting(worker, "double", 21, on_restart=heard.append, recover=recover) == 42
+    assert worker.log == ["double", "restart", "recover"] * 2 + ["double"]
+    assert [str(e) for e in heard] == ["killed", "killed"]
+    with pytest.raises(WorkerDied):
+        call_restarting(Flaky(deaths=3), "double", 1)
+    done = Flaky(deaths=1)
+    assert call_restarting(done, "submit", 1, recover=lambda: True) is None
+    assert done.log == ["submit", "restart"]

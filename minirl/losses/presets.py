@@ -232,6 +232,15 @@ def with_behaviour_cap(objective: Objective, cap: float | None) -> Objective:
     return dataclasses.replace(objective, importance=parts)
 
 
+def make_objective(name: str, behaviour_cap: float) -> Objective:
+    """The loss a run trains with (`rl.loss`, `rl.behaviour_cap`): the preset `name`, its bound
+    on c set to `behaviour_cap` (0 = uncapped) if it has one."""
+    objective = get_preset(name)
+    if not has_behaviour_cap(objective):
+        return objective
+    return with_behaviour_cap(objective, behaviour_cap or None)
+
+
 def has_behaviour_cap(objective: Objective) -> bool:
     """True if the objective weights by c with a bound (the bound `with_behaviour_cap` sets)."""
     return any(isinstance(p, Correction) and p.cap is not None for p in objective.importance)

@@ -1,5 +1,4 @@
-"""A run directory's life cycle, for `minirl train` (minirl/tools/runner.py) and the multi-host
-controller loop (scale/roles.py, whose trainer lives in another job):
+"""A run directory's life cycle, for the step loop of every run (minirl/tools/loop.py):
 
     run_dir/
       config.json      the resolved RunConfig (and its hash; a resume must match it)
@@ -13,7 +12,7 @@ controller loop (scale/roles.py, whose trainer lives in another job):
 
 `open_run_dir` (every check first, the checkpoint to resume from), `restore_run` (trainer and
 controller back to it, metrics of later steps dropped), `record_config` (written once the
-checkpoint fit), `checkpoint_due` / `save_checkpoint`, and `StepRecorder` (what each step leaves
+checkpoint fit), `checkpoint_due` / `snapshot` / `save_checkpoint`, and `StepRecorder` (what each step leaves
 behind). They reach the trainer only through the controller's worker (`state_dict` /
 `load_state_dict` calls), so a remote trainer resumes the same way.
 """
@@ -155,11 +154,18 @@ def _check_fits(restored: Checkpoint, cfg: RunConfig, ckpts: CheckpointManager) 
 
 
 def record_config(cfg: RunConfig, run_dir) -> None:
-    """Write run_dir/config.json: the config and its hash (what a resume is checked against)."""
+    """Write run_dir/config.json: the config and its hash (what a resume is checked against),
+    and the values derived from it that the run uses (`resolved`: the cosine schedule's length,
+    RunConfig.trainer_config)."""
+    resolved = {"trainer.total_steps": cfg.trainer_config().total_steps}
     write_json(
         run_dir,
         "config.json",
-        {"hash": config_hash(cfg, ignore=RESUMABLE_CHANGES), "config": to_dict(cfg)},
+        {
+            "hash": config_hash(cfg, ignore=RESUMABLE_CHANGES),
+            "config": to_dict(cfg),
+            "resolved": resolved,
+        },
     )
 
 
@@ -239,24 +245,33 @@ def checkpoint_due(cfg: RunConfig, counters, async_scheduler: bool = False) -> b
     )
 
 
-def save_checkpoint(
-    ckpts: CheckpointManager, controller: Controller, in_flight=None, trainer_side: bool = False
-) -> None:
-    """One checkpoint: the trainer's state (fetched through the controller's worker) and the
-    controller's snapshot; `in_flight()`: the prompts in flight (async), read under the same
-    lock as the snapshot. `trainer_side`: the trainer writes its own state (a `save_checkpoint`
-    call that returns once it is committed, scale/launch.py) and this checkpoint holds the
-    controller's snapshot and a reference to it, written after; the trainer then drops the
-    steps no checkpoint here refers to."""
+def snapshot(controller: Controller, rollouts=None) -> dict:
+    """The controller's snapshot, taken under its lock; with the async scheduler's rollout
+    thread, the prompts it has in flight (read under the same lock) go into it."""
     with controller.cond:
-        snap = controller.snapshot(in_flight() if in_flight is not None else [])
-    step = controller.counters.steps
+        return controller.snapshot(rollouts.pending_prompts() if rollouts is not None else [])
+
+
+def save_checkpoint(
+    ckpts: CheckpointManager,
+    controller: Controller,
+    snap: dict,
+    trainer_side: bool = False,
+    state: dict | None = None,
+) -> None:
+    """One checkpoint at the step of `snap` (`snapshot`): the trainer's state (`state`, or
+    fetched through the controller's worker) and the snapshot. `trainer_side`: the trainer
+    writes its own state (a `save_checkpoint` call that returns once it is committed,
+    scale/launch.py) and this checkpoint holds the controller's snapshot and a reference to it,
+    written after; the trainer then drops the steps no checkpoint here refers to."""
+    step = int(snap["counters"]["steps"])
     if trainer_side:
         ref = controller.trainer.call("save_checkpoint", step).result()
         ckpts.save(step, {}, {}, to_plain({"controller": snap, "trainer_checkpoint": ref}))
         controller.trainer.call("keep_checkpoints", ckpts.all_steps()).result()
         return
-    state = controller.trainer.call("state_dict").result()
+    if state is None:
+        state = controller.trainer.call("state_dict").result()
     ckpts.save(
         step,
         state["params"],
@@ -271,8 +286,7 @@ def save_checkpoint(
 
 
 class StepRecorder:
-    """What each step of a run leaves behind, for `minirl train` and the multi-host controller
-    loop (scale/roles.py) alike: its metrics.jsonl line, the trackers' points and samples
+    """What each step of a run leaves behind (minirl/tools/loop.py): its metrics.jsonl line, the trackers' points and samples
     (minirl/tools/tracking.py), and a checkpoint when one is due. `rollouts`: the async scheduler's
     rollout thread (its in-flight prompts go into each checkpoint); `trainer_side`: the trainer
     writes its own checkpoints (`save_checkpoint`)."""
@@ -300,8 +314,8 @@ class StepRecorder:
             rows = sample_rows(self.controller.last_trained, log_cfg.samples_per_step, c.version)
             self.trackers.samples(rows, c.steps)
         if checkpoint_due(self.cfg, c, self.rollouts is not None):
-            in_flight = self.rollouts.pending_prompts if self.rollouts is not None else None
-            save_checkpoint(self.ckpts, self.controller, in_flight, self.trainer_side)
+            snap = snapshot(self.controller, self.rollouts)
+            save_checkpoint(self.ckpts, self.controller, snap, self.trainer_side)
 
     def reopen(self) -> None:
         """After a rewind: metrics.jsonl was cut back, the trackers must drop the redone steps."""

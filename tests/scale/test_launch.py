@@ -234,3 +234,96 @@ def test_a_users_model_directory_and_dataset_with_the_verifier_service(tmp_path)
         assert summary["steps"] == 2 and summary["verifier"]["unscored"] == 0
     finally:
         _stop(procs)
+
+
+def _ray(cmd: list[str], timeout: int = 900) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "scale.launch", "ray", *cmd],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-3000:]
+    return log
+
+
+@pytest.mark.slow  # ~1 min: a local Ray cluster, two one-process jobs, three RL steps
+def test_the_weights_path_ends_bitwise_where_minirl_train_does(tmp_path):
+    """One loop: the same lockstep config run by `minirl train` in this process and by
+    `scale.launch ray --weights` (trainer and engine as JAX jobs on one device each, weights by
+    reference) logs the same steps and ends with bitwise-equal weights and optimizer state;
+    the multi-host run now evaluates before and after, as `minirl train` does."""
+    from minirl.checkpoints import CheckpointManager
+    from minirl.tools.cli import main
+    from minirl.trees import assert_trees_equal
+
+    sets = [*SETS, "--set", "rl.steps=3", "--set", "eval.prompts=8", "--set", "eval.samples=2"]
+    here, jobs = tmp_path / "here", tmp_path / "jobs"
+    assert main(["train", "--preset", "fixture", *sets, "--run-dir", str(here), "--quiet"]) == 0
+    _ray(
+        ["--preset", "fixture", *sets, "--cpu-devices", "1", "--trainer-mesh", "fsdp=1"]
+        + ["--engine-mesh", "tensor=1", "--weights", f"file://{tmp_path}/weights"]
+        + ["--run-dir", str(jobs), "--quiet"]
+    )
+    a, b = CheckpointManager(here).restore(), CheckpointManager(jobs).restore()
+    assert a.step == b.step == 3
+    assert_trees_equal(b.params, a.params)
+    assert_trees_equal(b.opt_state, a.opt_state)
+    mine, theirs = ([json.loads(x) for x in (d / "metrics.jsonl").open()] for d in (here, jobs))
+    assert [r["step"] for r in theirs] == [1, 2, 3]
+    for x, y in zip(mine, theirs, strict=True):
+        assert [x[k] for k in REPLAYED] == [y[k] for k in REPLAYED], x["step"]
+    s_here, s_jobs = (json.loads((d / "summary.json").read_text()) for d in (here, jobs))
+    assert s_jobs["before"] == s_here["before"] and s_jobs["after"] == s_here["after"]
+
+
+@pytest.mark.slow  # ~2 min: a local Ray cluster, three jobs, a killed and a resumed attempt
+def test_an_async_weights_run_holds_its_bounds_and_resumes_after_kill_9(tmp_path):
+    """rl.scheduler=async on the multi-host layout (a rollout thread driving the engine job
+    while the trainer job trains): every batch within k (no token more than max_lag - 1
+    versions behind the weights it trains) and eta (in flight + buffered at most (eta + 1)
+    batches); killed with SIGKILL during step 3 and run again, it ends at step 4 with every
+    prompt issued accounted for and none trained twice."""
+    from minirl.checkpoints import CheckpointManager
+
+    run = tmp_path / "run"
+    cmd = [
+        "ray",
+        "--preset",
+        "fixture",
+        *SETS,
+        *("--set", "rl.steps=4", "--set", "rl.checkpoint_every=1"),
+        *("--set", "rl.scheduler=async", "--set", "rl.max_lag=2", "--set", "rl.eta=1"),
+        *JOBS,
+        *("--weights", f"file://{tmp_path}/weights", "--run-dir", str(run), "--quiet"),
+    ]
+    procs = []
+    try:
+        first = _launch(cmd)
+        procs.append(first)
+        wait_for_output(first, r"(step 2) version")
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+        log = _ray(cmd[1:])
+        assert "resumed" in log
+    finally:
+        _stop(procs)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    for r in records:
+        behind = [k for k, v in r.items() if re.match(r"lag/\[(\d+),", k) and v]
+        assert all(int(re.match(r"lag/\[(\d+),", k)[1]) < 2 for k in behind if "tokens" in k)
+        assert r["engine/in_flight"] <= 2 * 4  # (eta + 1) * prompts_per_step
+    ckpt = CheckpointManager(run).restore()
+    assert ckpt.step == 4
+    ctl = ckpt.controller_state["controller"]
+    trained = list(ctl["trained_uids"])
+    assert len(trained) == 4 * 4 and len(set(trained)) == len(trained)
+    c = ctl["counters"]
+    accounted = c["groups_trained"] + c["groups_stale"] + c["groups_filtered"]
+    assert ctl["mixture"]["position"] == accounted + len(ctl["buffer"]) + len(ctl["in_flight"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 4 and "after" in summary

@@ -1,8 +1,9 @@
 """Run the real controller on simulated parts and virtual time; return a trace.
 
-lockstep  `minirl.controller.Controller.step` itself, unchanged in every decision, drives a
+lockstep  `minirl train`'s step loop (minirl/tools/loop.py's `run_steps`) and
+          `minirl.controller.Controller.step` itself, unchanged in every decision, drive a
           SimEngine, SimTrainer, SimVerifier and SimStore through in-process workers, with the
-          virtual clock as its clock. The one subclass (`SimController`) replaces what touches
+          virtual clock as their clock. The one subclass (`SimController`) replaces what touches
           tensors: the batch the trainer would get becomes its token count, and the batch
           diagnostics are left out (they are measurements, not decisions).
 async     a discrete-event version of minirl/async_loop.py: each engine replica runs the
@@ -33,6 +34,7 @@ from minirl.config import RLConfig
 from minirl.controller import Controller
 from minirl.engine_config import EngineConfig
 from minirl.scheduler import Request
+from minirl.tools.loop import run_steps
 from minirl.tools.sim.costs import DEVICES, SHAPES, Costs
 from minirl.tools.sim.parts import SimEngine, SimStore, SimTokenizer, SimTrainer, VirtualClock
 from minirl.tools.sim.workload import Lengths, SimPrompts, SimVerifier
@@ -173,14 +175,19 @@ def simulate(setup: Setup, steps: int, mixture=None) -> dict:
 
 
 def _lockstep(setup: Setup, steps: int, mixture) -> dict:
+    """`minirl train`'s own step loop (minirl.tools.loop.run_steps) on the virtual clock."""
     clock = VirtualClock()
     ctl, engine = build(setup, clock, mixture)
     recorder = Recorder(ctl, engine)
-    for _ in range(steps):
-        start = clock()
-        metrics = ctl.step()
+    started = [clock()]
+
+    def on_step(metrics: dict) -> None:
         gen = metrics["time/generate"] + metrics["time/verify"]
-        recorder.step(metrics, clock() - start, engine_busy=gen, trainer_busy=metrics["time/train"])
+        seconds = clock() - started[0]
+        recorder.step(metrics, seconds, engine_busy=gen, trainer_busy=metrics["time/train"])
+        started[0] = clock()
+
+    run_steps(ctl, steps, on_step, clock=clock)
     return recorder.summary(clock())
 
 
