@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from minirl import paged_cache as P
+from minirl import paged_cache
 from minirl.cache_layout import layout_of
 from minirl.decoding import Settings, compiled, prepare_params
 from minirl.engine_config import EngineConfig
@@ -248,7 +248,9 @@ class Engine:
     def memory_stats(self) -> dict[str, int]:
         """KV-cache bytes: allocated (persistent), used now, peak used, and the per-call
         temporary (the paged cache's gathered view)."""
-        per_token = P.kv_bytes_per_token(self.model_config, self.model_config.compute_dtype)
+        per_token = paged_cache.kv_bytes_per_token(
+            self.model_config, self.model_config.compute_dtype
+        )
         used = sum(self._sched.slots[b].cache_len for b in self._sched.active())
         positions = self._kv.memory(used, self._peak_tokens)
         return {k: n * per_token for k, n in positions.items()}

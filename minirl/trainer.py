@@ -37,10 +37,10 @@ mean / p95 / max of both |log pi_theta - log pi_old| over the first update's cou
 numerics (the training graph vs the recompute graph), the second adds the decode-vs-forward gap;
 for tokens of older versions the second also holds the real policy change since then.
 
-Placement (the one door to devices): micro-batch arrays enter the jitted functions through
-`placement.rows(x)` and row-shaped results leave through `placement.host(x)`
-(minirl/placement.py). `HostPlacement` (the default) hands numpy to jit; scale/mesh.py's
-`RowPlacement` splits rows over a mesh's data axes: with `scale.mesh.place_params`, data and FSDP.
+Row layout (the one door to devices): micro-batch arrays enter the jitted functions through
+`row_layout.rows(x)` and row-shaped results leave through `row_layout.host(x)`
+(minirl/placement.py). `HostRows` (the default) hands numpy to jit; scale/mesh.py's
+`MeshRows` splits rows over a mesh's data axes: with `scale.mesh.place_params`, data and FSDP.
 
 The parts live in their own files: minirl/trainer_config.py the knobs, minirl/microbatch.py the
 micro-batch plan, minirl/forward.py the engine-matched forward with its remat policy and the
@@ -84,7 +84,7 @@ from minirl.forward import (
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
 from minirl.model import ModelConfig, abstract_model
 from minirl.optimizer import learning_rate
-from minirl.placement import HostPlacement, place_like, shardings_like_params
+from minirl.placement import HostRows, place_like, shardings_like_params
 from minirl.sampling import Sampling
 from minirl.trainer_config import TrainerConfig
 from minirl.trees import match_template
@@ -146,7 +146,7 @@ class Trainer:
         objective=None,
         cfg: TrainerConfig | None = None,
         ref_params: Any = None,
-        placement: Any = None,
+        row_layout: Any = None,
         sampling: Sampling = Sampling(),
     ):
         cfg = cfg or TrainerConfig()
@@ -155,7 +155,7 @@ class Trainer:
                 "the trainer scores under a temperature > 0: pass the engine's "
                 "`sampling.scoring` (greedy reports log-probs at temperature 1)"
             )
-        self._placement = placement if placement is not None else HostPlacement()
+        self._row_layout = row_layout if row_layout is not None else HostRows()
         self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
         self._spec = ForwardSpec(model_cfg, sampling, cfg.remat)
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
@@ -176,7 +176,7 @@ class Trainer:
         """The current parameters as a pure dict (what `Engine.load_weights` and
         `WeightStore.put` accept). JAX arrays, never mutated or donated afterwards; `host=True`
         returns numpy copies."""
-        return self._placement.host(self._params) if host else self._params
+        return self._row_layout.host(self._params) if host else self._params
 
     def recompute_logprobs(self, batch: Batch) -> np.ndarray:
         """log pi(targets) under the current weights, with the engine's settings.  [B, T] float32,
@@ -245,7 +245,7 @@ class Trainer:
         `host=False` the device arrays themselves, laid out as they are: what a sharded
         checkpoint writer such as scale/orbax_checkpoints.py saves shard by shard; the optimizer
         state's arrays are valid until the next step, which donates them to the update)."""
-        copy = self._placement.host if host else (lambda tree: tree)
+        copy = self._row_layout.host if host else (lambda tree: tree)
         return {
             "params": copy(self._params),
             "opt_state": copy(self._optimizer_state()),
@@ -278,12 +278,12 @@ class Trainer:
 
     def _rows(self, x: np.ndarray, mb: mbt.MicroBatch):
         """Micro-batch `mb`'s rows of the [B, ...] host array `x`, placed for the jitted functions."""
-        return self._placement.rows(mbt.gather(x, mb))
+        return self._row_layout.rows(mbt.gather(x, mb))
 
     def _scatter(self, results: list, plan, shape) -> np.ndarray:
         """Per-micro-batch [R, Tb] device results -> one [B, T] host array (0 elsewhere)."""
         out = np.zeros(shape, np.float32)
-        for mb, logp in zip(plan, self._placement.host(results), strict=True):
+        for mb, logp in zip(plan, self._row_layout.host(results), strict=True):
             mbt.scatter(logp, mb, out)
         return out
 
