@@ -23,7 +23,7 @@ disagree numerically; see `exact` below and minirl/diagnostics.py).
 Exact mode (`exact=True` on a call): every contraction (dense layers, attention, norms,
 log-softmax) reduces in a fixed, shape-independent order — chunks of `EXACT_CHUNK` along the
 contraction axis, summed left to right — so that a decode step ([B, 1] rows) and a training
-forward ([B, T] rows) produce bitwise-equal results on XLA CPU (the VeXact idea; DESIGN.md).
+forward ([B, T] rows) produce bitwise-equal results on XLA CPU (the VeXact idea; docs/model.md).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ for its policy: `log pi(token) = log softmax(truncate(logits_pi / T))[token]`. A
 pi's own truncated set gets a log-prob of about -1e30 (finite, never nan); the losses clamp the
 log-ratio before `exp`. See docs/engine.md for why this choice and not "untruncated log-probs".
 
-Determinism (DESIGN.md): the key of token c of sample s of prompt u is
+Determinism (docs/design.md, "Rules every part keeps"): the key of token c of sample s of prompt u is
 `fold_in(fold_in(fold_in(fold_in(key(seed), u_hi), u_lo), s), c)` — a pure function of ids, so
 the token does not depend on the slot, the batch, or what else is running. In exact mode the
 logits are batch-invariant too, so the whole rollout is.
