@@ -35,7 +35,9 @@ import os
 import tempfile
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (BENCHMARKING.md)
+os.environ.setdefault(
+    "OMP_WAIT_POLICY", "PASSIVE"
+)  # before torch is imported (docs/benchmarking.md)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

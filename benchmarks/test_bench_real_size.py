@@ -9,7 +9,7 @@ L=24, H=14, K=2, F=4864, V=151936, tied embeddings, q/k/v biases; 494M parameter
 weights, saved in bfloat16 as the real one ships (0.99 GB), with a small BPE tokenizer and a
 chat template beside it (tests/hf_tiny.py; the vocabulary size of the model is the real one).
 Nothing is downloaded. Every figure is a ratio to a baseline measured in the same run
-(BENCHMARKING.md):
+(docs/benchmarking.md):
 
   load        `minirl.tools.hf.load_hf` (bf16 files -> float32 master weights) vs reading the same
               bytes raw from the page cache

@@ -39,7 +39,9 @@ import os
 import tempfile
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (BENCHMARKING.md)
+os.environ.setdefault(
+    "OMP_WAIT_POLICY", "PASSIVE"
+)  # before torch is imported (docs/benchmarking.md)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

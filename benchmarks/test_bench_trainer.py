@@ -21,7 +21,7 @@ ratio is taken within a round and the median over rounds is reported):
               policy ("none", "dots", "nothing")
   recompute   `trainer.recompute_logprobs(batch)`: forward only
 
-FLOP counts (BENCHMARKING.md): a training step = tokens x (6 x non-embedding params + 12 L D T);
+FLOP counts (docs/benchmarking.md): a training step = tokens x (6 x non-embedding params + 12 L D T);
 a forward = tokens x (2 x non-embedding params + 4 L D T). The LM head, norms, softmaxes and the
 optimizer are not counted, so the fractions understate the work done.
 

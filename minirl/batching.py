@@ -18,7 +18,7 @@ Rows are right-padded with `pad_id` (mask 0, behaviour log-prob 0, version -1) t
 T, rounded up to a small set of bucket lengths (`bucket_length`) so the trainer's jitted functions
 compile a bounded number of times. Rows are sorted by (prompt uid, sample index): groups (the G
 samples of one prompt) are contiguous and whole, and the order never depends on the order in which
-rollouts finished (determinism by construction, DESIGN.md).
+rollouts finished (determinism by construction, docs/design.md).
 
 Simplified on purpose: no truncation (a too-long rollout is the engine's job to prevent), and no
 packing of several sequences into one row (the model has no segment mask).

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from minirl import paged_cache as P
+from minirl import paged_cache
 from minirl.model import KVCache, ModelConfig
 
 
@@ -101,12 +101,14 @@ class PagedLayout:
     def __init__(self, model_cfg: ModelConfig, engine_cfg):
         self.model_cfg, self.cfg = model_cfg, engine_cfg
         c = engine_cfg
-        self.blocks = P.BlockAllocator(c.pool_blocks, c.block_size, c.slots, c.blocks_per_slot)
+        self.blocks = paged_cache.BlockAllocator(
+            c.pool_blocks, c.block_size, c.slots, c.blocks_per_slot
+        )
 
-    def empty(self) -> P.PagedKVCache:
+    def empty(self) -> paged_cache.PagedKVCache:
         c, m = self.cfg, self.model_cfg
         shape = (c.slots, c.pool_blocks, c.block_size, c.blocks_per_slot)
-        return P.PagedKVCache.zeros(m, *shape, m.compute_dtype)
+        return paged_cache.PagedKVCache.zeros(m, *shape, m.compute_dtype)
 
     def ensure(self, slot: int, positions: int) -> bool:
         return self.blocks.ensure(slot, positions)
@@ -114,7 +116,7 @@ class PagedLayout:
     def release(self, slot: int) -> None:
         self.blocks.release(slot)
 
-    def for_device(self, cache: P.PagedKVCache) -> P.PagedKVCache:
+    def for_device(self, cache: paged_cache.PagedKVCache) -> paged_cache.PagedKVCache:
         return cache._replace(table=jnp.asarray(self.blocks.table))  # the host's table is truth
 
     def memory(self, used_tokens: int, peak_tokens: int) -> dict[str, int]:
@@ -126,9 +128,9 @@ class PagedLayout:
             "transient": c.slots * c.cache_len,
         }  # (the widest view, gathered)
 
-    write_rows = staticmethod(P.write_rows)
-    view = staticmethod(P.gather_view)
-    write_back = staticmethod(P.write_back)
+    write_rows = staticmethod(paged_cache.write_rows)
+    view = staticmethod(paged_cache.gather_view)
+    write_back = staticmethod(paged_cache.write_back)
 
 
 def layout_of(engine_cfg) -> type:

@@ -104,7 +104,7 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-    """The controller's knobs (RLAX §3; AReaL §5; LOSSES.md for the loss presets)."""
+    """The controller's knobs (RLAX §3; AReaL §5; docs/losses.md for the loss presets)."""
 
     loss: str = "grpo"  # loss preset (minirl.losses.list_presets()), e.g. grpo, dapo, decoupled_ppo
     behaviour_cap: float = 5.0  # decoupled_ppo: tokens with c = pi_prox/mu above this leave the loss (AReaL's bound); 0 = uncapped (the paper's Eq. 5)

@@ -6,7 +6,8 @@ One train step reads like the pseudocode of every RL system for LLMs:
     take a batch      the freshest groups the staleness bound k accepts        (_take_batch)
     train             trainer.train_step(batch)                                (trainer)
     publish           weight store <- new version; engine reloads every j-th   (_publish)
-    record            metrics.jsonl; a snapshot at reload boundaries            (_record)
+    report            the step's metrics, returned to the caller (the run loop
+                      records them); `snapshot` at reload boundaries         (step)
 
 Scheduling is `lockstep`: every decision depends only on logical counts (versions, groups
 produced), never on timing, so a run is bitwise reproducible and resumes exactly. The three

@@ -4,7 +4,7 @@ Pure numpy on host arrays, called once per step; each function is a few vectoris
 the [B, T] batch. Nothing here feeds the loss — these numbers exist to be logged and plotted
 (`minirl/tools/plots/`, `docs/diagnostics.md`).
 
-Notation (LOSSES.md): log mu = behaviour log-prob reported by the engine, log pi = the trainer's
+Notation (docs/losses.md): log mu = behaviour log-prob reported by the engine, log pi = the trainer's
 recompute (`prox_logp`). Per token, Delta = log pi - log mu and rho = pi / mu = exp(Delta).
 
 - `mismatch_metrics`  training-inference mismatch (TIM): mean / p95 / max of |Delta| (RLAX §7.2,

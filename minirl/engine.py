@@ -1,7 +1,5 @@
-"""The rollout engine: turns `Request`s into `Rollout`s with continuous batching over fixed slots.
-
-What it is (RLAX §3 inference workers; AReaL §4 interruptible generation; vLLM / nano-vllm for
-the batching):
+"""The rollout engine: `Request`s in, `Rollout`s out, continuous batching over fixed slots
+(RLAX §3 inference workers; AReaL §4 interruptible generation; docs/engine.md).
 
   load_weights(version, params)   swap in new weights (an nnx.State or its pure-dict form)
   submit(requests)                queue work
@@ -9,47 +7,27 @@ the batching):
                                   queued observations (multi-turn), fill free slots (prefill),
                                   decode `decode_chunk` tokens in every active slot, return what
                                   finished
-  interrupt(policy)               "discard": drop in-flight requests, re-queue them from scratch
-                                  (RLAX: one weight version per rollout); "continue": keep their
-                                  tokens and rebuild their KV cache with the weights in use at
-                                  the next step (AReaL / PipelineRL: later tokens, newer version)
+  interrupt(policy)               "discard" (re-queue from scratch: one version per rollout) or
+                                  "continue" (keep the tokens, rebuild the cache with new weights)
   generate(requests)              submit + step() until done
-  extend(uid, sample, tokens, n)  multi-turn: a held episode's observation is appended to its
-                                  slot's KV cache (a prefill at the slot's offset: the history
-                                  is never re-run), then its next turn samples up to n tokens
+  extend(uid, sample, tokens, n)  multi-turn: append an observation to a held episode's cache,
+                                  then sample its next turn (minirl/tools/envs/episodes.py)
   release(uid, sample)            multi-turn: the episode is over; free its slot
 
-A `Request(multi_turn=True)` keeps its slot after each turn: the rollout `step()` returns is the
-episode so far (every turn and observation, `Rollout.mask` marking the policy's tokens), and the
-slot is held until `extend` or `release` (minirl/tools/envs/episodes.py drives this). Its tokens are
-keyed by their position after the prompt, observations included, so a turn's draws depend only
-on the episode so far.
+Each rollout token carries its behaviour log-prob (`model.token_logprobs` of the logits it was
+sampled from, minirl/sampling.py) and the weight version loaded when it was sampled. With
+`exact=True` these log-probs equal the trainer's recompute bit for bit, whatever the slot, batch
+or chunk (minirl/exact.py; tests/test_engine.py).
 
-The engine is passive: it never reloads weights or fetches work on its own. Calling
-`load_weights` without `interrupt` lets in-flight sequences continue on their old KV cache with
-the new weights (PipelineRL's in-flight update as measured there); their later tokens carry the
-new version, but the trainer cannot reproduce their log-probs exactly.
+Why chunks: Python runs once per `decode_chunk` tokens (one jitted `lax.fori_loop` with the KV
+cache donated), so its overhead is paid once per chunk; the price is up to `decode_chunk - 1`
+idle steps for a slot that finishes inside a chunk. Compiled shapes are bounded (prefill buckets
+x row counts, one decode per attention window: minirl/decoding.py), so nothing compiles in
+steady state. The engine is passive: it never reloads weights or fetches work by itself.
 
-How it runs fast on a CPU: the NNX model is split once (`nnx.split`) and two pure functions are
-`jax.jit`-ed with the KV cache donated — `prefill` (a group of prompts, right-padded to a length
-bucket and a power-of-two row count, written into their slots) and `decode` (`decode_chunk`
-steps in one `lax.fori_loop`: every slot decodes, a slot whose token budget is spent stops
-advancing). Python runs once per chunk, to detect finished sequences and refill slots, so its
-overhead is paid once per `decode_chunk` tokens; the price is up to `decode_chunk - 1` wasted
-steps when a slot finishes early in a chunk (EOS and stop sequences are found after the chunk).
-Compiled shapes are bounded (prefill: buckets x row counts; decode: one per attention window,
-minirl/decoding.py), so nothing compiles in steady state.
-
-Each token's behaviour log-prob is `model.token_logprobs` of the logits it was sampled from
-(temperature, top-k, top-p applied as in minirl/sampling.py); each token's version is the weight
-version loaded when it was sampled. With `exact=True` every reduction runs in a fixed order
-(minirl/exact.py), so these log-probs equal the trainer's recomputation
-`token_logprobs(model(prompt + completion, exact=True)[:, :-1], targets, ...)` bit for bit,
-whatever the slot, batch or chunk (tests/test_engine.py).
-
-Simplified on purpose: one device; one sampling configuration per engine; prompt lengths are
-padded (not chunked) for prefill; the paged cache gathers pages into a contiguous view per
-decode chunk (minirl/paged_cache.py).
+Simplified on purpose: one device; one sampling configuration per engine; prompts padded (not
+chunked) for prefill; the paged cache gathers pages into a contiguous view per decode chunk
+(minirl/paged_cache.py). Measured speed and the reasons behind each choice: docs/engine.md.
 """
 
 from __future__ import annotations
@@ -60,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from minirl import paged_cache as P
+from minirl import paged_cache
 from minirl.cache_layout import layout_of
 from minirl.decoding import Settings, compiled, prepare_params
 from minirl.engine_config import EngineConfig
@@ -248,7 +226,9 @@ class Engine:
     def memory_stats(self) -> dict[str, int]:
         """KV-cache bytes: allocated (persistent), used now, peak used, and the per-call
         temporary (the paged cache's gathered view)."""
-        per_token = P.kv_bytes_per_token(self.model_config, self.model_config.compute_dtype)
+        per_token = paged_cache.kv_bytes_per_token(
+            self.model_config, self.model_config.compute_dtype
+        )
         used = sum(self._sched.slots[b].cache_len for b in self._sched.active())
         positions = self._kv.memory(used, self._peak_tokens)
         return {k: n * per_token for k, n in positions.items()}

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 CHUNK = 32  # contraction elements per partial dot product in exact mode
-_NEG = -1e30  # mask value: finite, so a fully masked row cannot produce nan
+NEG = -1e30  # mask value: finite, so a fully masked row cannot produce nan
 
 
 def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
@@ -147,7 +147,7 @@ def attention(q, k, v, visible, exact: bool = False):
     scale = q.shape[-1] ** -0.5
     if not exact:
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-        scores = jnp.where(visible[:, None, None], scores, _NEG)
+        scores = jnp.where(visible[:, None, None], scores, NEG)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         return jnp.einsum("bkgts,bskd->btkgd", probs, v)
     # Exact: small-axis dot products on XLA CPU are NOT shape-invariant (a [1, S] query row takes
@@ -159,7 +159,7 @@ def attention(q, k, v, visible, exact: bool = False):
         -1,
     )
     scores = jnp.where(
-        visible[:, None, None], fusion_barrier(scores * scale), _NEG
+        visible[:, None, None], fusion_barrier(scores * scale), NEG
     )  # [B, K, G, T, S]
     m = jnp.max(scores, axis=-1, keepdims=True)
     e = jnp.exp(fusion_barrier(scores - m))
@@ -200,7 +200,7 @@ def _decode_attention(q, k, v, visible, exact: bool):
     scale = q.shape[-1] ** -0.5
     q1 = q[:, 0].astype(jnp.float32)  # [B, K, G, Dh]
     scores = tree_sum(k.astype(jnp.float32)[:, :, :, None, :] * q1[:, None], -1)  # [B, S, K, G]
-    scores = jnp.where(visible[:, 0, :, None, None], fusion_barrier(scores * scale), _NEG)
+    scores = jnp.where(visible[:, 0, :, None, None], fusion_barrier(scores * scale), NEG)
     m = jnp.max(scores, axis=1, keepdims=True)
     e = jnp.exp(fusion_barrier(scores - m))
     total = tree_sum(e, 1)[:, None] if exact else jnp.sum(e, axis=1, keepdims=True)

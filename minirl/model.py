@@ -23,7 +23,7 @@ disagree numerically; see `exact` below and minirl/diagnostics.py).
 Exact mode (`exact=True` on a call): every contraction (dense layers, attention, norms,
 log-softmax) reduces in a fixed, shape-independent order — chunks of `EXACT_CHUNK` along the
 contraction axis, summed left to right — so that a decode step ([B, 1] rows) and a training
-forward ([B, T] rows) produce bitwise-equal results on XLA CPU (the VeXact idea; DESIGN.md).
+forward ([B, T] rows) produce bitwise-equal results on XLA CPU (the VeXact idea; docs/model.md).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from minirl import exact as X
+from minirl import exact as exact_ops
 from minirl.sampling import Sampling, truncate_logits
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -243,7 +243,7 @@ def apply_rope(
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
     xf, rf = x.astype(jnp.float32) * cos, rotated.astype(jnp.float32) * sin
     if exact:  # round both products before the add, whatever XLA fuses (an FMA would not)
-        xf, rf = X.fusion_barrier(xf), X.fusion_barrier(rf)
+        xf, rf = exact_ops.fusion_barrier(xf), exact_ops.fusion_barrier(rf)
     return (xf + rf).astype(x.dtype)
 
 
@@ -264,7 +264,7 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x: jax.Array, exact: bool = False) -> jax.Array:
         xf = x.astype(jnp.float32)
-        mean_sq = X.mean_last(xf * xf, exact)
+        mean_sq = exact_ops.mean_last(xf * xf, exact)
         y = (xf * jax.lax.rsqrt(mean_sq + self.eps)).astype(x.dtype)
         return self.weight[...].astype(x.dtype) * y
 
@@ -287,7 +287,7 @@ class Attention(nnx.Module):
         self.cfg = cfg
 
     def _project(self, x, name, heads, exact):
-        y = X.dense(x, getattr(self, f"{name}_proj")[...].astype(x.dtype), exact)
+        y = exact_ops.dense(x, getattr(self, f"{name}_proj")[...].astype(x.dtype), exact)
         if self.cfg.qkv_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(x.dtype)
         y = y.reshape(*x.shape[:-1], heads, self.cfg.head_dim)
@@ -316,9 +316,9 @@ class Attention(nnx.Module):
         visible = key_index[None, None, :] <= positions[:, :, None]  # [B, T, S]
         g = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, g, cfg.head_dim)  # [B, T, K, G, Dh]
-        attend = X.causal_attention if layer_cache is None else X.attention
+        attend = exact_ops.causal_attention if layer_cache is None else exact_ops.attention
         out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), visible, exact)
-        y = X.dense(out.reshape(b, t, -1), self.o_proj[...].astype(x.dtype), exact)
+        y = exact_ops.dense(out.reshape(b, t, -1), self.o_proj[...].astype(x.dtype), exact)
         return y, (None if layer_cache is None else (keys, values))
 
 
@@ -333,10 +333,10 @@ class MLP(nnx.Module):
 
     def __call__(self, x, exact=False):
         dt = x.dtype
-        h = jax.nn.silu(X.dense(x, self.gate_proj[...].astype(dt), exact)) * X.dense(
-            x, self.up_proj[...].astype(dt), exact
-        )
-        return X.dense(h, self.down_proj[...].astype(dt), exact)
+        h = jax.nn.silu(
+            exact_ops.dense(x, self.gate_proj[...].astype(dt), exact)
+        ) * exact_ops.dense(x, self.up_proj[...].astype(dt), exact)
+        return exact_ops.dense(h, self.down_proj[...].astype(dt), exact)
 
 
 class Block(nnx.Module):
@@ -394,7 +394,7 @@ class Transformer(nnx.Module):
         if last_only:  # after the norm: gathered before it, bf16 exact mode rounded differently
             x = jnp.take_along_axis(x, (num_new - 1)[:, None, None], axis=1)  # [B, 1, D]
         head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-        logits = X.dense(x, head.astype(x.dtype), exact).astype(jnp.float32)  # [B, T, V]
+        logits = exact_ops.dense(x, head.astype(x.dtype), exact).astype(jnp.float32)  # [B, T, V]
         if cache is None:
             return logits
         return logits, KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
@@ -412,7 +412,7 @@ def token_logprobs(logits, targets, sampling: Sampling = Sampling()):
     z = logits.astype(jnp.float32) / s.temperature
     if s.top_k or s.top_p < 1.0:
         z = truncate_logits(z, s.top_k, s.top_p, s.exact)
-    logp = X.log_softmax(z, s.exact)
+    logp = exact_ops.log_softmax(z, s.exact)
     return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 

@@ -1,12 +1,12 @@
-"""Placement: how the trainer's arrays meet devices, the one door between minirl and a mesh.
+"""Row layout: how the trainer's arrays meet devices, the one door between minirl and a mesh.
 
 minirl's Trainer never mentions a device or a mesh. Every micro-batch array it hands to its
-jitted functions passes through `placement.rows(x)` (axis 0 = rows of the micro-batch, N), and
-every per-row result it brings back passes through `placement.host(x)`:
+jitted functions passes through `row_layout.rows(x)` (axis 0 = rows of the micro-batch, N), and
+every per-row result it brings back passes through `row_layout.host(x)`:
 
-    HostPlacement()              the default: numpy in (jit puts it on the default device),
+    HostRows()                   the default: numpy in (jit puts it on the default device),
                                  numpy copies out. One device, no mesh.
-    scale.mesh.RowPlacement(mesh, rules)
+    scale.mesh.MeshRows(mesh, rules)
                                  rows split over the rules' "batch" mesh axes (data x fsdp for
                                  FSDP training), results gathered from every process
 
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 
-class HostPlacement:
-    """The default placement: no mesh. Micro-batch arrays go to the jitted functions as numpy
+class HostRows:
+    """The default row layout: no mesh. Micro-batch arrays go to the jitted functions as numpy
     (jit puts them on the default device); results come back as numpy copies."""
 
     def rows(self, x: np.ndarray) -> Any:

@@ -3,7 +3,7 @@
 What it is: the maths between the model's logits and the next token.
 
   z = logits / temperature                      (the tempered distribution)
-  z = top_k(z), then top_p(z)                   (truncation: other tokens get logit _NEG)
+  z = top_k(z), then top_p(z)                   (truncation: other tokens get logit NEG)
   token ~ softmax(z)                            (Gumbel-max with a per-token key)
   log mu(token) = log softmax(z)[token]         (the behaviour log-prob; model.token_logprobs)
 
@@ -14,7 +14,7 @@ for its policy: `log pi(token) = log softmax(truncate(logits_pi / T))[token]`. A
 pi's own truncated set gets a log-prob of about -1e30 (finite, never nan); the losses clamp the
 log-ratio before `exp`. See docs/engine.md for why this choice and not "untruncated log-probs".
 
-Determinism (DESIGN.md): the key of token c of sample s of prompt u is
+Determinism (docs/design.md, "Rules every part keeps"): the key of token c of sample s of prompt u is
 `fold_in(fold_in(fold_in(fold_in(key(seed), u_hi), u_lo), s), c)` — a pure function of ids, so
 the token does not depend on the slot, the batch, or what else is running. In exact mode the
 logits are batch-invariant too, so the whole rollout is.
@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minirl import exact as X
+from minirl import exact as exact_ops
 
-NEG = X._NEG  # logit given to truncated tokens: finite, so nothing becomes nan
+NEG = exact_ops.NEG  # logit given to truncated tokens: finite, so nothing becomes nan
 
 
 class Sampling(NamedTuple):
@@ -76,7 +76,7 @@ def truncate_logits(z: jax.Array, top_k: int = 0, top_p: float = 1.0, exact: boo
         z = jnp.where(z >= kth, z, NEG)
     if top_p < 1.0:
         ordered = -jnp.sort(-z, axis=-1)  # [..., V] descending
-        probs = jnp.exp(X.log_softmax(ordered, exact))
+        probs = jnp.exp(exact_ops.log_softmax(ordered, exact))
         mass_before = prefix_sum(probs, exact) - probs  # probability of strictly better tokens
         kept = mass_before < top_p  # the most likely token is always kept
         threshold = jnp.min(jnp.where(kept, ordered, jnp.inf), axis=-1, keepdims=True)

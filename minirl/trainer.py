@@ -1,63 +1,29 @@
-"""The trainer: log-prob recomputation, token-budget micro-batches, AdamW, a non-finite guard.
+"""The trainer: a `Batch` of scored rollouts in, new weights out (docs/trainer.md).
 
     trainer = Trainer(model_cfg, params, get_preset("grpo"), TrainerConfig())
     metrics = trainer.train_step(batch)        # one RL step on a `minirl.types.Batch`
     store.put(version, trainer.params())       # publish (only if trainer.last_step_ok)
 
-What one `train_step(batch)` does:
+Input: a right-padded `Batch` (minirl/batching.py), optionally with its recomputed log pi_prox.
+Output: a dict of floats (the loss's report, `dlogp_recompute/*` and `dlogp_no_recompute/*`
+(RLAX Fig. 5 at no extra forward), timings: docs/trainer.md "What a step reports"). A step whose
+loss or gradient is not finite leaves params and optimizer state bitwise unchanged and sets
+`last_step_ok` False, so the caller never publishes corrupted weights.
 
- 1. Plan micro-batches: whole rows packed first-fit-decreasing under `micro_batch_tokens` padded
-    tokens (AReaL Algorithm 1; minirl/microbatch.py). Micro-batch shapes come from a small set
-    (bucket lengths x power-of-two row counts), so the jitted functions compile a few times per run.
- 2. Recompute log pi_prox under the weights the step starts from (AReaL's "proximal policy";
-    RLAX §5.1 "log-prob recomputation"): never trust the engine's numbers for the ratio. The
-    forward is the engine's computation — the engine's `Sampling` spec, in scoring form — and runs
-    in the same micro-batch shapes as the training forward, so on the first update the training
-    forward sees the same numbers (PPO ratio = 1 at the start, not 1 +- rounding noise).
-    With a KL term, log pi_ref is computed the same way under a frozen copy of the initial params.
- 3. Phase 1 of the loss on the WHOLE batch (`objective.prepare`): advantages, rejection masks and
-    aggregation weights with batch-level normalisers.
- 4. For each of `ppo_epochs` x `num_minibatches` updates: phase 2 (`objective.loss`) per
-    micro-batch, gradients summed — the sum over a row partition IS the full-batch gradient —
-    then one optimizer update: global-norm clipping, AdamW with a warm-up/cosine schedule.
- 5. Non-finite guard (PipelineRL limits study): if the loss or any gradient is nan/inf, the update
-    is skipped (params and optimizer state bitwise unchanged), counted in
-    `metrics["skipped_nonfinite"]`, and `last_step_ok` turns False so the caller does not
-    publish those weights as a new version.
+One `train_step`: plan micro-batches (minirl/microbatch.py) -> recompute log pi_prox with the
+engine's sampling spec, in the training shapes -> phase 1 of the loss on the whole batch ->
+`ppo_epochs` x `num_minibatches` updates, each phase 2 per micro-batch with the gradients summed
+(minirl/forward.py) and one guarded AdamW update (minirl/optimizer.py). `sft_step` is the same
+machinery on the token NLL; `recompute_logprobs` is the recompute alone.
 
-`sft_step(batch)` runs the same machinery on the mean token negative log-likelihood over the
-mask (the supervised warm-start). `recompute_logprobs(batch)` is step 2 on its own.
+Why two phases: the loss's batch-level normalisers are fixed before any micro-batch runs, so any
+row partition gives the full-batch gradient (tests/test_trainer.py checks it).
 
-RLAX Fig. 5, every step, at no extra forward: the training forward of the FIRST update (the
-weights the step starts from) is what the PPO ratio's numerator sees, and its denominator is
-either the recompute (log pi_prox: "with recomputation", minirl's way) or the engine's log mu
-("without recomputation", what a trainer that trusts the engine would use). `train_step` returns
-mean / p95 / max of both |log pi_theta - log pi_old| over the first update's counted tokens:
-`dlogp_recompute/*` and `dlogp_no_recompute/*` (docs/diagnostics.md). On-policy the first is pure
-numerics (the training graph vs the recompute graph), the second adds the decode-vs-forward gap;
-for tokens of older versions the second also holds the real policy change since then.
-
-Placement (the one door to devices): micro-batch arrays enter the jitted functions through
-`placement.rows(x)` and row-shaped results leave through `placement.host(x)`
-(minirl/placement.py). `HostPlacement` (the default) hands numpy to jit; scale/mesh.py's
-`RowPlacement` splits rows over a mesh's data axes: with `scale.mesh.place_params`, data and FSDP.
-
-The parts live in their own files: minirl/trainer_config.py the knobs, minirl/microbatch.py the
-micro-batch plan, minirl/forward.py the engine-matched forward with its remat policy and the
-per-micro-batch gradient, minirl/optimizer.py the guarded AdamW update. This file holds the
-state (params, optimizer state, counters) and the order of operations.
-
-How it stays fast on a CPU: the NNX model is split once (`nnx.split`); the forward, the
-per-micro-batch gradient accumulation and the optimizer update are pure functions under
-`jax.jit`, shared between trainers with equal settings (so tests and benchmarks reuse compiles).
-The gradient accumulator and the optimizer state are donated (the update writes the new
-parameters into the gradient buffers, the moments in place: minirl/optimizer.py); the
-parameters never are: the engine and the weight store may still hold the arrays `params()`
-handed out. The hand-written dense backward and the causal block skipping in
-minirl/exact.py are what brought the `small` step to the matmul-peak target (docs/trainer.md).
-
-Simplified on purpose: no mesh of its own (scale/ places parameters and rows); no critic (the
-model has no value head; PPO's advantages use V = 0); rows are padded, not packed.
+Rows meet devices only through `row_layout.rows(x)` / `row_layout.host(x)` (minirl/placement.py;
+scale/mesh.py's `MeshRows` on a mesh). This file holds the state (params, optimizer state,
+counters) and the order of operations; how it stays fast is in docs/trainer.md, "Speed".
+Simplified on purpose: no mesh of its own; no critic (PPO's advantages use V = 0); rows are
+padded, not packed.
 """
 
 from __future__ import annotations
@@ -84,7 +50,7 @@ from minirl.forward import (
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
 from minirl.model import ModelConfig, abstract_model
 from minirl.optimizer import learning_rate
-from minirl.placement import HostPlacement, place_like, shardings_like_params
+from minirl.placement import HostRows, place_like, shardings_like_params
 from minirl.sampling import Sampling
 from minirl.trainer_config import TrainerConfig
 from minirl.trees import match_template
@@ -146,7 +112,7 @@ class Trainer:
         objective=None,
         cfg: TrainerConfig | None = None,
         ref_params: Any = None,
-        placement: Any = None,
+        row_layout: Any = None,
         sampling: Sampling = Sampling(),
     ):
         cfg = cfg or TrainerConfig()
@@ -155,7 +121,7 @@ class Trainer:
                 "the trainer scores under a temperature > 0: pass the engine's "
                 "`sampling.scoring` (greedy reports log-probs at temperature 1)"
             )
-        self._placement = placement if placement is not None else HostPlacement()
+        self._row_layout = row_layout if row_layout is not None else HostRows()
         self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
         self._spec = ForwardSpec(model_cfg, sampling, cfg.remat)
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
@@ -176,7 +142,7 @@ class Trainer:
         """The current parameters as a pure dict (what `Engine.load_weights` and
         `WeightStore.put` accept). JAX arrays, never mutated or donated afterwards; `host=True`
         returns numpy copies."""
-        return self._placement.host(self._params) if host else self._params
+        return self._row_layout.host(self._params) if host else self._params
 
     def recompute_logprobs(self, batch: Batch) -> np.ndarray:
         """log pi(targets) under the current weights, with the engine's settings.  [B, T] float32,
@@ -245,7 +211,7 @@ class Trainer:
         `host=False` the device arrays themselves, laid out as they are: what a sharded
         checkpoint writer such as scale/orbax_checkpoints.py saves shard by shard; the optimizer
         state's arrays are valid until the next step, which donates them to the update)."""
-        copy = self._placement.host if host else (lambda tree: tree)
+        copy = self._row_layout.host if host else (lambda tree: tree)
         return {
             "params": copy(self._params),
             "opt_state": copy(self._optimizer_state()),
@@ -278,12 +244,12 @@ class Trainer:
 
     def _rows(self, x: np.ndarray, mb: mbt.MicroBatch):
         """Micro-batch `mb`'s rows of the [B, ...] host array `x`, placed for the jitted functions."""
-        return self._placement.rows(mbt.gather(x, mb))
+        return self._row_layout.rows(mbt.gather(x, mb))
 
     def _scatter(self, results: list, plan, shape) -> np.ndarray:
         """Per-micro-batch [R, Tb] device results -> one [B, T] host array (0 elsewhere)."""
         out = np.zeros(shape, np.float32)
-        for mb, logp in zip(plan, self._placement.host(results), strict=True):
+        for mb, logp in zip(plan, self._row_layout.host(results), strict=True):
             mbt.scatter(logp, mb, out)
         return out
 

@@ -1,6 +1,6 @@
 """The currency between minirl's parts: Prompt -> Rollout -> (scored) Rollout -> Batch.
 
-Data flows one way (see DESIGN.md): the data layer makes `Prompt`s, the rollout engine turns
+Data flows one way (see docs/design.md): the data layer makes `Prompt`s, the rollout engine turns
 them into `Rollout`s, verifiers attach a `Score`, and the trainer packs scored rollouts into a
 `Batch` of padded numpy arrays. These are plain dataclasses of numpy arrays and Python values —
 no JAX, no behaviour beyond small derived properties — so they cross process boundaries

@@ -1,6 +1,6 @@
 """The verifier interface, an adapter for plain functions, and `safe_scores`.
 
-A verifier turns rollouts into rewards (DESIGN.md, "Interfaces that must stay narrow"):
+A verifier turns rollouts into rewards (docs/design.md, "Interfaces that stay narrow"):
 
     scores = verifier.score(rollouts)        # list[Score], same length and order as rollouts
 

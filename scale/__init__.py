@@ -38,7 +38,7 @@ _EXPORTS = {
         "place_params",
         "publish",
         "load",
-        "RowPlacement",
+        "MeshRows",
     ),
     "tensorstore_weights": ("TensorStoreWeightStore", "StoredWeights"),
     "verifier_service": ("VerifierService", "ServiceConfig"),

@@ -10,7 +10,7 @@ minirl's registry (`minirl.tools.mismatch.register_source`), and `sharding_rows`
 the same way by any other program.
 
 The "sharding" rows score the table's rollouts with the trainer's recompute on an FSDP mesh
-(weights split by `scale.mesh.fsdp()`, batch rows split over data x fsdp by `RowPlacement`) and
+(weights split by `scale.mesh.fsdp()`, batch rows split over data x fsdp by `MeshRows`) and
 with the engine's decode on a tensor-parallel mesh (`tensor_parallel()`), the meshes RLAX uses,
 and compare them with each other and with the same computations on one device:
 
@@ -40,25 +40,25 @@ def sharding_rows(ctx, train_mesh: str = "fsdp=2,tensor=2", engine_mesh: str = "
     import jax
 
     from minirl.tools.mismatch import Decode, Recompute
-    from scale import mesh as M
+    from scale import mesh as mesh_lib
 
     if jax.device_count() < 2:
         raise ValueError(
             f"the sharding source needs >= 2 devices, JAX has {jax.device_count()}: "
             "python -m scale.diagnose --cpu-devices 4 fakes them on a CPU"
         )
-    tmesh = M.make_mesh(M.MeshConfig.parse(train_mesh))
-    emesh = M.make_mesh(M.MeshConfig.parse(engine_mesh))
+    tmesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.parse(train_mesh))
+    emesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.parse(engine_mesh))
     t_name = "FSDP " + ",".join(f"{a}={n}" for a, n in tmesh.shape.items() if n > 1)
     e_name = "TP " + ",".join(f"{a}={n}" for a, n in emesh.shape.items() if n > 1)
-    t_params = M.place_params(ctx.params, tmesh, M.fsdp())
-    e_params = M.place_params(ctx.params, emesh, M.tensor_parallel())
-    rows = M.RowPlacement(tmesh, M.fsdp())
+    t_params = mesh_lib.place_params(ctx.params, tmesh, mesh_lib.fsdp())
+    e_params = mesh_lib.place_params(ctx.params, emesh, mesh_lib.tensor_parallel())
+    rows = mesh_lib.MeshRows(tmesh, mesh_lib.fsdp())
     d = ctx.base_dtype
 
     @functools.cache
     def recompute(exact: bool):  # [B, T] on the train mesh
-        return ctx.compute(Recompute(d, exact), params=t_params, placement=rows)
+        return ctx.compute(Recompute(d, exact), params=t_params, row_layout=rows)
 
     @functools.cache
     def decode(exact: bool):  # [B, T] on the engine mesh

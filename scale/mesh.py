@@ -3,16 +3,16 @@
 minirl's core never mentions a mesh. Its trainer and engine are `jax.jit` functions over pure
 parameter dicts, so they run sharded as they are: place the parameters on a mesh with
 `NamedSharding`s and XLA's sharding propagation (GSPMD) partitions every step around them — the
-same functions, the same numbers up to reduction order. This file decides the placements:
+same functions, the same numbers up to reduction order. This file decides where arrays go:
 
     initialize(DistributedConfig(...))            # jax.distributed, before any JAX work
     mesh = make_mesh(MeshConfig(fsdp=-1))         # axes ("data", "fsdp", "tensor")
     params = place_params(params, mesh, fsdp())   # ZeRO-3 style: weights split over "fsdp"
     cfg, params, _ = load_checkpoint(DIR, mesh, fsdp())   # a HF directory, each process its blocks
-    trainer = Trainer(model_cfg, params, ..., placement=RowPlacement(mesh, fsdp()))
+    trainer = Trainer(model_cfg, params, ..., row_layout=MeshRows(mesh, fsdp()))
     engine.load_weights(v, place_params(trainer.params(), infer_mesh, tensor_parallel()))
 
-The trainer's `placement` is its one door to devices: `RowPlacement` splits each micro-batch's
+The trainer's `row_layout` is its one door to devices: `MeshRows` splits each micro-batch's
 rows over the rules' "batch" mesh axes (("data", "fsdp") for `fsdp()`), so the step is data
 parallel as well as FSDP; results come back to the host gathered from every process.
 
@@ -249,7 +249,7 @@ def make_mesh(cfg: MeshConfig, devices: Any = None) -> Mesh:
 
 
 # -------------------------------------------------------------------------------------------
-# Placements
+# Parameter placement and row layouts
 
 
 def param_axes(path: str, ndim: int) -> tuple[str, ...]:
@@ -354,13 +354,13 @@ def to_host(x: Any) -> np.ndarray:
     return np.array(x, copy=True)
 
 
-class RowPlacement:
-    """A `minirl.trainer.Trainer` placement (minirl/placement.py): each micro-batch's rows
+class MeshRows:
+    """A `minirl.trainer.Trainer` row layout (minirl/placement.py): each micro-batch's rows
     split over `rules`' batch axes on `mesh` (with `fsdp()`: data x fsdp, so the trainer is data
     parallel); results come back as whole numpy arrays on every process.
 
         trainer = Trainer(cfg, place_params(p, mesh, fsdp()), obj, tcfg,
-                          placement=RowPlacement(mesh, fsdp()))
+                          row_layout=MeshRows(mesh, fsdp()))
 
     A row count the batch axes do not divide stays replicated (micro-batches have power-of-two
     row counts, so with power-of-two meshes only micro-batches smaller than the axes are)."""

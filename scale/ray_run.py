@@ -34,6 +34,8 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `python -m scale.launch ray`: minirl's config flags, the actors' resources,
+    the verifier service and the multi-host jobs (their own group in --help)."""
     from minirl.config_args import add_config_arguments
 
     add_config_arguments(p)
@@ -62,6 +64,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             metavar="0,1",
             help=f"pin the {role} actor(s) to these CPU cores (one machine, Linux)",
         )
+    _add_job_arguments(p)
+    p.add_argument(
+        "--verifier-url",
+        default=None,
+        metavar="URL",
+        help="score with the HTTP verifier service there (python -m scale.launch "
+        "verifier; shared secret in $MINIRL_TOKEN) instead of a verifier actor",
+    )
+    p.add_argument(
+        "--resource",
+        action="append",
+        default=[],
+        metavar="ROLE:NAME=N",
+        help="a custom Ray resource for a role's actors, e.g. engine:TPU=4 (repeatable)",
+    )
+
+
+def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     j = p.add_argument_group(
         "multi-host jobs (weights by reference)",
         "With --weights, the trainer and each engine replica are JAX jobs of --ROLE-hosts Ray "
@@ -90,20 +110,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     j.add_argument("--engine-mesh", default="tensor=-1", help="each engine job's mesh axes")
     j.add_argument(
         "--cpu-devices", type=int, default=0, help="fake N CPU devices per process (testing)"
-    )
-    p.add_argument(
-        "--verifier-url",
-        default=None,
-        metavar="URL",
-        help="score with the HTTP verifier service there (python -m scale.launch "
-        "verifier; shared secret in $MINIRL_TOKEN) instead of a verifier actor",
-    )
-    p.add_argument(
-        "--resource",
-        action="append",
-        default=[],
-        metavar="ROLE:NAME=N",
-        help="a custom Ray resource for a role's actors, e.g. engine:TPU=4 (repeatable)",
     )
 
 

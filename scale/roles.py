@@ -41,13 +41,13 @@ class TrainerRole:
         resumed run replays them); a fresh run (version 0) starts from a fresh Trainer."""
         import jax
 
-        from scale import mesh as M
+        from scale import mesh as mesh_lib
 
         if version == 0 and self.trainer.step:
             self.trainer = self.make_trainer()
         if jax.process_index() == 0:
             self.store.discard_from(version)
-        M.barrier(f"minirl-publish-from-{version}")
+        mesh_lib.barrier(f"minirl-publish-from-{version}")
         self.version, self._dirty = version - 1, True
 
     def state_dict(self) -> dict:
@@ -90,11 +90,11 @@ class TrainerRole:
 
     def params(self, host: bool = True) -> StoredWeights:
         """Publish the current weights (if new) and return a reference to them."""
-        from scale import mesh as M
+        from scale import mesh as mesh_lib
 
         if self._dirty:
             self.version += 1
-            M.publish(self.store, self.version, self.trainer.params())
+            mesh_lib.publish(self.store, self.version, self.trainer.params())
             self._dirty = False
         return StoredWeights(self.version)
 
@@ -106,9 +106,9 @@ class EngineRole:
         self.engine, self.store, self.mesh, self.rules = engine, store, mesh, rules
 
     def load_weights(self, version: int, weights: StoredWeights) -> None:
-        from scale import mesh as M
+        from scale import mesh as mesh_lib
 
-        _, params = M.load(self.store, weights.version, self.mesh, self.rules)
+        _, params = mesh_lib.load(self.store, weights.version, self.mesh, self.rules)
         self.engine.load_weights(version, params)
 
     def generate(self, requests):
@@ -184,16 +184,18 @@ def first_params(cfg, tokenizer, task, mesh):
     (scale.mesh.load_checkpoint); otherwise the warm start (random init, SFT) is placed."""
     from minirl.tools.inputs import checked_params
     from minirl.tools.warmstart import warm_start
-    from scale import mesh as M
+    from scale import mesh as mesh_lib
 
     if cfg.model.path and not cfg.sft.steps:
-        loaded, params, read = M.load_checkpoint(cfg.model.path, mesh, M.fsdp(), cfg.model.dtype)
+        loaded, params, read = mesh_lib.load_checkpoint(
+            cfg.model.path, mesh, mesh_lib.fsdp(), cfg.model.dtype
+        )
         print(
             f"read {read:,} bytes of {cfg.model.path} (the blocks this process holds)", flush=True
         )
         return checked_params(cfg, loaded, params)
     base, _ = warm_start(cfg, tokenizer, task, progress=False)
-    return M.place_params(base, mesh, M.fsdp())
+    return mesh_lib.place_params(base, mesh, mesh_lib.fsdp())
 
 
 def trainer_role(args) -> TrainerRole:
@@ -203,11 +205,11 @@ def trainer_role(args) -> TrainerRole:
     `python -m scale.launch ray --weights ...` (scale/ray_run.py)."""
     from minirl.losses import make_objective
     from minirl.trainer import Trainer
-    from scale import mesh as M
+    from scale import mesh as mesh_lib
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     cfg, tokenizer, task = role_config(args)
-    mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.parse(args.mesh))
     start = first_params(cfg, tokenizer, task, mesh)  # jax arrays: a Trainer never mutates them
 
     def make_trainer() -> Trainer:
@@ -216,7 +218,7 @@ def trainer_role(args) -> TrainerRole:
             start,
             make_objective(cfg.rl.loss, cfg.rl.behaviour_cap),
             cfg.trainer_config(),
-            placement=M.RowPlacement(mesh, M.fsdp()),
+            row_layout=mesh_lib.MeshRows(mesh, mesh_lib.fsdp()),
             sampling=cfg.engine.sampling.scoring,
         )
 
@@ -232,15 +234,15 @@ def trainer_role(args) -> TrainerRole:
 def engine_role(args) -> EngineRole:
     """This process's part of the engine job: minirl's Engine on the tensor-parallel mesh
     `args.mesh`, loading weights from the TensorStore store `args.weights`."""
-    from scale import mesh as M
+    from scale import mesh as mesh_lib
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     cfg, tokenizer, _ = role_config(args)
     from minirl.tools.inputs import make_engine
 
-    mesh = M.make_mesh(M.MeshConfig.parse(args.mesh))
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.parse(args.mesh))
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
-    return EngineRole(make_engine(cfg, tokenizer), store, mesh, M.tensor_parallel())
+    return EngineRole(make_engine(cfg, tokenizer), store, mesh, mesh_lib.tensor_parallel())
 
 
 def drive(args, run, engine, trainer, verifier) -> dict:

@@ -1,5 +1,6 @@
 """Shared test set-up: JAX's platform and its persistent compilation cache (compiles are the cost
-of this suite), and the GPU lane.
+of this suite), the GPU lane, and `make_rollout` (a Rollout carrying just a prompt and a text) for
+the data and task tests.
 
 The default lane runs on the CPU (JAX_PLATFORMS=cpu unless the environment says otherwise).
 `pytest -m gpu` is the GPU lane: the bitwise claims (tests marked `gpu`) on the accelerator JAX
@@ -10,6 +11,9 @@ accelerator each of those tests is skipped with one line saying why. Outside the
 
 import os
 import re
+
+import numpy as np
+import pytest
 
 
 def gpu_lane(markexpr: str) -> bool:
@@ -52,8 +56,26 @@ def pytest_collection_modifyitems(config, items):
     reason = no_accelerator_reason()
     if reason is None:
         return
-    import pytest
-
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _rollout(prompt, text, sample_index=0, reward=None):
+    from minirl.types import Rollout, Score
+
+    return Rollout(
+        prompt=prompt,
+        sample_index=sample_index,
+        tokens=np.zeros(0, np.int32),
+        logprobs=np.zeros(0, np.float32),
+        versions=np.zeros(0, np.int32),
+        finish_reason="eos",
+        text=text,
+        score=None if reward is None else Score(reward),
+    )
+
+
+@pytest.fixture(scope="session")
+def make_rollout():
+    return _rollout

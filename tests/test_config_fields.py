@@ -16,7 +16,7 @@ import sys
 import pytest
 from hf_tiny import make_model_dir
 
-from minirl import config as C
+from minirl import config
 from minirl.configlib import describe
 from minirl.engine import EngineConfig
 from minirl.model import ModelConfig
@@ -27,15 +27,15 @@ from minirl.trainer import TrainerConfig
 pytestmark = pytest.mark.reference  # the Hugging Face model directory is made with transformers
 
 CLASSES = {
-    "task": C.TaskSpec,
-    "data": C.DataConfig,
+    "task": config.TaskSpec,
+    "data": config.DataConfig,
     "model": ModelConfig,
     "engine": EngineConfig,
     "trainer": TrainerConfig,
-    "rl": C.RLConfig,
-    "sft": C.SFTConfig,
-    "eval": C.EvalConfig,
-    "log": C.LogConfig,
+    "rl": config.RLConfig,
+    "sft": config.SFTConfig,
+    "eval": config.EvalConfig,
+    "log": config.LogConfig,
 }
 NOT_READS = {
     "__post_init__",
@@ -179,7 +179,7 @@ def test_every_setting_is_read_by_the_part_it_configures(reads, tmp_path, monkey
             "model.dtype=float32",
         ],
     )
-    keys = [key for key, _, _ in describe(C.RunConfig)]
+    keys = [key for key, _, _ in describe(config.RunConfig)]
     unread = [k for k in keys if tuple(k.split(".", 1)) not in reads and k not in ELSEWHERE]
     assert unread == [], f"settings no part of a run reads (inert): {unread}"
     assert set(ELSEWHERE) <= set(keys)  # the list names real keys only

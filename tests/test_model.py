@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from minirl import exact as X
+from minirl import exact as exact_ops
 from minirl.model import PRESETS, KVCache, ModelConfig, Transformer, token_logprobs
 from minirl.sampling import Sampling
 
@@ -180,11 +180,11 @@ def test_exact_dense_asks_for_true_float32_products_forward_and_backward():
         text = jax.jit(fn).lower(x, w).as_text()
         return [line for line in text.splitlines() if "dot_general" in line]
 
-    loss = lambda x, w: X.dense(x, w, exact=True).astype(jnp.float32).sum()
+    loss = lambda x, w: exact_ops.dense(x, w, exact=True).astype(jnp.float32).sum()
     exact = dots(jax.grad(loss, argnums=(0, 1)))  # the forward and the two backward dots
     assert len(exact) == 3 and all("precision = [HIGHEST, HIGHEST]" in d for d in exact), exact
     assert all("-> tensor<" in d and "xf32>" in d.split("->")[1] for d in exact)
-    (fast,) = dots(X.dense)
+    (fast,) = dots(exact_ops.dense)
     assert "HIGHEST" not in fast
 
 
@@ -194,9 +194,9 @@ def test_dense_backward_matches_autodiff():
     x = jnp.asarray(rng.normal(size=(3, 5, 16)).astype(np.float32))  # [B, T, I]
     w = jnp.asarray(rng.normal(size=(16, 24)).astype(np.float32))  # [I, O]
     c = jnp.asarray(rng.normal(size=(3, 5, 24)).astype(np.float32))  # a cotangent [B, T, O]
-    ours = jax.grad(lambda x, w: (X.dense(x, w) * c).sum(), argnums=(0, 1))(x, w)
+    ours = jax.grad(lambda x, w: (exact_ops.dense(x, w) * c).sum(), argnums=(0, 1))(x, w)
     plain = jax.grad(lambda x, w: (jnp.einsum("bti,io->bto", x, w) * c).sum(), argnums=(0, 1))(x, w)
-    np.testing.assert_allclose(X.dense(x, w), jnp.einsum("bti,io->bto", x, w), rtol=1e-6)
+    np.testing.assert_allclose(exact_ops.dense(x, w), jnp.einsum("bti,io->bto", x, w), rtol=1e-6)
     for got, want in zip(ours, plain, strict=True):
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -216,7 +216,10 @@ def test_causal_blocks_equal_one_masked_block():
         out, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, visible), q, k, v)
         return out, pullback(q)  # q doubles as a cotangent [B, T, K, G, Dh]
 
-    (blocked, grads), (one, want) = run(X.causal_attention, q, k, v), run(X.attention, q, k, v)
+    (blocked, grads), (one, want) = (
+        run(exact_ops.causal_attention, q, k, v),
+        run(exact_ops.attention, q, k, v),
+    )
     np.testing.assert_allclose(blocked, one, rtol=1e-5, atol=1e-6)
     for got, ref in zip(grads, want, strict=True):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

@@ -208,7 +208,7 @@ from minirl.scheduler import Request  # noqa: E402
 from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
 from minirl.trees import flatten_tree  # noqa: E402
 from minirl.types import Batch, Prompt, Rollout, Score  # noqa: E402
-from scale import mesh as M  # noqa: E402
+from scale import mesh as mesh_lib  # noqa: E402
 from scale.launch import wait_for_output  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,16 +321,16 @@ def train_step(cfg, params, batch: Batch) -> dict:
 def step_meshes(s: dict) -> tuple[dict, Batch, dict]:
     cfg = s["model"]
     params = host_params(cfg)
-    train_mesh = M.make_mesh(M.MeshConfig(fsdp=2, tensor=2))
-    infer_mesh = M.make_mesh(M.MeshConfig(tensor=4))
-    fsdp_params = M.place_params(params, train_mesh, M.fsdp())
-    tp_params = M.place_params(params, infer_mesh, M.tensor_parallel())
+    train_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(fsdp=2, tensor=2))
+    infer_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(tensor=4))
+    fsdp_params = mesh_lib.place_params(params, train_mesh, mesh_lib.fsdp())
+    tp_params = mesh_lib.place_params(params, infer_mesh, mesh_lib.tensor_parallel())
     print(f"\nStep 1. {jax.device_count()} devices: {jax.devices()}")
     print(
         f"  model: {cfg.num_params() / 1e6:.2f}M parameters; training mesh "
         f"{dict(train_mesh.shape)}, inference mesh {dict(infer_mesh.shape)}"
     )
-    fsdp_spec, tp_spec = M.describe(fsdp_params), M.describe(tp_params)
+    fsdp_spec, tp_spec = mesh_lib.describe(fsdp_params), mesh_lib.describe(tp_params)
     print(f"  {'parameter':28s}{'shape':>12s}   {'fsdp()':22s}{'tensor_parallel()':22s}")
     for path in (
         "embed",
@@ -426,19 +426,21 @@ def load_batch(path: Path) -> Batch:
 
 def spmd_process(args) -> None:
     """One of the two processes of step 3 (this script with --process-id 0 or 1)."""
-    M.initialize(M.DistributedConfig(args.coordinator, 2, args.process_id))
+    mesh_lib.initialize(mesh_lib.DistributedConfig(args.coordinator, 2, args.process_id))
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     s = FAST if args.fast else FULL
     cfg, work = s["model"], Path(args.work)
-    train_mesh = M.make_mesh(M.MeshConfig(fsdp=2, tensor=2))  # spans both processes
-    infer_mesh = M.make_mesh(M.MeshConfig(tensor=4))
-    params = M.place_params(host_params(cfg), train_mesh, M.fsdp())
+    train_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(fsdp=2, tensor=2))  # spans both processes
+    infer_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(tensor=4))
+    params = mesh_lib.place_params(host_params(cfg), train_mesh, mesh_lib.fsdp())
     step = train_step(cfg, params, load_batch(work / "batch.npz"))
     store = TensorStoreWeightStore(str(work / "weights"), keep=2)
-    M.publish(store, 1, step["params"])  # every process writes the shards it holds
-    version, loaded = M.load(store, 1, infer_mesh, M.tensor_parallel())  # its own slices only
-    resharded = M.place_params(step["params"], infer_mesh, M.tensor_parallel())
+    mesh_lib.publish(store, 1, step["params"])  # every process writes the shards it holds
+    version, loaded = mesh_lib.load(
+        store, 1, infer_mesh, mesh_lib.tensor_parallel()
+    )  # its own slices only
+    resharded = mesh_lib.place_params(step["params"], infer_mesh, mesh_lib.tensor_parallel())
     same = all(
         np.array_equal(np.asarray(a.data), np.asarray(b.data))
         for path, x in flatten_tree(loaded).items()
@@ -459,7 +461,7 @@ def spmd_process(args) -> None:
         "bytes_read": store.stats["bytes_read"],
         "versions": store.versions(),
     }
-    M.barrier("tutorial-11-done")
+    mesh_lib.barrier("tutorial-11-done")
     (work / f"process{jax.process_index()}.json").write_text(json.dumps(out))
 
 
@@ -778,8 +780,8 @@ def step_throughput(s: dict) -> dict:
     )
     out = {}
     for n in (1, 2, 4):
-        mesh = M.make_mesh(M.MeshConfig(tensor=n), devices=jax.devices()[:n])
-        placed = M.place_params(params, mesh, M.tensor_parallel())
+        mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(tensor=n), devices=jax.devices()[:n])
+        placed = mesh_lib.place_params(params, mesh, mesh_lib.tensor_parallel())
         engine = Engine(cfg, dataclasses.replace(engine_config(s2), slots=64), seed=SEED)
         engine.load_weights(0, placed)
         engine.generate(requests(s2, cfg.vocab_size))  # compile

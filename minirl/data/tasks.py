@@ -14,7 +14,7 @@ training needs around it:
                                                 model output (zero reward with a reason)
   task.max_new_tokens               an upper bound on the length of a good completion (+ EOS)
 
-Determinism (DESIGN.md, "counter-based keys"): every random draw about a prompt comes from a
+Determinism (docs/design.md, "Rules every part keeps"): every random draw about a prompt comes from a
 Philox stream keyed on a stable hash of (task, split, index, attempt) — never on how many draws
 happened before — so prompt 1234 is the same prompt in every process, on every run.
 

@@ -7,8 +7,8 @@
     loss, m = objective.loss(logp[rows], take_rows(prepared, rows))   # phase 2: per micro-batch
     metrics = finalize_metrics([m, ...])
 
-See objective.py for the two-phase contract, LOSSES.md for every formula and docs/losses.md for
-the table of presets and a worked example.
+See objective.py for the two-phase contract, and docs/losses.md for every formula, the table of
+presets and a worked example.
 """
 
 from minirl.losses.advantages import (

@@ -6,13 +6,13 @@
     batch_whiten      group_mean, then whitened over the counted tokens of the batch REINFORCE++
     gae(gamma, lam)   generalised advantage estimation from token rewards, V = 0    PPO
 
-Group rules (LOSSES.md): a group with one member, or whose rewards are all equal, carries no
+Group rules (docs/losses.md): a group with one member, or whose rewards are all equal, carries no
 signal and gets advantage exactly 0 (not a rounding residue divided by eps). Groups are
 contiguous runs of equal `group_ids` (any int32 values); they are renumbered 0.. with a cumsum,
 so the segment sums below need no host-side bookkeeping and stay jittable.
 
 `whiten=True` on any estimator subtracts the token-weighted mean and divides by the token-weighted
-(population) std over the COUNTED tokens of the batch (LOSSES.md: "whitened over all counted
+(population) std over the COUNTED tokens of the batch (docs/losses.md: "whitened over all counted
 tokens"): REINFORCE++-baseline's batch normalisation, and AReaL's "advantage normalisation across
 the global batch". Counted means after rejection: a token the `_mis` rules drop is as if it had
 never been sampled, so it moves neither the mean nor the std. (Rejected tokens still get the same

@@ -10,7 +10,7 @@ Three containers, one per stage of the two-phase loss (see `objective.py`):
 - `Context`    — the per-token quantities of one micro-batch inside phase 2 (log-ratio, ratio,
   advantage, ...): the single argument every importance weight and gradient term receives.
 
-Numerical rules (PipelineRL limits study, LOSSES.md): masked positions may hold `-inf` or
+Numerical rules (PipelineRL limits study, docs/losses.md): masked positions may hold `-inf` or
 garbage log-probs, so every log-prob is replaced by 0 off the mask with `jnp.where` (never
 `mask * x`, which turns `0 * inf` into nan), and every log-ratio is clamped to [-C, C] *before*
 `exp` (`clamped_difference`). Non-finite differences at counted tokens become +-C (inf) or 0 (nan),

@@ -1,4 +1,4 @@
-"""What every loss reports (LOSSES.md), in a form that survives micro-batching.
+"""What every loss reports (docs/losses.md), in a form that survives micro-batching.
 
 Phase 2 (`Objective.loss`) returns, per micro-batch, a flat dict of scalar SUMS, COUNTS and MAXES
 (`slice_metrics`). Merge any number of them with `merge_metrics` (sum, or max for keys ending in

@@ -38,8 +38,8 @@ inputs; per-token `entropy` [b, T] to `loss`. There is no value loss: minirl tra
 Garbage (-inf, nan) at masked positions never reaches the loss or its gradient (`jnp.where`, never
 `mask * x`), and every log-ratio is clamped to [-C, C] before exp (C = `log_ratio_clamp`, 20).
 
-NON-FINITE INPUTS (one contract for every preset; LOSSES.md: "large or non-finite log-ratios never
-produce inf/nan in loss or gradient"). A non-finite log pi_theta at a COUNTED token is read as the
+NON-FINITE INPUTS (one contract for every preset; docs/losses.md: "no log-ratio, however large or
+non-finite, may put inf/nan into the loss or its gradient"). A non-finite log pi_theta at a COUNTED token is read as the
 value its clamped log-ratio implies, log pi_prox + l (nan -> l = 0, -inf -> l = -C, +inf -> l = +C),
 in every part (ratios, log-prob terms, KL terms), and that token passes no gradient: the loss and
 its gradient stay finite for every preset. A non-finite REWARD is refused by an eager `prepare`
@@ -125,7 +125,7 @@ class Objective:
         prox = masked(inputs.prox_logp, valid)
         log_c = clamped_difference(prox, masked(inputs.behav_logp, valid), self.log_ratio_clamp)
         mask, seq_rejected = apply_rejection(self.token_reject, self.sequence_reject, log_c, valid)
-        # rejection first: whitening's mean and std are over the counted tokens (LOSSES.md)
+        # rejection first: whitening's mean and std are over the counted tokens (docs/losses.md)
         adv = self.advantage(inputs, valid, mask)
         return Prepared(
             mask=mask,

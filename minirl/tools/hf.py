@@ -22,7 +22,7 @@ Numerics: minirl trains with float32 master weights and float32 compute by defau
 the checkpoint's dtype (bf16 checkpoints are upcast exactly on load). An AdamW step changes a
 weight by ~lr relative to its size, below bf16's 8-bit mantissa for any usual learning rate, so
 bf16 storage would silently drop updates; and XLA on CPU runs bf16 matmuls no faster than fp32
-(BENCHMARKING.md). `dtype="bfloat16"` is the explicit opt-in; a bf16 engine with fp32 trainer is
+(docs/benchmarking.md). `dtype="bfloat16"` is the explicit opt-in; a bf16 engine with fp32 trainer is
 `engine.dtype=bfloat16`.
 
 Token ids: `read_token_ids(DIR)` gives BOS, padding and EVERY end-of-sequence id the model may

@@ -7,7 +7,7 @@
     params = initial_params(cfg, seed)  the model directory's weights (tools/hf.py) or a random init
 
 Everything after these three sees a `ModelConfig`, params, a `Task` and a tokenizer, exactly as
-for the built-in presets (DESIGN.md, "a user's model and data enter at the edges"). No part of
+for the built-in presets (docs/design.md: "a user's model and data enter at the edges"). No part of
 minirl builds its own tokenizer: the runner calls `load_tokenizer` and hands the result on.
 
 `describe_inputs(cfg)` is what the run directory's meta.json records about them (the model

@@ -199,7 +199,7 @@ def test_loss_inputs_from_batch(batch_maker):
 
 @pytest.mark.parametrize("name", list_presets())
 def test_a_non_finite_logp_at_a_counted_token_has_one_outcome_for_every_preset(name, batch_maker):
-    """LOSSES.md: "non-finite log-ratios never produce inf/nan in loss or gradient". One contract
+    """docs/losses.md: "no log-ratio, however large or non-finite, may put inf/nan into the loss". One contract
     for every preset: a non-finite log pi_theta at a counted token is read as log pi_prox + l, l its
     clamped log-ratio (nan -> 0, -inf -> -C, +inf -> +C), and passes no gradient. So the loss equals
     the loss at that finite log-prob, and the gradient equals its gradient with the token zeroed."""

@@ -168,7 +168,7 @@ def numpy_whiten(adv_tok, counted):
 
 @pytest.mark.parametrize("preset", ["reinforce_pp", "decoupled_ppo"])
 def test_batch_whitening_is_over_the_tokens_counted_after_rejection(preset):
-    """LOSSES.md: whitening is "over all counted tokens", and m counts tokens "after any
+    """docs/losses.md: whitening is "over all counted tokens", and m counts tokens "after any
     rejection". Rejected tokens must move neither the mean nor the std."""
     rules = {
         # token rule 0.5 <= c <= 2 drops c = 2.5 (row 0), 0.4 (row 1), 6.0 (row 2): 5 tokens left

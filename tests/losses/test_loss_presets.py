@@ -239,7 +239,7 @@ def J_grpo_mis(logp, d):
 
 
 def J_reinforce_pp_mis(logp, d):
-    """REINFORCE++ on the tokens kept by `mis_mask`: whitened over the kept tokens (LOSSES.md:
+    """REINFORCE++ on the tokens kept by `mis_mask`: whitened over the kept tokens (docs/losses.md:
     "over all counted tokens"), token mean over them."""
     return J_reinforce_pp(logp, d, mask=mis_mask(d))
 

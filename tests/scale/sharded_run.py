@@ -8,7 +8,7 @@ be configured before JAX starts, so the pytest process itself stays single-devic
 On 4 devices (one process, or two processes x two devices), with minirl's own Engine/Trainer:
   1. decode: the engine with its params on a tensor-parallel mesh (tensor=4)
   2. train:  the trainer with its params on an FSDP mesh (fsdp=2 x tensor=2) and its batch
-             rows split over data x fsdp (RowPlacement): one recompute and one GRPO step on the
+             rows split over data x fsdp (MeshRows): one recompute and one GRPO step on the
              TP engine's rollouts; the layouts of the arrays that entered and left the jitted
              functions are recorded
   3. weights: the new FSDP weights published to a TensorStore store by every process (each
@@ -51,9 +51,11 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from scale import mesh as M  # noqa: E402
+from scale import mesh as mesh_lib  # noqa: E402
 
-M.initialize(M.DistributedConfig(args.coordinator, args.num_processes, args.process_id))
+mesh_lib.initialize(
+    mesh_lib.DistributedConfig(args.coordinator, args.num_processes, args.process_id)
+)
 
 from minirl.batching import make_batch  # noqa: E402
 from minirl.diagnostics import mismatch_metrics  # noqa: E402
@@ -93,8 +95,8 @@ def lap(name: str) -> None:
 params = nnx.to_pure_dict(nnx.split(init_model(CFG, seed=0))[1])  # host numpy, same everywhere
 params = jax.tree.map(np.asarray, params)
 assert jax.device_count() == 4, jax.devices()
-train_mesh = M.make_mesh(M.MeshConfig(fsdp=2, tensor=2))
-infer_mesh = M.make_mesh(M.MeshConfig(tensor=4))
+train_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(fsdp=2, tensor=2))
+infer_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(tensor=4))
 out: dict = {"process": jax.process_index(), "processes": jax.process_count()}
 
 
@@ -131,7 +133,7 @@ def scored(rollouts):
 
 
 lap("setup")
-tp_params = M.place_params(params, infer_mesh, M.tensor_parallel())
+tp_params = mesh_lib.place_params(params, infer_mesh, mesh_lib.tensor_parallel())
 sharded, tp_engine = generate(tp_params)
 batch_tp = scored(sharded)
 lap("decode sharded")
@@ -139,8 +141,8 @@ lap("decode sharded")
 # 2. recompute + one GRPO step on the FSDP mesh ------------------------------------------------
 
 
-class Recorded(M.RowPlacement):
-    """RowPlacement that notes the layout of every array it places or brings back."""
+class Recorded(mesh_lib.MeshRows):
+    """MeshRows that notes the layout of every array it places or brings back."""
 
     seen: dict = {"rows": {}, "host": {}}
 
@@ -161,13 +163,13 @@ class Recorded(M.RowPlacement):
         return super().host(tree)
 
 
-placement = Recorded(train_mesh, M.fsdp())
+row_layout = Recorded(train_mesh, mesh_lib.fsdp())
 fsdp = Trainer(
     CFG,
-    M.place_params(params, train_mesh, M.fsdp()),
+    mesh_lib.place_params(params, train_mesh, mesh_lib.fsdp()),
     get_preset("grpo"),
     TRAINER,
-    placement=placement,
+    row_layout=row_layout,
     sampling=SCORING,
 )
 prox_fsdp = fsdp.recompute_logprobs(batch_tp)
@@ -177,9 +179,9 @@ lap("train sharded")
 
 # 3. weights: every process publishes its FSDP shards, loads its TP slices ----------------------
 store = TensorStoreWeightStore(args.store, keep=2)
-M.publish(store, 1, new_fsdp)
-version, loaded = M.load(store, 1, infer_mesh, M.tensor_parallel())
-resharded = M.place_params(new_fsdp, infer_mesh, M.tensor_parallel())
+mesh_lib.publish(store, 1, new_fsdp)
+version, loaded = mesh_lib.load(store, 1, infer_mesh, mesh_lib.tensor_parallel())
+resharded = mesh_lib.place_params(new_fsdp, infer_mesh, mesh_lib.tensor_parallel())
 same = True
 for path, x in flatten_tree(loaded).items():
     y = flatten_tree(resharded)[path]
@@ -198,9 +200,9 @@ out["weights"] = {
 hf_dir = args.store.rstrip("/") + "_hf"
 if jax.process_index() == 0:
     save_hf(params, CFG, hf_dir)
-M.barrier("minirl-test-hf-saved")
-hf_cfg, from_hf, hf_read = M.load_checkpoint(hf_dir, train_mesh, M.fsdp())
-placed = M.place_params(params, train_mesh, M.fsdp())
+mesh_lib.barrier("minirl-test-hf-saved")
+hf_cfg, from_hf, hf_read = mesh_lib.load_checkpoint(hf_dir, train_mesh, mesh_lib.fsdp())
+placed = mesh_lib.place_params(params, train_mesh, mesh_lib.fsdp())
 held, hf_same = {}, hf_cfg == CFG  # distinct blocks held by this process's devices
 for path, x in flatten_tree(from_hf).items():
     assert x.sharding == flatten_tree(placed)[path].sharding, path
@@ -213,7 +215,7 @@ out["checkpoint"] = {
     "equal": hf_same,
     "bytes_read": hf_read,
     "bytes_held": sum(held.values()),
-    "embed_spec": M.describe(from_hf)["embed"],
+    "embed_spec": mesh_lib.describe(from_hf)["embed"],
 }
 # 3c. the trainer's state as an Orbax checkpoint (each process writes and reads its shards),
 # restored into a fresh trainer on the same mesh: every shard equal, bit for bit
@@ -223,10 +225,10 @@ orbax = TrainerCheckpoints(args.store.rstrip("/") + "_orbax")
 orbax.save(1, fsdp)
 fresh = Trainer(
     CFG,
-    M.place_params(params, train_mesh, M.fsdp()),
+    mesh_lib.place_params(params, train_mesh, mesh_lib.fsdp()),
     get_preset("grpo"),
     TRAINER,
-    placement=M.RowPlacement(train_mesh, M.fsdp()),
+    row_layout=mesh_lib.MeshRows(train_mesh, mesh_lib.fsdp()),
     sampling=SCORING,
 )
 orbax.restore(1, fresh)
@@ -248,11 +250,11 @@ out["orbax"] = {
     "steps": orbax.steps(),
     "step": got["step"],
 }
-out["batch_layouts"] = placement.seen
+out["batch_layouts"] = row_layout.seen
 out["specs"] = {
-    "engine q_proj": M.describe(tp_engine._params)["layers/0/attn/q_proj"],
-    "trainer embed": M.describe(new_fsdp)["embed"],
-    "trainer q_proj": M.describe(new_fsdp)["layers/0/attn/q_proj"],
+    "engine q_proj": mesh_lib.describe(tp_engine._params)["layers/0/attn/q_proj"],
+    "trainer embed": mesh_lib.describe(new_fsdp)["embed"],
+    "trainer q_proj": mesh_lib.describe(new_fsdp)["layers/0/attn/q_proj"],
 }
 lap("weights")
 
@@ -295,7 +297,7 @@ if jax.process_index() == 0:
             batch.behaviour_logprobs, batch_tp.behaviour_logprobs, batch.mask
         ),
     }
-M.barrier("minirl-test-done")
+mesh_lib.barrier("minirl-test-done")
 out["seconds"] = times
 with open(f"{args.out}.{jax.process_index()}", "w") as f:
     json.dump(out, f, indent=1, default=float)

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from scale import mesh as M
+from scale import mesh as mesh_lib
 
 SCRIPT = Path(__file__).with_name("sharded_run.py")
 TIMEOUT = 600  # seconds: cold compiles on a loaded 2-core machine
@@ -42,8 +42,8 @@ class FakeMesh:
 
 
 def test_fsdp_rules_split_model_width_and_heads():
-    mesh, rules = FakeMesh(fsdp=2, tensor=2), M.fsdp()
-    spec = lambda path, shape: rules.spec(M.param_axes(path, len(shape)), shape, mesh)
+    mesh, rules = FakeMesh(fsdp=2, tensor=2), mesh_lib.fsdp()
+    spec = lambda path, shape: rules.spec(mesh_lib.param_axes(path, len(shape)), shape, mesh)
     assert spec("layers/0/attn/q_proj", (32, 32)) == P("fsdp", "tensor")  # [D, H*Dh]
     assert spec("layers/0/attn/o_proj", (32, 32)) == P("tensor", "fsdp")  # [H*Dh, D]
     assert spec("layers/3/mlp/down_proj", (64, 32)) == P("tensor", "fsdp")  # [F, D]
@@ -55,62 +55,68 @@ def test_fsdp_rules_split_model_width_and_heads():
 
 
 def test_tensor_parallel_rules_and_activations():
-    mesh, rules = FakeMesh(data=2, tensor=4), M.tensor_parallel()
-    assert rules.spec(M.param_axes("layers/1/mlp/gate_proj", 2), (32, 64), mesh) == P(
+    mesh, rules = FakeMesh(data=2, tensor=4), mesh_lib.tensor_parallel()
+    assert rules.spec(mesh_lib.param_axes("layers/1/mlp/gate_proj", 2), (32, 64), mesh) == P(
         None, "tensor"
     )
-    assert rules.spec(M.param_axes("embed", 2), (32, 32), mesh) == P(None, None)
-    kv = rules.spec(M.ACTIVATION_AXES["kv_cache"], (8, 40, 4, 16), mesh)
+    assert rules.spec(mesh_lib.param_axes("embed", 2), (32, 32), mesh) == P(None, None)
+    kv = rules.spec(mesh_lib.ACTIVATION_AXES["kv_cache"], (8, 40, 4, 16), mesh)
     assert kv == P("data", None, "tensor", None)  # [B, S, K, Dh]
-    assert M.fsdp().spec(M.ACTIVATION_AXES["tokens"], (8, 16), FakeMesh(data=2, fsdp=2)) == P(
-        ("data", "fsdp"), None
-    )
+    assert mesh_lib.fsdp().spec(
+        mesh_lib.ACTIVATION_AXES["tokens"], (8, 16), FakeMesh(data=2, fsdp=2)
+    ) == P(("data", "fsdp"), None)
 
 
 def test_no_sharding_replicates_everything():
     mesh = FakeMesh(data=2, fsdp=2, tensor=2)
-    for name, axes in M.PARAM_AXES.items():
-        assert M.no_sharding().spec(axes, (8,) * len(axes), mesh) == P(*[None] * len(axes)), name
+    for name, axes in mesh_lib.PARAM_AXES.items():
+        assert mesh_lib.no_sharding().spec(axes, (8,) * len(axes), mesh) == P(
+            *[None] * len(axes)
+        ), name
 
 
 def test_a_mesh_axis_is_used_once_per_array():
-    rules = M.ShardingRules("greedy", (("vocab", "tensor"), ("embed", "tensor")))
+    rules = mesh_lib.ShardingRules("greedy", (("vocab", "tensor"), ("embed", "tensor")))
     assert rules.spec(("vocab", "embed"), (8, 8), FakeMesh(tensor=2)) == P("tensor", None)
 
 
 def test_mesh_config_fills_and_checks_device_counts():
-    assert M.MeshConfig(fsdp=-1).shape(8) == (1, 8, 1)
-    assert M.MeshConfig(data=2, tensor=-1).shape(8) == (2, 1, 4)
+    assert mesh_lib.MeshConfig(fsdp=-1).shape(8) == (1, 8, 1)
+    assert mesh_lib.MeshConfig(data=2, tensor=-1).shape(8) == (2, 1, 4)
     with pytest.raises(ValueError, match="needs 4 devices, got 8"):
-        M.MeshConfig(data=2, tensor=2).shape(8)
+        mesh_lib.MeshConfig(data=2, tensor=2).shape(8)
     with pytest.raises(ValueError, match="at most one -1"):
-        M.MeshConfig(data=-1, fsdp=-1)
+        mesh_lib.MeshConfig(data=-1, fsdp=-1)
     with pytest.raises(ValueError, match="cannot fill"):
-        M.MeshConfig(tensor=3, fsdp=-1).shape(8)
+        mesh_lib.MeshConfig(tensor=3, fsdp=-1).shape(8)
 
 
 def test_distributed_config_is_validated_and_one_process_is_a_no_op():
-    M.initialize(M.DistributedConfig())  # nothing happens: jax is still single-process here
+    mesh_lib.initialize(
+        mesh_lib.DistributedConfig()
+    )  # nothing happens: jax is still single-process here
     assert jax.process_count() == 1
     with pytest.raises(ValueError, match="coordinator_address"):
-        M.DistributedConfig(num_processes=2)
+        mesh_lib.DistributedConfig(num_processes=2)
     with pytest.raises(ValueError, match="process_id"):
-        M.DistributedConfig("127.0.0.1:1234", num_processes=2, process_id=2)
+        mesh_lib.DistributedConfig("127.0.0.1:1234", num_processes=2, process_id=2)
     with pytest.raises(ValueError, match="mesh axes"):
-        M.ShardingRules("bad", (("embed", "model"),))
+        mesh_lib.ShardingRules("bad", (("embed", "model"),))
 
 
 def test_place_params_on_a_one_device_mesh_keeps_every_value():
-    mesh = M.make_mesh(M.MeshConfig(), devices=jax.devices()[:1])
+    mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(), devices=jax.devices()[:1])
     params = {
         "embed": np.arange(12, dtype=np.float32).reshape(3, 4),
         "step": 3,
         "layers": [{"attn": {"q_proj": np.ones((4, 4), np.float32)}}],
     }
-    placed = M.place_params(params, mesh, M.fsdp())
+    placed = mesh_lib.place_params(params, mesh, mesh_lib.fsdp())
     assert placed["step"] == 3 and isinstance(placed["embed"], jax.Array)
     np.testing.assert_array_equal(np.asarray(placed["embed"]), params["embed"])
-    assert M.describe(placed)["layers/0/attn/q_proj"] == str(P(None, None))  # 1-way: replicated
+    assert mesh_lib.describe(placed)["layers/0/attn/q_proj"] == str(
+        P(None, None)
+    )  # 1-way: replicated
 
 
 # ---- sharded runs in subprocesses ---------------------------------------------------------------

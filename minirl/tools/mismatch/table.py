@@ -20,7 +20,7 @@ A bf16 side computes in bfloat16 from the same weights: the engine stores them i
 `EngineConfig.dtype` does), the trainer keeps its master weights and casts (model.dtype=bfloat16).
 
 Sources are a registry: `register_source(name, fn)` adds `fn(ctx) -> list[Row]` to every table.
-`ctx.compute(side, params=..., placement=...)` computes a side with other parameters (e.g. placed
+`ctx.compute(side, params=..., row_layout=...)` computes a side with other parameters (e.g. placed
 on a device mesh) and `ctx.compare_arrays(...)` makes the row; scale/diagnose.py registers
 "sharding" that way (minirl never imports scale/).
 
@@ -134,10 +134,10 @@ class Context:
             self._cache[side] = self.compute(side)
         return self._cache[side]
 
-    def compute(self, side, params=None, placement=None) -> np.ndarray:
+    def compute(self, side, params=None, row_layout=None) -> np.ndarray:
         """[B, T] log-probs computed the `side` way with `params` (default: the diagnosed
-        model's), not memoised. `placement` goes to the Trainer of Recompute / Train sides
-        (`minirl.trainer.Trainer`'s placement hook); the engine's decode needs none."""
+        model's), not memoised. `row_layout` goes to the Trainer of Recompute / Train sides
+        (`minirl.trainer.Trainer`'s row-layout hook); the engine's decode needs none."""
         cfg, batch = self.cfg, self.batch
         params = self.params if params is None else params
         if side is ENGINE:
@@ -158,13 +158,15 @@ class Context:
             model = dataclasses.replace(cfg.model, dtype=side.dtype)  # master weights kept, cast
             tcfg, sampling = self.trainer_cfg, self.scoring._replace(exact=side.exact)
             if not side.alone:
-                trainer = Trainer(model, params, None, tcfg, placement=placement, sampling=sampling)
+                trainer = Trainer(
+                    model, params, None, tcfg, row_layout=row_layout, sampling=sampling
+                )
                 return trainer.recompute_logprobs(batch)
             t = batch.tokens.shape[1]
             wide = make_batch(self.rollouts, self.pad_id, bucket_minimum=2 * t)  # [B, 2T]
             assert np.array_equal(wide.tokens[:, :t], batch.tokens), "make_batch row order changed"
             tcfg = dataclasses.replace(tcfg, micro_batch_tokens=2 * t, bucket_minimum=2 * t)
-            trainer = Trainer(model, params, None, tcfg, placement=placement, sampling=sampling)
+            trainer = Trainer(model, params, None, tcfg, row_layout=row_layout, sampling=sampling)
             return trainer.recompute_logprobs(wide)[:, :t]
         if isinstance(side, Train):
             model = dataclasses.replace(cfg.model, dtype=self.base_dtype)

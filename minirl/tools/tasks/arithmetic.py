@@ -30,7 +30,7 @@ import re
 
 import numpy as np
 
-from minirl.data import tasks
+from minirl.data.tasks import check_fraction, check_index, draw_in_split, make_prompt
 from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
 from minirl.verifier import safe_scores
@@ -55,7 +55,7 @@ class ArithmeticConfig:
             raise ValueError("need 1 <= min_digits <= max_digits <= 12")
         if not 0.0 <= self.continue_prob < 1.0:
             raise ValueError("continue_prob must be in [0, 1)")
-        tasks.check_fraction("test_fraction", self.test_fraction)
+        check_fraction("test_fraction", self.test_fraction)
 
 
 def scratchpad(operands: list[int], reverse_digits: bool = True) -> str:
@@ -125,8 +125,8 @@ class Arithmetic:
         return tuple(int(rng.integers(10 ** (d - 1), 10**d)) for d in digits)  # d=1: 1..9
 
     def prompt(self, index: int, split: str = "train") -> Prompt:
-        index = tasks.check_index(index)
-        operands = tasks.draw_in_split(
+        index = check_index(index)
+        operands = draw_in_split(
             self.name, split, index, self.config.test_fraction, self._draw, content=lambda p: p
         )
         text = "+".join(map(str, operands)) + "="
@@ -135,7 +135,7 @@ class Arithmetic:
             "operands": list(operands),
             "reverse_digits": self.config.reverse_digits,
         }
-        return tasks.make_prompt(self.name, self.config, split, index, text, meta, self.tokenizer)
+        return make_prompt(self.name, self.config, split, index, text, meta, self.tokenizer)
 
     def demonstration(self, prompt: Prompt, sample: int = 0) -> str:
         """The perfect scratchpad (there is only one, so `sample` is ignored)."""

@@ -31,7 +31,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from minirl.data import tasks
+from minirl.data.tasks import check_fraction, check_index, draw_in_split, make_prompt, stream
 from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
 from minirl.verifier import safe_scores
@@ -60,7 +60,7 @@ class CountdownConfig:
             raise ValueError(f"ops must be a non-empty subset of {_OPS!r}, got {self.ops!r}")
         if not 0.0 <= self.format_reward < 1.0:
             raise ValueError("format_reward must be in [0, 1)")
-        tasks.check_fraction("test_fraction", self.test_fraction)
+        check_fraction("test_fraction", self.test_fraction)
 
 
 # ----------------------------------------------------------------------------- expressions
@@ -266,8 +266,8 @@ class Countdown:
         raise RuntimeError(f"countdown: config {c} rarely yields a target in range")
 
     def prompt(self, index: int, split: str = "train") -> Prompt:
-        index = tasks.check_index(index)
-        numbers, target, reference = tasks.draw_in_split(
+        index = check_index(index)
+        numbers, target, reference = draw_in_split(
             self.name,
             split,
             index,
@@ -282,12 +282,12 @@ class Countdown:
             "use_all": self.config.use_all,
             "reference": reference,  # one solution, for humans and tests; demos do not use it
         }
-        return tasks.make_prompt(self.name, self.config, split, index, text, meta, self.tokenizer)
+        return make_prompt(self.name, self.config, split, index, text, meta, self.tokenizer)
 
     def demonstration(self, prompt: Prompt, sample: int = 0) -> str:
         """A random well-formed expression over the prompt's numbers (format only: it hits
         the target only as often as the random-expression policy does)."""
         c, numbers = self.config, prompt.meta["numbers"]
-        rng = tasks.stream("countdown-demo", prompt.uid, sample)
+        rng = stream("countdown-demo", prompt.uid, sample)
         found = sample_in_range(numbers, c.ops, c.max_target, rng)
         return render(found[0] if found else random_expression(numbers, "+", rng))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from minirl.data import tasks
+from minirl.data.tasks import check_fraction, check_index, draw_in_split, make_prompt
 from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
 from minirl.verifier import safe_scores
@@ -28,7 +28,7 @@ class FixtureConfig:
     def __post_init__(self):
         if self.max_value < 15:
             raise ValueError("max_value must be >= 15 so both splits have problems")
-        tasks.check_fraction("test_fraction", self.test_fraction)
+        check_fraction("test_fraction", self.test_fraction)
 
 
 class FixtureVerifier:
@@ -56,8 +56,8 @@ class Fixture:
         self.verifier = FixtureVerifier()
 
     def prompt(self, index: int, split: str = "train") -> Prompt:
-        index = tasks.check_index(index)
-        value = tasks.draw_in_split(
+        index = check_index(index)
+        value = draw_in_split(
             self.name,
             split,
             index,
@@ -65,7 +65,7 @@ class Fixture:
             lambda rng: int(rng.integers(0, self.config.max_value + 1)),
             content=lambda v: v,
         )
-        return tasks.make_prompt(
+        return make_prompt(
             self.name, self.config, split, index, f"{value}:", {"value": value}, self.tokenizer
         )
 

@@ -34,7 +34,7 @@ import os
 
 import numpy as np
 
-from minirl.data import tasks
+from minirl.data.tasks import check_fraction, check_index, draw_in_split, make_prompt, stream
 from minirl.tokenizer import CharTokenizer
 from minirl.types import Prompt, Rollout, Score
 from minirl.verifier import safe_scores
@@ -70,7 +70,7 @@ class ProgramSynthesisConfig:
             raise ValueError("need 2 <= num_visible <= visible_max + 1")
         if self.num_hidden < 1 or 2 * self.hidden_range + 1 < self.num_hidden + self.num_visible:
             raise ValueError("hidden_range too small for num_hidden distinct points")
-        tasks.check_fraction("test_fraction", self.test_fraction)
+        check_fraction("test_fraction", self.test_fraction)
 
 
 def render(family: str, a: int, b: int) -> str:
@@ -155,8 +155,8 @@ class ProgramSynthesis:
     def prompt(self, index: int, split: str = "train") -> Prompt:
         from minirl.tools.verifiers import put_tests
 
-        index = tasks.check_index(index)
-        family, a, b, visible, hidden = tasks.draw_in_split(
+        index = check_index(index)
+        family, a, b, visible, hidden = draw_in_split(
             self.name, split, index, self.config.test_fraction, self._draw, content=lambda p: p[:3]
         )
         xs = visible + hidden
@@ -168,12 +168,12 @@ class ProgramSynthesis:
             "examples": examples,
             "reference": render(family, a, b),  # for humans and tests; demos do not use it
         }
-        return tasks.make_prompt(self.name, self.config, split, index, text, meta, self.tokenizer)
+        return make_prompt(self.name, self.config, split, index, text, meta, self.tokenizer)
 
     def demonstration(self, prompt: Prompt, sample: int = 0) -> str:
         """A random family and slope, offset fitted to the first visible example only."""
         c = self.config
-        rng = tasks.stream("program_synthesis-demo", prompt.uid, sample)
+        rng = stream("program_synthesis-demo", prompt.uid, sample)
         family = c.families[int(rng.integers(len(c.families)))]
         a = int(rng.integers(1, c.max_slope + 1))
         x1, y1 = prompt.meta["examples"][0]
