@@ -46,6 +46,7 @@ from multiprocess.connection import wait
 
 from minirl.tools.verifiers.child_io import remove_tree
 from minirl.tools.verifiers.isolation import kill_thread_sandboxes
+from minirl.tools.verifiers.sandbox import fork_here
 from minirl.types import Rollout, Score
 from minirl.verifier import Verifier
 
@@ -78,6 +79,7 @@ def _worker_main(conn: Any, verifier: Verifier) -> None:
     or EOF (the pool is gone). The scratch dir goes with the worker on any orderly exit (also
     SIGTERM, which multiprocess sends daemon workers at interpreter exit); after a SIGKILL the
     pool removes it."""
+    fork_here()  # a single-threaded worker forks its sandboxed programs itself
     scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
     os.chmod(scratch, 0o711)  # sandbox uids may pass through to their own work dirs
     tempfile.tempdir = scratch  # this process only: it exists to run this loop

@@ -67,8 +67,10 @@ environment is ours anyway, so -E would add nothing) — fixed hashing keeps rew
 
 Parent-side care (capped reads, no symlink followed, a removal that never fails) lives in
 `child_io.py`; the child-side steps and the uid bookkeeping in `isolation.py`. `preexec_fn` runs
-Python between fork and exec, which is safe in the single-threaded pool workers this is
-designed for.
+Python between fork and exec, which is safe only in a single-threaded process: the pool workers
+this is designed for (they call `fork_here()`). Called from any other process (the trainer's,
+with JAX's threads), a run is forked by a launcher process instead (`launcher.py`), so the
+JAX process never forks.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ from collections.abc import Mapping, Sequence
 
 from minirl.tools.verifiers.child_io import communicate, read_back, remove_tree
 from minirl.tools.verifiers.isolation import BOX, kill_uid, make_preexec, sandbox_uid
+from minirl.tools.verifiers.launcher import Launcher
 
 MODES = ("uid", "userns", "none")
 
@@ -205,8 +208,27 @@ def _rlimits(limits: Limits) -> tuple[tuple[int, int, int], ...]:
     )
 
 
-def _run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
+def _start_run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
+    """One run, forked from here in a process made for it (`fork_here`), else by the launcher
+    process (launcher.py: forking a multi-threaded process, JAX's, can deadlock the child).
+    The uid is chosen here either way: it derives from the calling thread."""
     uid = sandbox_uid() if os.geteuid() == 0 else None  # never run a program as root
+    args = (argv, files, stdin, limits, config, collect, mode, uid)
+    return _run(*args) if _FORK_HERE else _LAUNCHER.run(args)
+
+
+_LAUNCHER = Launcher()  # starts its process on first use only
+_FORK_HERE = False
+
+
+def fork_here() -> None:
+    """Declare this process fit to fork its sandboxed programs itself: single-threaded Python by
+    design, as a `VerifierPool` worker is. Every other process hands its runs to a launcher."""
+    global _FORK_HERE
+    _FORK_HERE = True
+
+
+def _run(argv, files, stdin, limits, config, collect, mode, uid) -> RunResult:
     box = tempfile.mkdtemp(prefix="minirl-box-")
     proc = None
     try:
@@ -274,7 +296,7 @@ def _probe(mode: str, config: SandboxConfig) -> str:
         return "not for root (root uses 'uid', or 'none' with a per-run uid)"
     true = shutil.which("true", path="/bin:/usr/bin") or "/bin/true"
     try:
-        result = _run([true], {}, b"", Limits(), config, (), mode)
+        result = _start_run([true], {}, b"", Limits(), config, (), mode)
     except OSError as e:
         return str(e)
     return result.error or ("" if result.returncode == 0 else f"exit {result.returncode}")
@@ -344,6 +366,6 @@ def run_sandboxed(
     """Run `argv` in a fresh work dir holding `files` (read-only, executable), feeding `stdin`.
     Files named in `collect` are read back after the run (e.g. a compiler's output). Never
     raises for anything the program does; a sandbox failure is `RunResult.error`."""
-    return _run(
+    return _start_run(
         argv, dict(files or {}), stdin, limits, config, tuple(collect), isolation_mode(config)
     )
