@@ -406,6 +406,7 @@ def test_judging_in_a_jax_process_never_forks_it():
 
     from minirl.tools.verifiers import TestCase, run_tests
     from minirl.tools.verifiers import sandbox as sandbox_module
+
     jnp.ones(3).block_until_ready()  # XLA's thread pool is running now
     assert len(os.listdir("/proc/self/task")) > 1
     add = "a, b = map(int, input().split())\nprint(a + b)"

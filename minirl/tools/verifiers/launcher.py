@@ -135,4 +135,3 @@ def main() -> None:
         except Exception as e:  # a set-up error (e.g. a bad file name): the caller raises it
             reply = (False, e)
         _send(replies, reply)
-
