@@ -57,7 +57,13 @@ from minirl.types import Prompt
 log = logging.getLogger(__name__)
 FORMATS = (".jsonl", ".parquet")
 TARGETS = ("answer", "tests", "row")
-PROMPT_FALLBACKS = ("prompt", "question", "problem", "text")  # for code rows and "row" targets
+PROMPT_FALLBACKS = (
+    "prompt",
+    "question",
+    "problem",
+    "description",
+    "text",
+)  # code rows, "row" targets
 MAX_PLAIN_ANSWER = (
     100  # characters: a longer answer without #### or \boxed is a solution, not a gold
 )
