@@ -167,6 +167,7 @@ for name in ("isolation", "child_io", "launcher", "sandbox"):
     sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 sb = sys.modules["minirl.tools.verifiers.sandbox"]
+sb.fork_here()  # a bare, single-threaded interpreter: it may fork its runs itself
 port, secret = int(sys.argv[2]), sys.argv[3]
 py = sb.python_interpreter()
 lim = sb.Limits(cpu_s=1.0, wall_s=1.5, nproc=64)

@@ -11,8 +11,8 @@ So `run_sandboxed` forks directly only in a process made for it: a `VerifierPool
 (single-threaded Python, started by forkserver; it calls `sandbox.fork_here()`) or this
 launcher. Any other caller (the trainer's process above all) hands the run to a launcher:
 
-    launcher = Launcher()                       # nothing started yet
-    result = launcher.run(run_args)             # starts the launcher's process on first use
+    launcher = Launcher("minirl.tools.verifiers.sandbox:serve_runs")   # nothing started yet
+    result = launcher.run(run_args)     # starts the process on first use; runs serve_runs()
     launcher.close()
 
 The launcher is a fresh interpreter, started without forking this process's Python state
@@ -33,6 +33,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -56,11 +57,18 @@ def _receive(stream: BinaryIO) -> Any:
     return pickle.loads(data)
 
 
-class Launcher:
-    """The client side: one launcher process per `Launcher`, started lazily; `run` is safe to
-    call from any thread (runs are serialised)."""
+class LauncherDied(RuntimeError):
+    """The launcher process ended while (or before) it did a run."""
 
-    def __init__(self):
+
+class Launcher:
+    """The client side: one launcher process per `Launcher`, started lazily, running the
+    function `entry` ("module:function", which calls `serve`); `run` is safe to call from any
+    thread (runs are serialised)."""
+
+    def __init__(self, entry: str):
+        module, _, function = entry.partition(":")
+        self._code = f"from {module} import {function}; {function}()"
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self.starts = 0  # how many launcher processes were started (for tests)
@@ -72,7 +80,7 @@ class Launcher:
         env.update({k: "1" for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
         self.starts += 1
         return subprocess.Popen(
-            [sys.executable, "-c", "from minirl.tools.verifiers.launcher import main; main()"],
+            [sys.executable, "-c", self._code],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -80,10 +88,9 @@ class Launcher:
         )
 
     def run(self, args: tuple) -> Any:
-        """`sandbox._run(*args)` in the launcher: its RunResult, or the exception it raised
-        (re-raised here). A launcher that died mid-run gives a RunResult with `error` set."""
-        from minirl.tools.verifiers.sandbox import RunResult
-
+        """The served function's result for `args` in the launcher, or the exception it raised
+        (re-raised here); `LauncherDied` if the process ended first (the next run starts a new
+        one)."""
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._proc = self._start()
@@ -92,7 +99,7 @@ class Launcher:
                 ok, value = _receive(self._proc.stdout)
             except (EOFError, OSError) as e:
                 self._stop()
-                return RunResult(None, error=f"the sandbox launcher died: {e}")
+                raise LauncherDied(f"the sandbox launcher died: {e}") from None
         if not ok:
             raise value
         return value
@@ -118,11 +125,9 @@ class Launcher:
             self._stop()
 
 
-def main() -> None:
-    """The launcher's loop: read (args) -> run -> write (True, RunResult) or (False, error),
-    until stdin closes."""
-    from minirl.tools.verifiers.sandbox import _run
-
+def serve(handle: Callable[..., Any]) -> None:
+    """The launcher's loop: read args -> `handle(*args)` -> write (True, result) or (False,
+    the exception), until stdin closes."""
     requests, replies = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write into the reply pipe
     while True:
@@ -131,7 +136,7 @@ def main() -> None:
         except EOFError:
             return
         try:
-            reply = (True, _run(*args))
+            reply = (True, handle(*args))
         except Exception as e:  # a set-up error (e.g. a bad file name): the caller raises it
             reply = (False, e)
         _send(replies, reply)

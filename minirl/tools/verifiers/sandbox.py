@@ -92,7 +92,7 @@ from collections.abc import Mapping, Sequence
 
 from minirl.tools.verifiers.child_io import communicate, read_back, remove_tree
 from minirl.tools.verifiers.isolation import BOX, kill_uid, make_preexec, sandbox_uid
-from minirl.tools.verifiers.launcher import Launcher
+from minirl.tools.verifiers.launcher import Launcher, LauncherDied, serve
 
 MODES = ("uid", "userns", "none")
 
@@ -214,10 +214,21 @@ def _start_run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
     The uid is chosen here either way: it derives from the calling thread."""
     uid = sandbox_uid() if os.geteuid() == 0 else None  # never run a program as root
     args = (argv, files, stdin, limits, config, collect, mode, uid)
-    return _run(*args) if _FORK_HERE else _LAUNCHER.run(args)
+    if _FORK_HERE:
+        return _run(*args)
+    try:
+        return _LAUNCHER.run(args)
+    except LauncherDied as e:
+        return RunResult(None, error=str(e))
 
 
-_LAUNCHER = Launcher()  # starts its process on first use only
+def serve_runs() -> None:
+    """What the launcher process runs: `_run` for each request (launcher.py)."""
+    fork_here()
+    serve(_run)
+
+
+_LAUNCHER = Launcher("minirl.tools.verifiers.sandbox:serve_runs")  # started on first use
 _FORK_HERE = False
 
 
