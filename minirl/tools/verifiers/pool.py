@@ -37,6 +37,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -170,6 +171,8 @@ class VerifierPool:
         self.config = config
         self.restarts = 0
         self._slots: list[_Slot] = []
+        self._lock = threading.Lock()  # one batch at a time (an async run's rollout thread and
+        # its evaluation may score with the same pool)
 
     # -- lifecycle
 
@@ -245,6 +248,10 @@ class VerifierPool:
     # -- scoring
 
     def score(self, rollouts: Sequence[Rollout]) -> list[Score]:
+        with self._lock:
+            return self._score(rollouts)
+
+    def _score(self, rollouts: Sequence[Rollout]) -> list[Score]:
         self.start()
         results: list[Score | None] = [None] * len(rollouts)
         todo = list(range(len(rollouts)))[::-1]  # pop() from the end = input order
