@@ -17,12 +17,13 @@ launcher. Any other caller (the trainer's process above all) hands the run to a 
 
 The launcher is a fresh interpreter, started without forking this process's Python state
 (`subprocess.Popen` without `preexec_fn` uses vfork/posix_spawn and runs no Python in the child),
-in its own session (a Ctrl-C in the terminal is for its parent to handle). It is single-threaded
-(numpy's BLAS threads are switched off in it) and does one run at a time, the same `sandbox._run` the direct path does, with the run's uid
-chosen by the caller (so per-thread uid bookkeeping stays the caller's). Requests and results
-are pickled over its stdin/stdout; a launcher that dies is restarted on the next run, and the run
-it was doing is a sandbox error. When its parent exits, its stdin closes and it exits; a run in
-progress ends first, within its wall limit.
+in its own session (a Ctrl-C in the terminal is for its parent to handle). It is
+single-threaded (numpy's BLAS threads are switched off in it) and does one run at a time, the
+same `sandbox._run` the direct path does, with the run's uid chosen by the caller (so per-thread
+uid bookkeeping stays the caller's). Requests and results are pickled over its stdin/stdout; a
+launcher that dies is restarted on the next run, and the run it was doing is a sandbox error.
+When its parent exits, its stdin closes and it exits; a run in progress ends first, within its
+wall limit (its program's PDEATHSIG follows the launcher, not the caller).
 """
 
 from __future__ import annotations
