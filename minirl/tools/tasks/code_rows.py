@@ -5,7 +5,7 @@
 Two kinds of rows (field names as the public datasets spell them):
 
   stdin/stdout (APPS, CodeContests)   the program reads a test's input and must print its output
-    "test_cases": [{"input": "1 2\\n", "output": "3\\n"}, ...]   (or {"input": [..], "output": [..]})
+    "test_cases": [{"input": "1 2\\n", "output": "3\\n"}, ...]  (or {"input": [..], "output": [..]})
     "inputs": [...], "outputs": [...]
     "input_output": {"inputs": [...], "outputs": [...]}         (APPS; also as a JSON string)
     "public_tests" / "private_tests" / "generated_tests": {"input": [...], "output": [...]}
