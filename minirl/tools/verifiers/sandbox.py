@@ -34,6 +34,11 @@ other secrets. Each run gets, in the child between fork and exec (`preexec_fn`):
   new pid namespace with its own /proc:   yes                   yes                   NO
     no host process is visible or
     signalable; all die with the run
+  the work dir a tmpfs of its own (inputs yes                   yes                   NO: the
+    copied in, collected files copied out                                             host temp
+    by init; tmp_mb + inputs, BOX_INODES                                              dir itself
+    entries): nothing written reaches the
+    host disk, the kernel frees it all
   a fresh unprivileged uid per run:       yes                   NO: same uid as the   if root
     RLIMIT_NPROC binds per run; cannot                          verifier, so it can
     signal the verifier or read our 0600                        signal the user's
@@ -58,8 +63,8 @@ NOT defended (know this before running untrusted code at scale): kernel exploits
 channels (the seccomp filter only removes sockets; there is no VM); /sys is the host's, read-only
 (hardware facts, no other process's data); /proc/1 inside is a copy of the verifier process
 (the namespace's init, forked from it), so its command line is visible; CPU use is per process (a fork bomb of N processes may use N x cpu_s
-within the wall limit); disk use in the work dir is bounded per file (RLIMIT_FSIZE) and by time,
-not by a quota; without root (no uid of its own) and without namespaces ("none") a program can kill(-1) every
+within the wall limit); in "none" mode, disk use in the work dir is bounded per file
+(RLIMIT_FSIZE) and by time, not by a quota; without root (no uid of its own) and without namespaces ("none") a program can kill(-1) every
 process of the user; RLIMIT_AS counts virtual memory, which over-counts for runtimes that reserve address space
 (Go, Java, ASan). In "none" mode the network and the filesystem are open: trusted code only. Python candidates run as `python -S -s -B main.py`: no site, no user
 site, no .pyc; not `-I`, because -I implies -E, which would ignore our PYTHONHASHSEED=0 (the
@@ -251,7 +256,10 @@ def _run(argv, files, stdin, limits, config, collect, mode, uid) -> RunResult:
             os.chmod(os.path.join(box, name), 0o555)
         if uid is not None:
             os.chown(box, uid, uid)
-        preexec = make_preexec(mode, _rlimits(limits), config.hidden_paths, config.tmp_mb, uid)
+        box_mb = config.tmp_mb + math.ceil(sum(len(d) for d in files.values()) / 2**20)
+        preexec = make_preexec(
+            mode, _rlimits(limits), config.hidden_paths, config.tmp_mb, uid, box_mb, collect
+        )
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
