@@ -107,13 +107,9 @@ def row_targets(verifier_name: str) -> str:
     """What a dataset row must hold for `data.verifier` (tasks/files.py FileFormat.targets)."""
     from minirl.tools.verifiers.reward_function import is_function_spec
 
-    return (
-        "tests"
-        if verifier_name == "code"
-        else "row"
-        if is_function_spec(verifier_name)
-        else "answer"
-    )
+    if verifier_name == "code":
+        return "tests"
+    return "row" if is_function_spec(verifier_name) else "answer"
 
 
 def make_task(cfg: RunConfig, tokenizer):
