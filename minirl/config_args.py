@@ -63,8 +63,9 @@ def add_config_arguments(
         "--verifier",
         metavar="NAME",
         help="how completions of --data are scored (data.verifier): math (the default; minirl's "
-        "own answer extraction and comparison) or math_verify (the math-verify library, in a "
-        "pool of worker processes)",
+        "own answer extraction and comparison), math_verify (the math-verify library, in a pool "
+        "of worker processes), code (the rows' tests, docs/verifiers.md) or "
+        "path/to/file.py:function (your own reward function of the completion and the row)",
     )
 
 
@@ -79,7 +80,9 @@ def input_overrides(args) -> list[str]:
     if args.eval_data:
         out.append(f"data.eval={Path(args.eval_data).resolve()}")
     if args.verifier:
-        out.append(f"data.verifier={args.verifier}")
+        path, sep, function = args.verifier.rpartition(":")
+        spec = f"{Path(path).resolve()}:{function}" if sep and path.endswith(".py") else None
+        out.append(f"data.verifier={spec or args.verifier}")
     return out
 
 

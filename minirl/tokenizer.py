@@ -14,6 +14,7 @@ Interface (both tokenizers):
     chat_template: str or None; apply_chat_template(messages, add_generation_prompt=True, **kw) -> str
     encode(text, bos=True, eos=False) -> np.ndarray int32 [T]
     decode(ids, skip_special=True) -> str   (unknown ids decode to U+FFFD, never raise)
+    max_token_chars: int (no token stands for more characters: a cheap bound on a text's tokens)
     save(directory)
 """
 
@@ -52,6 +53,8 @@ class CharTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(_SPECIALS) + len(self.alphabet)
+
+    max_token_chars = 1
 
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> np.ndarray:
         try:

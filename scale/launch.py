@@ -113,7 +113,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     v.add_argument("--host", default="0.0.0.0")
     v.add_argument("--port", type=int, default=8470)
     v.add_argument("--repository", default="verifier-data", help="content-addressed test data dir")
-    v.add_argument("--verifier", default="code", help="code | math | task:<name>")
+    v.add_argument(
+        "--verifier", default="code", help="code | math | task:<name> | file.py:function"
+    )
     v.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
     from minirl.configlib import ConfigError

@@ -322,7 +322,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 def build_verifier(name: str, repository: TestRepository, workers: int, item_timeout_s: float):
     """The pool the command-line service runs: a registered verifier (get_verifier: "code"
-    reads `repository`, "math") or a built-in task's own verifier ("task:countdown"), in a
+    reads `repository`, "math"), a reward function of your own ("path/to/file.py:function",
+    loaded by each worker), or a built-in task's own verifier ("task:countdown"), in a
     VerifierPool."""
     from minirl.tools.verifiers import PoolConfig, VerifierPool, get_verifier
 
@@ -351,7 +352,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--repository", required=True, help="directory of the content-addressed test data"
     )
-    p.add_argument("--verifier", default="code", help="code | math | task:<built-in task>")
+    p.add_argument(
+        "--verifier",
+        default="code",
+        help="code | math | task:<built-in task> | path/to/file.py:function",
+    )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--item-timeout", type=float, default=60.0, help="seconds per rollout")
     p.add_argument("--token-file", default=None)

@@ -12,6 +12,7 @@ it (minirl/tools/chat_template.py).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,12 @@ class HFTokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The longest token string in the vocabulary. Byte-level vocabularies spell each byte
+        as one character, so this bounds the characters a token decodes to from above."""
+        return max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
         """The prompt text of `messages` (a list of {"role", "content"} dicts), laid out by the

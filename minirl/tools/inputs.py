@@ -86,15 +86,30 @@ def make_verifier(cfg: RunConfig):
 
         return get_task(cfg.task.name, **cfg.task.args).verifier
     from minirl.tools.verifiers import get_verifier, verifier_names
+    from minirl.tools.verifiers.reward_function import is_function_spec
 
     name = cfg.data.verifier
-    if name not in verifier_names() or name == "code":
-        answers = [n for n in verifier_names() if n != "code"]
+    if is_function_spec(name):
+        return get_verifier(name)  # your reward function; a missing file or name: ValueError
+    if name not in verifier_names():
         raise ConfigError(
-            f"data.verifier={name!r}: a dataset file's answers are scored by one of {answers}"
+            f"data.verifier={name!r}: one of {verifier_names()} or path/to/file.py:function"
         )
+    if name == "code":  # the rows' own tests, judged in sandboxes forked by pool workers
+        from minirl.tools.verifiers import PoolConfig, VerifierPool
+
+        return VerifierPool(get_verifier("code"), PoolConfig(workers=2))
     shaping = {"format_reward": cfg.data.format_reward} if cfg.data.format_reward else {}
     return get_verifier(name, **shaping)
+
+
+def row_targets(verifier_name: str) -> str:
+    """What a dataset row must hold for `data.verifier` (tasks/files.py FileFormat.targets)."""
+    from minirl.tools.verifiers.reward_function import is_function_spec
+
+    if verifier_name == "code":
+        return "tests"
+    return "row" if is_function_spec(verifier_name) else "answer"
 
 
 def make_task(cfg: RunConfig, tokenizer):
@@ -121,6 +136,7 @@ def make_task(cfg: RunConfig, tokenizer):
         use_chat_template=d.chat_template,
         chat_template_kwargs=d.chat_template_kwargs,
         max_prompt_tokens=cfg.engine.cache_len - d.max_new_tokens,
+        targets=row_targets(d.verifier),
     )
 
 
@@ -174,6 +190,9 @@ def describe_inputs(cfg: RunConfig) -> dict:
             for split, p in files.items()
             if p
         }
+        if row_targets(cfg.data.verifier) == "row":  # your reward function's file, by content
+            path = cfg.data.verifier.rpartition(":")[0]
+            out["verifier"] = {"spec": cfg.data.verifier, "sha256": _sha256(path)}
     return out
 
 

@@ -155,6 +155,38 @@ def test_bad_rows_are_counted_with_row_numbers(tmp_path):
     assert "row 2: invalid JSON" in report.summary()
 
 
+class CountingTokenizer(ByteTokenizer):
+    """ByteTokenizer that records the length of every text it encodes; a token is one byte,
+    so it never stands for more than one character."""
+
+    max_token_chars = 1
+
+    def __init__(self):
+        self.encoded = []
+
+    def encode(self, text, bos=True, eos=False):
+        self.encoded.append(len(text))
+        return super().encode(text, bos, eos)
+
+
+def test_a_huge_line_is_refused_by_its_length_before_it_is_tokenized(tmp_path):
+    """Issue #34: a 50 MB line was tokenized whole (65 s) before it was skipped for length. A
+    prompt with more characters than max_prompt_tokens tokens can cover is refused untokenized
+    (here 5 MB; the bound is max_prompt_tokens x the longest token's characters x 2)."""
+    huge = {"question": "x" * 5_000_000, "answer": "1"}
+    just_fits = {"question": "y" * 80, "answer": "2"}  # tokenized, and within the budget
+    tok = CountingTokenizer()
+    files, report = scan(
+        write_jsonl(tmp_path / "h.jsonl", [ROWS[0], huge, just_fits]),
+        tok,
+        FileFormat(max_prompt_tokens=120),
+    )
+    assert [n for n, _ in report.bad] == [2] and len(files["all"]) == 2
+    assert "5000000 characters is longer than 120 tokens can be (at most 240" in report.bad[0][1]
+    assert max(tok.encoded) < 1000  # the huge prompt never reached the tokenizer
+    assert CharTokenizer().max_token_chars == 1
+
+
 def test_empty_or_wholly_bad_files_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="no usable rows in .*empty.jsonl"):
         scan(write_jsonl(tmp_path / "empty.jsonl", []), TOK)

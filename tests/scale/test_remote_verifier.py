@@ -235,3 +235,30 @@ def test_service_config_is_validated(kwargs):
 def test_client_refuses_non_http_urls():
     with pytest.raises(ValueError, match="http://host:port"):
         RemoteVerifier("ftp://127.0.0.1:1", TOKEN)
+
+
+def test_the_service_runs_your_reward_function_and_rows_that_carry_their_tests(
+    tmp_path, make_rollout
+):
+    """Issue #34: `--verifier my_reward.py:score` and code rows with their own tests work behind
+    the service as in-process: build_verifier (what `python -m scale.launch verifier
+    --verifier ...` runs) loads the function by path in the pool's worker."""
+    from scale.verifier_service import build_verifier
+
+    reward = tmp_path / "my_reward.py"
+    reward.write_text(
+        "def score(completion, row):\n    return float(row['answer'] in completion)\n"
+    )
+    repo = TestRepository(tmp_path / "remote")
+    rows = [make_rollout("it is 7", {"fields": {"answer": "7"}}, uid=0)]
+    rows.append(make_rollout("it is 8", {"fields": {"answer": "7"}}, uid=1))
+    pool = build_verifier(f"{reward}:score", repo, workers=1, item_timeout_s=20)
+    with pool, VerifierService(pool, repo, TOKEN) as service:
+        assert RemoteVerifier(service.url, TOKEN).score(rows) == [Score(1.0, ""), Score(0.0, "")]
+    code = build_verifier("code", repo, workers=1, item_timeout_s=20)
+    inline = {"cases": [{"input": "1 2\n", "output": "3\n"}]}
+    with code, VerifierService(code, repo, TOKEN) as service:
+        scores = RemoteVerifier(service.url, TOKEN).score(
+            [make_rollout(SUB, inline)] + [make_rollout(ADD, inline)]
+        )
+    assert [s.reward for s in scores] == [0.0, 1.0]

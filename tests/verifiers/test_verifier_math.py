@@ -13,7 +13,13 @@ from minirl.tools.verifiers import (
     math_equal,
     normalize_answer,
 )
-from minirl.tools.verifiers.math_equal import _import_sympy, sympy_equal
+from minirl.tools.verifiers.math_equal import (
+    Undecided,
+    _import_sympy,
+    judge_equal,
+    probe_equal,
+    sympy_equal,
+)
 from minirl.tools.verifiers.math_extract import brace_pairs, match_brace
 from minirl.tools.verifiers.math_parse import Unsupported, parse_expression
 from minirl.tools.verifiers.math_verifier import score_math
@@ -194,8 +200,43 @@ def test_sympy_timebox_returns_none_quickly():
     _import_sympy()  # the import is not part of the timebox
     ta, tb = parse_expression("(x+1)^{12}"), parse_expression("(x-1)^{12}+x")
     start = time.monotonic()
-    assert sympy_equal(ta, tb, timeout_s=1e-4) is None
+    assert sympy_equal(ta, tb, timeout_s=1e-4).startswith("budget exhausted")
     assert time.monotonic() - start < 2.0  # a guard against hangs, not a speed test
+
+
+def test_an_exhausted_budget_is_undecided_never_a_wrong_answer(make_rollout, monkeypatch):
+    """Issue #34: a correct (x-1)^500 (x+1)^500 against (x^2-1)^500 has no probe point whose
+    exact value fits, so simplify must decide, and it needs more than its 1 s here. How long
+    sympy takes depends on the machine (and its cache), so the test makes it run out of time
+    for certain: the verdict is "undecided" with the reason, rewarded like a found answer not
+    shown correct (format_reward), never "wrong answer"."""
+    candidate, reference = "(x-1)^{500}(x+1)^{500}", "(x^2-1)^{500}"
+    ta, tb = parse_expression(candidate), parse_expression(reference)
+    assert probe_equal(ta, tb, {"x"}) is None  # no point decides: sympy would have to
+    no_sympy = judge_equal(candidate, reference, use_sympy=False)
+    assert isinstance(no_sympy, Undecided) and "symbolic check is off" in no_sympy.why
+    assert math_equal(candidate, reference, use_sympy=False) is False  # not shown equal
+    assert judge_equal("(x^{500}, 2)", f"({candidate}, 3)", use_sympy=False) is False
+
+    module = importlib.import_module("minirl.tools.verifiers.math_equal")
+    out_of_time = sympy_equal(parse_expression("(x+1)^{12}"), parse_expression("x"), 1e-9)
+    assert out_of_time.startswith("budget exhausted")
+    monkeypatch.setattr(module, "sympy_equal", lambda ta, tb, timeout_s: out_of_time)
+    verdict = judge_equal(candidate, reference)
+    assert isinstance(verdict, Undecided) and "budget exhausted" in verdict.why
+    config = MathVerifierConfig(format_reward=0.1)
+    text = f"so \\boxed{{{candidate}}}"
+    (score,) = MathVerifier(config).score([make_rollout(text, {"answer": reference})])
+    assert score.reward == 0.1 and score.reason.startswith("undecided: ")
+    assert "budget exhausted" in score.reason and "wrong answer" not in score.reason
+
+
+def test_a_long_completion_says_only_its_end_was_read():
+    digits = "7" * 100_000
+    score = score_math(f"\\boxed{{{digits}}}", {"answer": digits}, MathVerifierConfig())
+    assert score.reward == 0.0
+    assert "(only the last 4000 of its 100008 characters were read)" in score.reason
+    assert score_math("\\boxed{7}", {"answer": "7"}, MathVerifierConfig()).reason == "correct"
 
 
 def test_sympy_timeout_is_the_budget_of_the_whole_answer(monkeypatch):

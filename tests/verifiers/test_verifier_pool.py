@@ -66,6 +66,19 @@ def test_two_workers_share_a_batch(pool, make_rollout):
     assert {s.reason for s in scores} == {str(pid) for pid in pool.worker_pids}  # both worked
 
 
+def test_two_threads_scoring_with_one_pool_each_get_their_own_scores(pool, make_rollout):
+    """An async run's rollout thread and its evaluation may score with the same pool (the
+    `--verifier code` pool of a dataset run): batches take turns, none gets another's scores."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    batches = [[make_rollout(f"value:0.{t}{i}") for i in range(4)] for t in (1, 2)]
+    batches[0].insert(0, make_rollout("sleep:0.2"))  # both batches are in flight together
+    with ThreadPoolExecutor(2) as threads:
+        got = list(threads.map(pool.score, batches))
+    assert [s.reason for s in got[0]] == ["slept 0.2"] + [f"value 0.1{i}" for i in range(4)]
+    assert [s.reason for s in got[1]] == [f"value 0.2{i}" for i in range(4)]
+
+
 def test_hung_and_crashed_workers_cost_only_their_item(pool, make_rollout):
     restarts = pool.restarts
     pids = set(pool.worker_pids)

@@ -50,11 +50,20 @@ from pathlib import Path
 import numpy as np
 
 from minirl.data.tasks import split_of, stable_hash
+from minirl.tools.tasks.code_rows import code_solution, code_tests
 from minirl.tools.verifiers.math_extract import find_boxed
 from minirl.types import Prompt
 
 log = logging.getLogger(__name__)
 FORMATS = (".jsonl", ".parquet")
+TARGETS = ("answer", "tests", "row")
+PROMPT_FALLBACKS = (
+    "prompt",
+    "question",
+    "problem",
+    "description",
+    "text",
+)  # code rows, "row" targets
 MAX_PLAIN_ANSWER = (
     100  # characters: a longer answer without #### or \boxed is a solution, not a gold
 )
@@ -72,6 +81,13 @@ class FileFormat:
     use_chat_template: bool = True
     chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
     max_prompt_tokens: int | None = None
+    # what a row must hold besides its prompt: "answer" (a gold answer), "tests" (a code
+    # problem's tests, tasks/code_rows.py), "row" (nothing: your reward function reads the row)
+    targets: str = "answer"
+
+    def __post_init__(self):
+        if self.targets not in TARGETS:
+            raise ValueError(f"targets must be one of {TARGETS}, got {self.targets!r}")
 
 
 @dataclasses.dataclass
@@ -119,36 +135,64 @@ def _bad(reason: str):
     raise ValueError(reason)
 
 
-def row_messages(obj, fmt: FileFormat) -> tuple[list[dict], str, str | None]:
-    """(chat messages of the prompt, gold answer, solution) of one decoded row."""
+def row_messages(obj, fmt: FileFormat) -> tuple[list[dict], dict, str | None]:
+    """(chat messages of the prompt, what the verifier reads, solution) of one decoded row. What
+    the verifier reads is {"answer": gold} for answers, the code verifier's meta for tests
+    (tasks/code_rows.py), {"fields": row} for a reward function of your own."""
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    solution = None
-    if obj.get(fmt.messages_key) is not None:
-        messages = _check_messages(obj[fmt.messages_key], fmt.messages_key)
-        if messages[-1]["role"] == "assistant":
-            solution = messages.pop()["content"]
-        if not messages or messages[-1]["role"] != "user":
-            raise ValueError(f"{fmt.messages_key!r} must end with a user message")
-    elif isinstance(obj.get(fmt.prompt_key), str) and obj[fmt.prompt_key].strip():
-        messages = [{"role": "user", "content": obj[fmt.prompt_key].strip()}]
-    else:
-        raise ValueError(
-            f"no prompt: {fmt.prompt_key!r} (or {fmt.messages_key!r}) is missing, "
-            "empty or not a string"
-        )
-    if fmt.answer_key in obj:
+    messages, prompt, solution = _prompt_messages(obj, fmt)
+    if fmt.targets == "tests":
+        targets, solution = code_tests(obj, prompt), code_solution(obj) or solution
+    elif fmt.targets == "row":
+        targets = {"fields": obj}
+    elif fmt.answer_key in obj:
         gold, worked = gold_answer(obj[fmt.answer_key], fmt.answer_key)
-        solution = worked or solution
+        targets, solution = {"answer": gold}, worked or solution
     elif solution is not None:
-        gold, _ = gold_answer(solution, "the assistant message")
+        targets = {"answer": gold_answer(solution, "the assistant message")[0]}
     else:
         raise ValueError(f"missing answer field {fmt.answer_key!r}")
     if fmt.system_prompt and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": fmt.system_prompt})
     if fmt.instruction:
         messages[-1] = {"role": "user", "content": messages[-1]["content"] + fmt.instruction}
-    return messages, gold, solution
+    return messages, targets, solution
+
+
+def _prompt_messages(obj: dict, fmt: FileFormat) -> tuple[list[dict], str, str | None]:
+    """(messages, the prompt field as written or "", a chat row's final assistant message)."""
+    if obj.get(fmt.messages_key) is not None:
+        messages, solution = _check_messages(obj[fmt.messages_key], fmt.messages_key), None
+        if messages[-1]["role"] == "assistant":
+            solution = messages.pop()["content"]
+        if not messages or messages[-1]["role"] != "user":
+            raise ValueError(f"{fmt.messages_key!r} must end with a user message")
+        return messages, "", solution
+    keys = (fmt.prompt_key,) + (PROMPT_FALLBACKS if fmt.targets != "answer" else ())
+    for key in keys:
+        if isinstance(obj.get(key), str) and obj[key].strip():
+            return [{"role": "user", "content": obj[key].strip()}], obj[key], None
+    raise ValueError(
+        f"no prompt: {fmt.prompt_key!r} (or {fmt.messages_key!r}) is missing, empty or not a string"
+    )
+
+
+def check_prompt_length(messages: list[dict], tokenizer, fmt: FileFormat) -> None:
+    """A prompt whose text alone is longer than any `max_prompt_tokens`-token prompt can be is
+    refused before it is tokenized (tokenizing a 50 MB line takes a minute): no token covers
+    more than the tokenizer's `max_token_chars` characters (x 2 for normalisers that merge
+    characters), so more characters than that bound means more tokens than the budget."""
+    per_token = getattr(tokenizer, "max_token_chars", None)
+    if fmt.max_prompt_tokens is None or not per_token:
+        return
+    chars = sum(len(m["content"]) for m in messages)
+    bound = fmt.max_prompt_tokens * per_token * 2
+    if chars > bound:
+        raise ValueError(
+            f"prompt of {chars} characters is longer than {fmt.max_prompt_tokens} tokens can "
+            f"be (at most {bound} characters; engine.cache_len - data.max_new_tokens)"
+        )
 
 
 def _check_messages(value, key: str) -> list[dict]:
@@ -252,11 +296,12 @@ class PromptFile(Sequence):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         position = int(self.positions[i])
-        messages, gold, solution = row_messages(self._rows[position], self._fmt)
+        messages, targets, solution = row_messages(self._rows[position], self._fmt)
         text, tokens = render(messages, self._tokenizer, self._fmt)
         # the row number makes two identical rows two prompts (uids are unique, minirl.types)
-        uid = stable_hash("file", self.name, messages, gold, int(self.numbers[i]))
-        meta = {"answer": gold, "solution": solution, "row": int(self.numbers[i])}
+        number = int(self.numbers[i])
+        uid = stable_hash("file", self.name, messages, targets.get("answer", ""), number)
+        meta = {**targets, "solution": solution, "row": number}
         return Prompt(uid, self.name, text, tokens, meta)
 
 
@@ -285,7 +330,8 @@ def scan(
         report.num_rows = number
         try:
             obj = _decode_line(row) if path.suffix == ".jsonl" else row
-            messages, gold, _ = row_messages(obj, fmt)
+            messages, _, _ = row_messages(obj, fmt)
+            check_prompt_length(messages, tokenizer, fmt)
             _, tokens = render(messages, tokenizer, fmt)
             if fmt.max_prompt_tokens is not None and len(tokens) > fmt.max_prompt_tokens:
                 raise ValueError(

@@ -11,7 +11,10 @@ Map of this package (each file says more in its docstring):
   sandbox.py        run_sandboxed(...): limits + isolation for one untrusted program (threat model)
   isolation.py      the child side: namespaces, mounts, rlimits, per-run uids, cleanup
   code_runner.py    run_tests(code, tests, limits) -> Verdicts; checkers; output comparison
-  code_verifier.py  CodeVerifier (meta["tests"] by sha), JSON request/response
+  code_verifier.py  CodeVerifier (meta["tests"] by sha, or a dataset row's own tests), JSON
+                    request/response
+  launcher.py       the process that forks sandboxed programs for a multi-threaded caller
+  reward_function.py  RewardFunction("file.py:function"): your own reward function, by path
   pool.py           VerifierPool: parallel scoring, per-item timeout, crashed workers replaced
 """
 
@@ -45,6 +48,7 @@ from minirl.tools.verifiers.repository import (
     RepositoryError,
     TestRepository,
 )
+from minirl.tools.verifiers.reward_function import RewardFunction
 from minirl.tools.verifiers.sandbox import (
     Limits,
     RunResult,
@@ -67,6 +71,7 @@ __all__ = [
     "PoolConfig",
     "Program",
     "RepositoryError",
+    "RewardFunction",
     "RunResult",
     "SandboxConfig",
     "TestCase",

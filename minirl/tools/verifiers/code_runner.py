@@ -10,7 +10,9 @@ This is a small online judge (what RLAX's Oubliette does per test-case pair, Sec
               (`available_languages()`). Compilation runs in the sandbox too, with its own limits.
   comparison  "exact" bytes; "lines" (trailing spaces and trailing blank lines ignored);
               "tokens" (whitespace-separated, the default); "floats" (tokens, numbers equal
-              within `float_tol` absolute OR relative, like Codeforces checkers).
+              within `float_tol` absolute OR relative, like Codeforces checkers);
+              "last_line" (the last non-blank line, stripped: a harness's verdict line after
+              whatever the program printed itself).
   checker     a Codeforces/testlib-style program for tasks with many right answers. It is run
               as `checker input.txt output.txt answer.txt` (testlib's argument order: the input,
               the contestant's output, the reference answer) in its own sandbox. Exit code 0 =
@@ -42,7 +44,7 @@ from minirl.tools.verifiers.sandbox import (
     run_sandboxed,
 )
 
-COMPARE_MODES = ("exact", "lines", "tokens", "floats")
+COMPARE_MODES = ("exact", "lines", "tokens", "floats", "last_line")
 COMPILE_LIMITS = Limits(cpu_s=10.0, wall_s=20.0, memory_mb=2048, file_mb=64, nproc=32)
 CHECKER_LIMITS = Limits(cpu_s=5.0, wall_s=10.0, memory_mb=512, output_bytes=1 << 16)
 
@@ -214,6 +216,8 @@ def outputs_match(got: str, expected: str, mode: str = "tokens", float_tol: floa
     if mode == "lines":
         strip = lambda s: [line.rstrip() for line in s.rstrip().splitlines()]
         return strip(got) == strip(expected)
+    if mode == "last_line":
+        return got.strip().rsplit("\n", 1)[-1].strip() == expected.strip()
     got_tokens, expected_tokens = got.split(), expected.split()
     if len(got_tokens) != len(expected_tokens):
         return False

@@ -29,12 +29,14 @@ import itertools
 import os
 import resource
 import signal
+import stat
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
 
 SANDBOX_UID_BASE = 0x4000_0000  # sandbox uids: BASE + (thread id << 8 | run counter % 256)
 BOX = "/tmp/box"  # where the work dir appears inside the isolated modes
+BOX_INODES = 16384  # files and directories a program may create in its work dir (isolated modes)
 
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x20000, 0x10000000, 0x40000000
 _CLONE_NEWPID = 0x20000000
@@ -68,11 +70,18 @@ def _mount(
     _check(_libc.mount(source, target, fstype, flags, data), f"mount {target.decode()}")
 
 
-def isolate_filesystem_and_network(mode: str, hidden: Sequence[str], tmp_mb: int) -> None:
+def isolate_filesystem_and_network(
+    mode: str, hidden: Sequence[str], tmp_mb: int, box_mb: int, uid: int | None
+) -> int:
     """In the child, cwd = host work dir: new mount + net + pid namespaces (the pid one holds
-    this process's children, see `enter_pid_namespace`); private /tmp with the work dir bound at
-    /tmp/box; hidden paths covered. The host filesystem is made read-only after /proc is
+    this process's children, see `enter_pid_namespace`); private /tmp; hidden paths covered;
+    the work dir's files copied into a tmpfs of its own at /tmp/box (`box_mb`, at most
+    BOX_INODES entries), which becomes the cwd. Whatever the program writes there is gone with
+    the namespace, freed by the kernel in memory: no directory tree of its making is left on
+    the host disk. Returns an fd of the host work dir (the namespace's init copies the files the
+    parent collects back into it). The host filesystem is made read-only after /proc is
     replaced, in `read_only_host`."""
+    host = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
     outer_uid, outer_gid = os.getuid(), os.getgid()
     flags = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWPID
     flags |= _CLONE_NEWUSER if mode == "userns" else 0
@@ -92,8 +101,39 @@ def isolate_filesystem_and_network(mode: str, hidden: Sequence[str], tmp_mb: int
     tmp_opts = f"size={tmp_mb}m,mode=1777".encode()
     _mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, tmp_opts)
     os.mkdir(BOX, 0o755)
-    _mount(b".", BOX.encode(), None, _MS_BIND | _MS_REC, None)  # "." is still the host work dir
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    box_opts = f"size={box_mb}m,nr_inodes={BOX_INODES},mode=755{owner}".encode()
+    _mount(b"tmpfs", BOX.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, box_opts)
+    box = os.open(BOX, os.O_RDONLY | os.O_DIRECTORY)
+    copy_files(host, box)  # the parent's plain files (program, inputs), read-only to the program
+    os.close(box)
     os.chdir(BOX)
+    return host
+
+
+def copy_files(src: int, dst: int, names: Sequence[str] | None = None, cap: int = 64 << 20):
+    """Copy the regular files `names` (default: all) of directory `src` into `dst` (fds), never
+    following a link, at most `cap` bytes each; each keeps its permission bits. What is not a
+    regular file, or is missing, is skipped."""
+    for name in os.listdir(src) if names is None else names:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read(cap)
+            out = os.open(
+                name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dst
+            )
+            with os.fdopen(out, "wb") as f:
+                f.write(data)
+                os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode))
+        finally:
+            os.close(fd)
 
 
 def read_only_host() -> None:
@@ -134,15 +174,20 @@ def _exit_like(status: int) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 255)
 
 
-def _keep_only(fd: int) -> None:
-    """Close every descriptor but `fd`: the helper processes below must not hold the program's
+def _keep_only(*fds: int) -> None:
+    """Close every descriptor but `fds`: the helper processes below must not hold the program's
     pipes, or its reader would never see end-of-file."""
-    os.closerange(0, fd)
-    os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
+    low = 0
+    for fd in sorted(fds):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
 
 
-def enter_pid_namespace() -> None:
+def enter_pid_namespace(host: int, collect: Sequence[str]) -> None:
     """Called after `unshare(CLONE_NEWPID)`: returns in the process that will exec the program.
+    `host` (an fd of the host work dir) and `collect`: the files init copies from the box back
+    to the host work dir when the program has ended, for the parent to read.
 
     A new pid namespace holds the children of the process that created it, so two forks:
     this process (the one `Popen` watches, outside the namespace) forks the namespace's init,
@@ -166,8 +211,8 @@ def enter_pid_namespace() -> None:
     _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
     _private_proc()
     program = os.fork()
-    if program:  # init: reap everything, report the program's status, exit
-        _keep_only(write_end)
+    if program:  # init: reap everything, hand back the collected files and the status, exit
+        _keep_only(write_end, host)
         status = None
         while status is None:
             try:
@@ -177,9 +222,13 @@ def enter_pid_namespace() -> None:
             except InterruptedError:
                 continue
             status = raw if pid == program else None
+        if collect:
+            box = os.open(BOX, os.O_RDONLY | os.O_DIRECTORY)
+            copy_files(box, host, collect)
         os.write(write_end, str(status if status is not None else 255 << 8).encode())
         os._exit(0)
     os.close(write_end)
+    os.close(host)
 
 
 # seccomp: a BPF program run on each system call. Layout of `struct seccomp_data`: nr at
@@ -238,16 +287,19 @@ def make_preexec(
     hidden: Sequence[str],
     tmp_mb: int,
     uid: int | None,
+    box_mb: int = 64,
+    collect: Sequence[str] = (),
 ) -> Callable[[], None]:
     """The function `subprocess.Popen(preexec_fn=...)` runs in the child: isolation (unless
-    mode is "none"), `rlimits` as (resource, soft, hard), no new privileges, drop to `uid`
-    (if given), and die with the parent."""
+    mode is "none"; the work dir a tmpfs of `box_mb`, `collect` copied back), `rlimits` as
+    (resource, soft, hard), no new privileges, drop to `uid` (if given), and die with the
+    parent."""
 
     def preexec() -> None:  # runs in the child after fork (and setsid), before exec
         if mode != "none":
-            isolate_filesystem_and_network(mode, hidden, tmp_mb)
+            host = isolate_filesystem_and_network(mode, hidden, tmp_mb, box_mb, uid)
             _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
-            enter_pid_namespace()  # from here on: the program's own process
+            enter_pid_namespace(host, collect)  # from here on: the program's own process
             read_only_host()
         for which, soft, hard in rlimits:
             resource.setrlimit(which, (soft, hard))

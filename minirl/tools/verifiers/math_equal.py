@@ -24,7 +24,9 @@ Otherwise, in this order:
      disagreement is a fast "not equal". Then, if sympy is importable and `use_sympy`,
      `simplify(a - b) == 0` decides, timeboxed (SIGALRM, main thread only; `sympy_timeout_s`
      is the budget of one `math_equal` call, sequences included); without sympy or on timeout
-     the probe decides, and it needs two agreeing points.
+     the probe decides, and it needs two agreeing points. With fewer, the comparison is
+     undecided (`judge_equal` returns `Undecided(why)`, e.g. "budget exhausted"; `math_equal`
+     reads it as not shown equal, and the math verifier reports it as its own verdict).
   5. Words (two or more letters only: "Yes", "north") and anything unparsable compare as
      case-insensitive strings ("Yes" == "yes", "B" == "(B)"); so "xy" is a word, not x*y.
 
@@ -36,6 +38,7 @@ in the calling thread: normalisation is linear in the length, and what is evalua
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import signal
 import threading
@@ -175,24 +178,29 @@ def _import_sympy():
     return sympy
 
 
-def sympy_equal(ta: tuple, tb: tuple, timeout_s: float) -> bool | None:
-    """simplify(a - b) == 0, or None if sympy is missing, fails, or runs past `timeout_s`.
-    The timebox uses SIGALRM, so it only runs on the main thread (elsewhere: None)."""
+def sympy_equal(ta: tuple, tb: tuple, timeout_s: float) -> bool | str:
+    """simplify(a - b) == 0, or, when sympy cannot decide, a string saying why: sympy is
+    missing, fails, runs past `timeout_s`, or is called off the main thread (the timebox uses
+    SIGALRM, which only the main thread receives)."""
     sp = _import_sympy()
-    if sp is None or threading.current_thread() is not threading.main_thread():
-        return None
+    if sp is None:
+        return "sympy is not installed"
+    if threading.current_thread() is not threading.main_thread():
+        return "the symbolic check runs on the main thread only"
 
     def on_alarm(signum, frame):
         raise _Timeout
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    try:
+    try:  # the timer starts inside: a budget of microseconds may fire at once
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
         return bool(sp.simplify(_to_sympy(*ta, sp) - _to_sympy(*tb, sp)) == 0)
     except _Timeout:
-        return None
-    except Exception:  # sympy can raise nearly anything on odd input
-        return None
+        return "budget exhausted: the symbolic check ran out of its time (sympy_timeout_s)"
+    except Unsupported as e:
+        return f"too large for the symbolic check ({e})"
+    except Exception as e:  # sympy can raise nearly anything on odd input
+        return f"the symbolic check failed ({type(e).__name__})"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -235,7 +243,20 @@ def _split_top(inner: str) -> list[str]:
     return parts
 
 
-def _scalar_equal(a: str, b: str, rel_tol: float, use_sympy: bool, deadline: float) -> bool:
+@dataclasses.dataclass(frozen=True)
+class Undecided:
+    """A comparison that could not be decided within its bounds (neither "equal" nor "not
+    equal"); `why` says which bound. Falsy, so `math_equal` reads it as "not shown equal"."""
+
+    why: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def _scalar_equal(
+    a: str, b: str, rel_tol: float, use_sympy: bool, deadline: float
+) -> bool | Undecided:
     if a == b:
         return True
     if _WORD_RE.match(a) or _WORD_RE.match(b):  # "Yes", "north": words, not products of symbols
@@ -253,19 +274,37 @@ def _scalar_equal(a: str, b: str, rel_tol: float, use_sympy: bool, deadline: flo
     probe = probe_equal(ta, tb, symbols)
     if probe is False:
         return False
+    why = "the symbolic check is off"
     if use_sympy and (budget := deadline - time.monotonic()) > 0:
         verdict = sympy_equal(ta, tb, budget)
-        if verdict is not None:
+        if isinstance(verdict, bool):
             return verdict
-    return bool(probe)
+        why = verdict or "the symbolic check could not decide"
+    elif use_sympy:
+        why = "budget exhausted: the answer's symbolic time (sympy_timeout_s) was used up"
+    if probe:
+        return True
+    return Undecided(f"too few probe points had a value, and {why}")
+
+
+def _all_equal(verdicts) -> bool | Undecided:
+    """Several element verdicts as one: False if any is False (evaluated lazily, in order),
+    else the first Undecided, else True."""
+    undecided = None
+    for verdict in verdicts:
+        if verdict is False:
+            return False
+        if isinstance(verdict, Undecided) and undecided is None:
+            undecided = verdict
+    return undecided or True
 
 
 def _match_unordered(cparts: list[str], rparts: list[str], args) -> bool:
     """Each candidate element equals a different reference element (greedy: set elements are
-    distinct values, so the first match is the only one)."""
+    distinct values, so the first match is the only one). An undecided pair is no match."""
     left = list(rparts)
     for x in cparts:
-        hit = next((i for i, y in enumerate(left) if _scalar_equal(x, y, *args)), None)
+        hit = next((i for i, y in enumerate(left) if _scalar_equal(x, y, *args) is True), None)
         if hit is None:
             return False
         left.pop(hit)
@@ -282,7 +321,31 @@ def math_equal(
 ) -> bool:
     """True if `candidate` and `reference` denote the same answer (rules in the module
     docstring). Never raises on odd input: anything it cannot understand is "not equal" unless
-    the normalised strings agree. `sympy_timeout_s` bounds all sympy calls of this one call."""
+    the normalised strings agree. `sympy_timeout_s` bounds all sympy calls of this one call.
+    An undecided comparison is False here; `judge_equal` tells it apart."""
+    return (
+        judge_equal(
+            candidate,
+            reference,
+            rel_tol=rel_tol,
+            use_sympy=use_sympy,
+            sympy_timeout_s=sympy_timeout_s,
+        )
+        is True
+    )
+
+
+def judge_equal(
+    candidate: str,
+    reference: str,
+    *,
+    rel_tol: float = 1e-6,
+    use_sympy: bool = True,
+    sympy_timeout_s: float = 1.0,
+) -> bool | Undecided:
+    """`math_equal` with its third verdict: True, False, or `Undecided(why)` when the numeric
+    probe could not tell and the symbolic check did not decide (its time budget exhausted,
+    sympy missing, too large, or off the main thread)."""
     c, r = normalize_answer(candidate or ""), normalize_answer(reference or "")
     if not c or not r:
         return False
@@ -293,14 +356,12 @@ def math_equal(
     args = (rel_tol, use_sympy, time.monotonic() + sympy_timeout_s)
     if c.count("=") == 1 and r.count("=") == 1:
         (cl, cr), (rl, rr) = c.split("="), r.split("=")
-        return _scalar_equal(cl, rl, *args) and _scalar_equal(cr, rr, *args)
+        return _all_equal(_scalar_equal(x, y, *args) for x, y in ((cl, rl), (cr, rr)))
     (cb, cparts), (rb, rparts) = _split_sequence(c), _split_sequence(r)
     if cb == rb == "{}":  # sets: the same elements in any order
         return len(cparts) == len(rparts) and _match_unordered(cparts, rparts, args)
     if len(cparts) > 1 or len(rparts) > 1:
-        return (
-            cb == rb
-            and len(cparts) == len(rparts)
-            and all(_scalar_equal(x, y, *args) for x, y in zip(cparts, rparts, strict=True))
-        )
+        if cb != rb or len(cparts) != len(rparts):
+            return False
+        return _all_equal(_scalar_equal(x, y, *args) for x, y in zip(cparts, rparts, strict=True))
     return _scalar_equal(c, r, *args)

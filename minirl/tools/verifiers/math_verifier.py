@@ -11,7 +11,13 @@ equivalence live in `math_extract.py` and `math_equal.py`; this file only joins 
 
 Rewards: 1 correct, `format_reward` (default 0) for a wrong answer that was at least found
 (a final answer in the expected form), 0 otherwise; the reason says why ("no answer found",
-"wrong answer: got '3', expected '4'"). No partial credit.
+"wrong answer: got '3', expected '4'"). No partial credit. An answer the checker could not
+decide within its bounds (e.g. `(x-1)^{500}(x+1)^{500}` against `(x^2-1)^{500}`: no probe point
+has a value that fits, and simplify runs out of its 1 s) is "undecided: <why>", never "wrong
+answer"; it is rewarded like a found answer that is not shown correct (`format_reward`), since a
+reward for an unchecked answer would be one for answers that are merely hard to check. Only
+the last `max_chars` characters of a completion are read; when a completion is longer, a
+reason other than "correct" says so.
 
 Two backends judge equivalence, and `backend` picks one:
   "builtin"      minirl's own extraction and comparison (math_extract.py, math_equal.py): pure
@@ -33,7 +39,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from minirl.tools.verifiers.math_equal import math_equal
+from minirl.tools.verifiers.math_equal import Undecided, judge_equal
 from minirl.tools.verifiers.math_extract import EXTRACT_ORDER, extract_answer
 from minirl.types import Rollout, Score
 from minirl.verifier import safe_scores
@@ -79,23 +85,34 @@ def score_math(text: str, meta: dict[str, Any], config: MathVerifierConfig) -> S
         reference = str(reference)
     if not isinstance(reference, str) or not reference.strip():
         return Score(0.0, "task has no reference answer (meta['answer'])")
-    text = (text or "")[-config.max_chars :]
+    text = text or ""
+    cut = (
+        f" (only the last {config.max_chars} of its {len(text)} characters were read)"
+        if len(text) > config.max_chars
+        else ""
+    )
+    text = text[-config.max_chars :]
     judge = _builtin if config.backend == "builtin" else _math_verify
     found, same = judge(text, reference, config)
     if found is None:
-        return Score(0.0, "no answer found")
-    if same:
+        return Score(0.0, "no answer found" + cut)
+    if same is True:
         return Score(1.0, "correct")
+    if isinstance(same, Undecided):
+        return Score(config.format_reward, f"undecided: {same.why}; got {found[:60]!r}" + cut)
     return Score(
-        config.format_reward, f"wrong answer: got {found[:60]!r}, expected {reference[:60]!r}"
+        config.format_reward,
+        f"wrong answer: got {found[:60]!r}, expected {reference[:60]!r}" + cut,
     )
 
 
-def _builtin(text: str, reference: str, config: MathVerifierConfig) -> tuple[str | None, bool]:
+def _builtin(
+    text: str, reference: str, config: MathVerifierConfig
+) -> tuple[str | None, bool | Undecided]:
     answer = extract_answer(text, config.extract)
     if answer is None:
         return None, False
-    return answer, math_equal(
+    return answer, judge_equal(
         answer,
         reference,
         rel_tol=config.rel_tol,

@@ -37,6 +37,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -46,6 +47,7 @@ from multiprocess.connection import wait
 
 from minirl.tools.verifiers.child_io import remove_tree
 from minirl.tools.verifiers.isolation import kill_thread_sandboxes
+from minirl.tools.verifiers.sandbox import fork_here
 from minirl.types import Rollout, Score
 from minirl.verifier import Verifier
 
@@ -78,6 +80,7 @@ def _worker_main(conn: Any, verifier: Verifier) -> None:
     or EOF (the pool is gone). The scratch dir goes with the worker on any orderly exit (also
     SIGTERM, which multiprocess sends daemon workers at interpreter exit); after a SIGKILL the
     pool removes it."""
+    fork_here()  # a single-threaded worker forks its sandboxed programs itself
     scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
     os.chmod(scratch, 0o711)  # sandbox uids may pass through to their own work dirs
     tempfile.tempdir = scratch  # this process only: it exists to run this loop
@@ -168,6 +171,8 @@ class VerifierPool:
         self.config = config
         self.restarts = 0
         self._slots: list[_Slot] = []
+        self._lock = threading.Lock()  # one batch at a time (an async run's rollout thread and
+        # its evaluation may score with the same pool)
 
     # -- lifecycle
 
@@ -243,6 +248,10 @@ class VerifierPool:
     # -- scoring
 
     def score(self, rollouts: Sequence[Rollout]) -> list[Score]:
+        with self._lock:
+            return self._score(rollouts)
+
+    def _score(self, rollouts: Sequence[Rollout]) -> list[Score]:
         self.start()
         results: list[Score | None] = [None] * len(rollouts)
         todo = list(range(len(rollouts)))[::-1]  # pop() from the end = input order

@@ -1,7 +1,8 @@
 """Verifiers by name: `get_verifier("math", rel_tol=1e-4)`, `register_verifier(name, factory)`.
 
 The built-ins ("math", "math_verify", "code") are imported when first built: the code verifier
-pulls in the sandbox, math-verify is an optional extra.
+pulls in the sandbox, math-verify is an optional extra. A name "path/to/file.py:function" is
+your own reward function in that file (reward_function.py).
 """
 
 from __future__ import annotations
@@ -32,10 +33,8 @@ def _code_factory(repository: Any = None, **kwargs: Any) -> Verifier:
     from minirl.tools.verifiers.code_verifier import CodeVerifier, CodeVerifierConfig
     from minirl.tools.verifiers.repository import TestRepository
 
-    if repository is None:
-        raise ValueError("get_verifier('code') needs repository=<TestRepository or path>")
-    if not isinstance(repository, TestRepository):
-        repository = TestRepository(repository)
+    if repository is not None and not isinstance(repository, TestRepository):
+        repository = TestRepository(repository)  # None: only tests the rows carry are judged
     return CodeVerifier(repository, CodeVerifierConfig(**kwargs))
 
 
@@ -60,7 +59,12 @@ def verifier_names() -> list[str]:
 
 def get_verifier(name: str, **kwargs: Any) -> Verifier:
     """Build a registered verifier: `get_verifier("math", rel_tol=1e-4)`,
-    `get_verifier("code", repository="/data/tests", language="cpp")`."""
+    `get_verifier("code", repository="/data/tests", language="cpp")`, or your own reward
+    function: `get_verifier("my_reward.py:score")`."""
+    from minirl.tools.verifiers.reward_function import RewardFunction, is_function_spec
+
+    if is_function_spec(name) and name not in _FACTORIES:
+        return RewardFunction(name, **kwargs)
     if name not in _FACTORIES:
         raise KeyError(f"unknown verifier {name!r}; registered: {', '.join(verifier_names())}")
     return _FACTORIES[name](**kwargs)

@@ -34,6 +34,11 @@ other secrets. Each run gets, in the child between fork and exec (`preexec_fn`):
   new pid namespace with its own /proc:   yes                   yes                   NO
     no host process is visible or
     signalable; all die with the run
+  the work dir a tmpfs of its own (inputs yes                   yes                   NO: the
+    copied in, collected files copied out                                             host temp
+    by init; tmp_mb + inputs, BOX_INODES                                              dir itself
+    entries): nothing written reaches the
+    host disk, the kernel frees it all
   a fresh unprivileged uid per run:       yes                   NO: same uid as the   if root
     RLIMIT_NPROC binds per run; cannot                          verifier, so it can
     signal the verifier or read our 0600                        signal the user's
@@ -58,8 +63,8 @@ NOT defended (know this before running untrusted code at scale): kernel exploits
 channels (the seccomp filter only removes sockets; there is no VM); /sys is the host's, read-only
 (hardware facts, no other process's data); /proc/1 inside is a copy of the verifier process
 (the namespace's init, forked from it), so its command line is visible; CPU use is per process (a fork bomb of N processes may use N x cpu_s
-within the wall limit); disk use in the work dir is bounded per file (RLIMIT_FSIZE) and by time,
-not by a quota; without root (no uid of its own) and without namespaces ("none") a program can kill(-1) every
+within the wall limit); in "none" mode, disk use in the work dir is bounded per file
+(RLIMIT_FSIZE) and by time, not by a quota; without root (no uid of its own) and without namespaces ("none") a program can kill(-1) every
 process of the user; RLIMIT_AS counts virtual memory, which over-counts for runtimes that reserve address space
 (Go, Java, ASan). In "none" mode the network and the filesystem are open: trusted code only. Python candidates run as `python -S -s -B main.py`: no site, no user
 site, no .pyc; not `-I`, because -I implies -E, which would ignore our PYTHONHASHSEED=0 (the
@@ -67,8 +72,10 @@ environment is ours anyway, so -E would add nothing) — fixed hashing keeps rew
 
 Parent-side care (capped reads, no symlink followed, a removal that never fails) lives in
 `child_io.py`; the child-side steps and the uid bookkeeping in `isolation.py`. `preexec_fn` runs
-Python between fork and exec, which is safe in the single-threaded pool workers this is
-designed for.
+Python between fork and exec, which is safe only in a single-threaded process: the pool workers
+this is designed for (they call `fork_here()`). Called from any other process (the trainer's,
+with JAX's threads), a run is forked by a launcher process instead (`launcher.py`), so the
+JAX process never forks.
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ from collections.abc import Mapping, Sequence
 
 from minirl.tools.verifiers.child_io import communicate, read_back, remove_tree
 from minirl.tools.verifiers.isolation import BOX, kill_uid, make_preexec, sandbox_uid
+from minirl.tools.verifiers.launcher import Launcher, LauncherDied, serve
 
 MODES = ("uid", "userns", "none")
 
@@ -205,8 +213,38 @@ def _rlimits(limits: Limits) -> tuple[tuple[int, int, int], ...]:
     )
 
 
-def _run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
+def _start_run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
+    """One run, forked from here in a process made for it (`fork_here`), else by the launcher
+    process (launcher.py: forking a multi-threaded process, JAX's, can deadlock the child).
+    The uid is chosen here either way: it derives from the calling thread."""
     uid = sandbox_uid() if os.geteuid() == 0 else None  # never run a program as root
+    args = (argv, files, stdin, limits, config, collect, mode, uid)
+    if _FORK_HERE:
+        return _run(*args)
+    try:
+        return _LAUNCHER.run(args)
+    except LauncherDied as e:
+        return RunResult(None, error=str(e))
+
+
+def serve_runs() -> None:
+    """What the launcher process runs: `_run` for each request (launcher.py)."""
+    fork_here()
+    serve(_run)
+
+
+_LAUNCHER = Launcher("minirl.tools.verifiers.sandbox:serve_runs")  # started on first use
+_FORK_HERE = False
+
+
+def fork_here() -> None:
+    """Declare this process fit to fork its sandboxed programs itself: single-threaded Python by
+    design, as a `VerifierPool` worker is. Every other process hands its runs to a launcher."""
+    global _FORK_HERE
+    _FORK_HERE = True
+
+
+def _run(argv, files, stdin, limits, config, collect, mode, uid) -> RunResult:
     box = tempfile.mkdtemp(prefix="minirl-box-")
     proc = None
     try:
@@ -218,7 +256,10 @@ def _run(argv, files, stdin, limits, config, collect, mode) -> RunResult:
             os.chmod(os.path.join(box, name), 0o555)
         if uid is not None:
             os.chown(box, uid, uid)
-        preexec = make_preexec(mode, _rlimits(limits), config.hidden_paths, config.tmp_mb, uid)
+        box_mb = config.tmp_mb + math.ceil(sum(len(d) for d in files.values()) / 2**20)
+        preexec = make_preexec(
+            mode, _rlimits(limits), config.hidden_paths, config.tmp_mb, uid, box_mb, collect
+        )
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -274,7 +315,7 @@ def _probe(mode: str, config: SandboxConfig) -> str:
         return "not for root (root uses 'uid', or 'none' with a per-run uid)"
     true = shutil.which("true", path="/bin:/usr/bin") or "/bin/true"
     try:
-        result = _run([true], {}, b"", Limits(), config, (), mode)
+        result = _start_run([true], {}, b"", Limits(), config, (), mode)
     except OSError as e:
         return str(e)
     return result.error or ("" if result.returncode == 0 else f"exit {result.returncode}")
@@ -344,6 +385,6 @@ def run_sandboxed(
     """Run `argv` in a fresh work dir holding `files` (read-only, executable), feeding `stdin`.
     Files named in `collect` are read back after the run (e.g. a compiler's output). Never
     raises for anything the program does; a sandbox failure is `RunResult.error`."""
-    return _run(
+    return _start_run(
         argv, dict(files or {}), stdin, limits, config, tuple(collect), isolation_mode(config)
     )
