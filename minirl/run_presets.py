@@ -21,6 +21,7 @@ from minirl.config import (
     resolve_model,
 )
 from minirl.configlib import ConfigError, override
+from minirl.derived import derive_for_model
 from minirl.engine import EngineConfig
 from minirl.model import ModelConfig
 from minirl.trainer import TrainerConfig
@@ -147,7 +148,8 @@ def make_config(
     preset: str = DEFAULT_PRESET, overrides: list[str] = (), staleness: str | None = None
 ) -> RunConfig:
     """A preset, then a staleness preset, then `--set key=value` overrides, in that order
-    (`minirl train`'s order: minirl/config_args.py)."""
+    (`minirl train`'s order: minirl/config_args.py); with your own model and data, the knobs
+    not set that follow from them (minirl/derived.py)."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     cfg = PRESETS[preset]()
@@ -159,4 +161,4 @@ def make_config(
         cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, **STALENESS[staleness]))
     for item in overrides:
         cfg = override(cfg, item)
-    return resolve_model(cfg, overrides).check()
+    return derive_for_model(resolve_model(cfg, overrides), overrides).check()
