@@ -277,6 +277,27 @@ def test_fast_mode_runs_and_delivers(lesson, tmp_path):
     assert expected["check"](results), f"{lesson}: results.json does not show the claim: {results}"
 
 
+def test_every_lesson_imports():
+    """The default lane's smoke test of every lesson (their fast modes are in the slow lane,
+    except FAST_IN_DEFAULT_LANE): each lesson module loads in one fresh interpreter, so every
+    name it takes from minirl, scale and experiments still exists."""
+    code = (
+        "import importlib.util, sys\n"
+        "for path in sys.argv[1:]:\n"
+        "    spec = importlib.util.spec_from_file_location('lesson', path)\n"
+        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "print('imported', len(sys.argv) - 1)\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    paths = [str(TUTORIALS / lesson) for lesson in LESSONS]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *paths], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip() == f"imported {len(LESSONS)}"
+
+
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_lesson_text_follows_the_rules(lesson):
     """A docstring that IS the lesson: the idea, how to run it, and the measured full-mode output
