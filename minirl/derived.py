@@ -15,7 +15,10 @@ asks for. With `model.path` and a dataset file (`minirl train --model DIR --data
                          MIN_EVAL_PROMPTS (a 2-step smoke run evaluates little, a long run fully)
 
 The results are ordinary values of the RunConfig, so the run directory's config.json records
-them and a resumed run uses them as they were. A key you set (`--set engine.slots=16`) is kept.
+them and a resumed run uses them as they were: `keep_recorded` takes them from there when the
+same command runs again on the run directory (with, say, more rl.steps, which would otherwise
+derive a larger evaluation than the one before RL). A key you set (`--set engine.slots=16`)
+is kept.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from minirl.configlib import ConfigError
 MAX_SLOTS = 64  # decode batch cap: past it a CPU step gains little and the KV cache grows
 MIN_EVAL_PROMPTS = 8
 CACHE_ROUND = 64
+DERIVED = ("data.max_new_tokens", "engine.cache_len", "engine.slots", "eval.prompts")
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -64,3 +68,20 @@ def derive_for_model(cfg, overrides=()):
         engine=dataclasses.replace(cfg.engine, cache_len=cache, slots=slots),
         eval=dataclasses.replace(cfg.eval, prompts=prompts),
     )
+
+
+def keep_recorded(cfg, recorded, overrides=()):
+    """`cfg` with each DERIVED key that `overrides` do not set taken from `recorded` (the
+    config a run directory was started with), so a run continued by the same command keeps
+    what was derived when it started."""
+    if not cfg.model.path or cfg.task.name != "file":
+        return cfg
+    given = {item.split("=", 1)[0].strip() for item in overrides}
+    for key in DERIVED:
+        if key not in given:
+            section, name = key.split(".")
+            part = dataclasses.replace(
+                getattr(cfg, section), **{name: getattr(getattr(recorded, section), name)}
+            )
+            cfg = dataclasses.replace(cfg, **{section: part})
+    return cfg

@@ -13,11 +13,11 @@ import time
 import pytest
 from hf_tiny import make_model_dir
 
-from minirl.configlib import ConfigError
+from minirl.configlib import ConfigError, config_hash
 from minirl.run_presets import make_config
-from minirl.tools import cli
+from minirl.tools import cli, runner
 from minirl.tools.inputs import make_engine
-from minirl.tools.run_dir import load_config, open_run_dir
+from minirl.tools.run_dir import RESUMABLE_CHANGES, load_config, open_run_dir
 from minirl.tools.runner import Run
 
 pytestmark = pytest.mark.reference
@@ -91,6 +91,35 @@ def test_what_you_set_wins_and_config_json_keeps_the_derived_values(dirs, tmp_pa
     assert _derived(load_config(tmp_path / "run")) == (128, 256, 64, 16)
     with pytest.raises(ConfigError, match="leaves no room for a prompt in the model's 256"):
         _config(dirs, "short", "data.max_new_tokens=300")
+
+
+def test_the_same_command_again_keeps_what_was_derived(dirs, tmp_path, monkeypatch):
+    """A 4-step run evaluates max(8, 4 x 16 x 8 // (2 x 8)) = 32 prompts; the same command
+    with rl.steps=5 would derive 40, but continuing the run directory keeps 32 (the evaluation
+    before RL was of 32), so the config hash still matches and the run resumes."""
+    sets = ["rl.steps=4"]
+    started = _config(dirs, "long", *sets)
+    assert started.eval.prompts == 32 and _config(dirs, "long", "rl.steps=5").eval.prompts == 40
+    open_run_dir(started, tmp_path / "run")
+
+    class Stop(Exception):
+        pass
+
+    def capture(cfg, run_dir, progress):
+        raise Stop(cfg)
+
+    monkeypatch.setattr(runner, "Run", capture)
+    argv = ["train", "--model", str(dirs["long"]), "--data", str(dirs["data"])]
+    with pytest.raises(Stop) as got:
+        cli.main([*argv, "--run-dir", str(tmp_path / "run"), "--set", "rl.steps=5"])
+    cfg = got.value.args[0]
+    assert cfg.rl.steps == 5 and cfg.eval.prompts == 32
+    assert config_hash(cfg, ignore=RESUMABLE_CHANGES) == config_hash(
+        started, ignore=RESUMABLE_CHANGES
+    )
+    with pytest.raises(Stop) as got:  # what you set still wins
+        cli.main([*argv, "--run-dir", str(tmp_path / "run"), "--set", "eval.prompts=12"])
+    assert got.value.args[0].eval.prompts == 12
 
 
 @pytest.mark.slow
