@@ -35,7 +35,7 @@ TIMEOUT_S = 900  # generous: the machine may be shared; a fast mode takes ~10-30
 # The fast modes run in the default lane only for these cheap lessons (a few CPU seconds each);
 # the others are in the slow lane (`pytest -m slow`, which CI runs as well), and every lesson
 # is imported in the default lane (test_every_lesson_imports).
-FAST_IN_DEFAULT_LANE = ("02_rollout_engine.py", "03_verifiers.py", "04_loss_as_parts.py")
+FAST_IN_DEFAULT_LANE = ("03_verifiers.py", "04_loss_as_parts.py")
 
 # What each lesson promises in fast mode: files it writes, lines it prints, facts in results.json.
 EXPECTED = {
