@@ -113,7 +113,9 @@ def _custom() -> RunConfig:
     # Your own model and dataset (`minirl train --model DIR --data FILE`): model.path, task=file
     # and data.train are set by the command line. A pretrained model needs no warm start.
     # Sampling at temperature 1 with 8 samples per prompt; the learning rate suits a model that
-    # already solves some problems (tune it with --set trainer.learning_rate=...).
+    # already solves some problems (tune it with --set trainer.learning_rate=...). With
+    # model.path, the completion budget, cache, slots and evaluation size below are only the
+    # starting point: minirl/derived.py fits them to the model and the work unless set.
     return RunConfig(
         task=TaskSpec(FILE_TASK),
         engine=EngineConfig(
