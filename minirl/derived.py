@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from minirl.config import FILE_TASK
 from minirl.configlib import ConfigError
 
 MAX_SLOTS = 64  # decode batch cap: past it a CPU step gains little and the KV cache grows
@@ -40,7 +41,7 @@ def _round_up(n: int, multiple: int) -> int:
 def derive_for_model(cfg, overrides=()):
     """`cfg` with the knobs above derived where `overrides` ("key=value" strings) set none;
     unchanged without model.path or without a dataset file (task.name=file)."""
-    if not cfg.model.path or cfg.task.name != "file":
+    if not cfg.model.path or cfg.task.name != FILE_TASK:
         return cfg
     given = {item.split("=", 1)[0].strip() for item in overrides}
     positions, rl = cfg.model.max_seq_len, cfg.rl
@@ -73,8 +74,9 @@ def derive_for_model(cfg, overrides=()):
 def keep_recorded(cfg, recorded, overrides=()):
     """`cfg` with each DERIVED key that `overrides` do not set taken from `recorded` (the
     config a run directory was started with), so a run continued by the same command keeps
-    what was derived when it started."""
-    if not cfg.model.path or cfg.task.name != "file":
+    what was derived when it started (a directory of another model's run is left alone:
+    its config differs anyway, which the run directory's check reports)."""
+    if not cfg.model.path or cfg.task.name != FILE_TASK or recorded.model.path != cfg.model.path:
         return cfg
     given = {item.split("=", 1)[0].strip() for item in overrides}
     for key in DERIVED:
