@@ -175,8 +175,9 @@ class Engine:
         self._kv.release(b)
         self._sched.release(b)
 
-    def generate(self, requests: Iterable[Request]) -> list[Rollout]:
-        """Run `requests` to completion on an idle engine; rollouts in request order."""
+    def generate(self, requests: Iterable[Request], progress=None) -> list[Rollout]:
+        """Run `requests` to completion on an idle engine; rollouts in request order.
+        `progress(n)`, if given, is called after each step with the n rollouts it finished."""
         if not self._sched.idle:
             raise RuntimeError(
                 "generate() needs an idle engine; use submit() and step() to mix "
@@ -186,7 +187,10 @@ class Engine:
         self.submit(requests)
         done: list[Rollout] = []
         while not self._sched.idle:
-            done += self.step()
+            finished = self.step()
+            done += finished
+            if progress is not None and finished:
+                progress(len(finished))
         by_id: dict[tuple[int, int], list[Rollout]] = {}
         for r in done:
             by_id.setdefault((r.prompt.uid, r.sample_index), []).append(r)

@@ -28,13 +28,17 @@ def decode_rollouts(rollouts: list[Rollout], tokenizer) -> None:
 
 
 def evaluate(
-    engine, task, tokenizer, prompts: list[Prompt], samples: int, verifier=None
+    engine, task, tokenizer, prompts: list[Prompt], samples: int, verifier=None, progress=None
 ) -> dict[str, float]:
     """pass@1, pass@`samples`, mean reward and completion length of the engine's current
     weights, scored by `verifier` (default: the task's). Multi-turn episodes (an EpisodeRunner
-    as the engine, its EpisodeScores as the verifier) also report the mean assistant turns."""
+    as the engine, its EpisodeScores as the verifier) also report the mean assistant turns.
+    `progress(n)` is told of every n completions finished (a progress bar)."""
     requests = [Request(p, i, task.max_new_tokens) for p in prompts for i in range(samples)]
-    rollouts = engine.generate(requests)
+    if progress is None:
+        rollouts = engine.generate(requests)
+    else:
+        rollouts = engine.generate(requests, progress=progress)
     decode_rollouts(rollouts, tokenizer)
     scores = (task.verifier if verifier is None else verifier).score(rollouts)
     rewards = np.array([s.reward for s in scores], np.float64)

@@ -21,6 +21,7 @@ from minirl.config import (
     resolve_model,
 )
 from minirl.configlib import ConfigError, override
+from minirl.derived import derive_for_model
 from minirl.engine import EngineConfig
 from minirl.model import ModelConfig
 from minirl.trainer import TrainerConfig
@@ -112,7 +113,9 @@ def _custom() -> RunConfig:
     # Your own model and dataset (`minirl train --model DIR --data FILE`): model.path, task=file
     # and data.train are set by the command line. A pretrained model needs no warm start.
     # Sampling at temperature 1 with 8 samples per prompt; the learning rate suits a model that
-    # already solves some problems (tune it with --set trainer.learning_rate=...).
+    # already solves some problems (tune it with --set trainer.learning_rate=...). With
+    # model.path, the completion budget, cache, slots and evaluation size below are only the
+    # starting point: minirl/derived.py fits them to the model and the work unless set.
     return RunConfig(
         task=TaskSpec(FILE_TASK),
         engine=EngineConfig(
@@ -147,7 +150,8 @@ def make_config(
     preset: str = DEFAULT_PRESET, overrides: list[str] = (), staleness: str | None = None
 ) -> RunConfig:
     """A preset, then a staleness preset, then `--set key=value` overrides, in that order
-    (`minirl train`'s order: minirl/config_args.py)."""
+    (`minirl train`'s order: minirl/config_args.py); with your own model and data, the knobs
+    not set that follow from them (minirl/derived.py)."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     cfg = PRESETS[preset]()
@@ -159,4 +163,4 @@ def make_config(
         cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, **STALENESS[staleness]))
     for item in overrides:
         cfg = override(cfg, item)
-    return resolve_model(cfg, overrides).check()
+    return derive_for_model(resolve_model(cfg, overrides), overrides).check()

@@ -194,6 +194,11 @@ def run(args) -> None:
 
     cfg = config_from_args(args)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
+    if (run_dir / "config.json").exists():  # as `minirl train`: what was derived stays
+        from minirl.derived import keep_recorded
+        from minirl.tools.run_dir import load_config
+
+        cfg = keep_recorded(cfg, load_config(run_dir), args.overrides)
     # the tokenizer and the dataset file read and checked before Ray starts: a user's mistake
     # there is one line, not a cluster brought up and down. Built once: the driver's task
     # serves the verifier service's uploads, the warm start and the evaluation

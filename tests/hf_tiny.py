@@ -4,6 +4,9 @@
     make_model_dir(path, arch="qwen2" | "qwen3", style="qwen" | "llama")
                                                         + config.json, model.safetensors and
                                                         generation_config.json (two EOS ids)
+    make_model_dir(path, vocab_tokens=151_643, max_positions=...)
+                                                        Qwen's real vocabulary size (151,936 ids
+                                                        in the model), still a tiny network
 
 The tokenizer is a byte-level BPE trained with `tokenizers` on generated word-problem text, with
 the special tokens and a chat template in the style of the family: "qwen" is ChatML
@@ -12,7 +15,8 @@ the special tokens and a chat template in the style of the family: "qwen" is Cha
 `{{ bos_token }}` and a post-processor that adds BOS to plain text. The model is a random
 transformers Qwen2 (GQA, q/k/v biases, tied embeddings) or Qwen3 (q/k norm, head_dim 32, tied)
 whose vocabulary is the tokenizer's rounded up to a multiple of 64 (as Qwen pads it). Both are
-deterministic (fixed seeds) and take about a second.
+deterministic (fixed seeds) and take about a second. `vocab_tokens` pads the trained tokenizer with
+tokens no merge produces (so encoding is unchanged) up to a real model's vocabulary size.
 """
 
 from __future__ import annotations
@@ -79,8 +83,11 @@ def corpus(n: int = 400) -> list[str]:
     return out
 
 
-def make_tokenizer_dir(path, style: str = "qwen", vocab_size: int = 320) -> Path:
-    """Train a byte-level BPE and write tokenizer.json + tokenizer_config.json into `path`."""
+def make_tokenizer_dir(
+    path, style: str = "qwen", vocab_size: int = 320, vocab_tokens: int = 0
+) -> Path:
+    """Train a byte-level BPE and write tokenizer.json + tokenizer_config.json into `path`; with
+    `vocab_tokens`, its vocabulary padded to that many tokens that nothing encodes to."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     specials, config, _, template = STYLES[style]
@@ -101,6 +108,8 @@ def make_tokenizer_dir(path, style: str = "qwen", vocab_size: int = 320) -> Path
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
+    if vocab_tokens:
+        _pad_vocabulary(path / "tokenizer.json", vocab_tokens)
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "chat_template": template,
@@ -111,13 +120,29 @@ def make_tokenizer_dir(path, style: str = "qwen", vocab_size: int = 320) -> Path
     return path
 
 
-def make_model_dir(path, arch: str = "qwen2", style: str = "qwen", seed: int = 0) -> Path:
-    """A random tiny transformers model of `arch` saved beside a `style` tokenizer in `path`."""
+def _pad_vocabulary(file: Path, size: int) -> None:
+    """Add unreachable tokens (no merge makes them) to a BPE tokenizer.json until it has `size`."""
+    data = json.loads(file.read_text())
+    vocab = data["model"]["vocab"]
+    vocab.update({f"<pad_{i}>": i for i in range(len(vocab), size)})
+    file.write_text(json.dumps(data))
+
+
+def make_model_dir(
+    path,
+    arch: str = "qwen2",
+    style: str = "qwen",
+    seed: int = 0,
+    vocab_tokens: int = 0,
+    max_positions: int = 256,
+) -> Path:
+    """A random tiny transformers model of `arch` saved beside a `style` tokenizer in `path`
+    (`vocab_tokens`: a tokenizer padded to that size; `max_positions`: the model's positions)."""
     import torch
     import transformers
     from tokenizers import Tokenizer
 
-    path = make_tokenizer_dir(path, style)
+    path = make_tokenizer_dir(path, style, vocab_tokens=vocab_tokens)
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
     _, config, extra_eos, _ = STYLES[style]
     eos = [tok.token_to_id(config["eos_token"]), tok.token_to_id(extra_eos)]
@@ -131,7 +156,7 @@ def make_model_dir(path, arch: str = "qwen2", style: str = "qwen", seed: int = 0
         num_key_value_heads=2,
         intermediate_size=128,
         vocab_size=vocab,
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         rope_theta=10000.0,
         rms_norm_eps=1e-6,

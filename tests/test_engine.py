@@ -318,10 +318,13 @@ def test_a_finished_slot_is_refilled_at_the_next_step(params):
 
 def test_occupancy_counts_the_decode_work_that_produced_tokens(params):
     """4 slots x 4-step chunks; lengths 5 and 9 (greedy, no EOS). Prefill gives each its first
-    token; chunk 1 decodes 4 + 4 tokens, chunk 2 the last 4 of the long one: 12 of 2 x 16."""
+    token; chunk 1 decodes 4 + 4 tokens, chunk 2 the last 4 of the long one: 12 of 2 x 16.
+    `progress` hears of each rollout in the step that finished it (an evaluation's bar)."""
     e = engine(dataclasses.replace(BASE, temperature=0.0), params)
     prompts = make_prompts(2, seed=13)
-    e.generate([Request(prompts[0], 0, 5), Request(prompts[1], 0, 9)])
+    finished = []
+    e.generate([Request(prompts[0], 0, 5), Request(prompts[1], 0, 9)], progress=finished.append)
+    assert finished == [1, 1]
     assert (e.stats["tokens"], e.stats["decode_tokens"], e.stats["slot_steps"]) == (14, 12, 32)
     assert e.occupancy() == 12 / 32
 

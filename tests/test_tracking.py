@@ -147,11 +147,14 @@ def _wandb_records(path):
 
 
 def test_wandb_offline_run_is_written_and_linked(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     run_dir = tmp_path / "run"
     _run(run_dir, "log.wandb=minirl-test", "rl.steps=2", "log.samples_every=1")
+    # run.finish() returns before W&B's service process has written the whole .wandb file;
+    # teardown waits for that process to end, so the file is complete (no timing involved)
+    wandb.teardown()
     link = json.loads((run_dir / "wandb.json").read_text())
     assert link["mode"] == "offline" and link["project"] == "minirl-test"
     files = glob.glob(f"{link['dir']}/run-{link['id']}.wandb")

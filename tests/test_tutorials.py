@@ -11,9 +11,11 @@ The static tests check the rules of tutorials/README.md: every lesson has a `--f
 quotes its measured full-mode output together with the command and the machine, and the table
 of contents lists every lesson.
 
-Cost: the fast modes together take a few minutes of CPU time (most about 10-30 s; 10 and 11
-start several processes and take ~40 s each). They share the JAX persistent compilation cache
-with the rest of the suite (tests/conftest.py).
+Cost: the fast modes together take a few minutes (most about 10-30 s alone; 11 and 14 start
+several processes or train several arms and take minutes on a shared machine), so only the
+cheapest (FAST_IN_DEFAULT_LANE) run in the default lane; the rest are `slow`, and the default
+lane imports every lesson instead. They share the JAX persistent compilation cache with the
+rest of the suite (tests/conftest.py).
 """
 
 import json
@@ -30,6 +32,10 @@ TUTORIALS = ROOT / "tutorials"
 LESSONS = sorted(p.name for p in TUTORIALS.glob("[0-9][0-9]_*.py"))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TIMEOUT_S = 900  # generous: the machine may be shared; a fast mode takes ~10-30 s alone
+# The fast modes run in the default lane only for these cheap lessons (a few CPU seconds each);
+# the others are in the slow lane (`pytest -m slow`, which CI runs as well), and every lesson
+# is imported in the default lane (test_every_lesson_imports).
+FAST_IN_DEFAULT_LANE = ("03_verifiers.py", "04_loss_as_parts.py")
 
 # What each lesson promises in fast mode: files it writes, lines it prints, facts in results.json.
 EXPECTED = {
@@ -247,7 +253,13 @@ def test_every_lesson_has_an_expectation():
     assert sorted(EXPECTED) == LESSONS
 
 
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.parametrize(
+    "lesson",
+    [
+        pytest.param(lesson, marks=() if lesson in FAST_IN_DEFAULT_LANE else pytest.mark.slow)
+        for lesson in LESSONS
+    ],
+)
 def test_fast_mode_runs_and_delivers(lesson, tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ)
@@ -275,6 +287,27 @@ def test_fast_mode_runs_and_delivers(lesson, tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["mode"] == "fast"
     assert expected["check"](results), f"{lesson}: results.json does not show the claim: {results}"
+
+
+def test_every_lesson_imports():
+    """The default lane's smoke test of every lesson (their fast modes are in the slow lane,
+    except FAST_IN_DEFAULT_LANE): each lesson module loads in one fresh interpreter, so every
+    name it takes from minirl, scale and experiments still exists."""
+    code = (
+        "import importlib.util, sys\n"
+        "for path in sys.argv[1:]:\n"
+        "    spec = importlib.util.spec_from_file_location('lesson', path)\n"
+        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "print('imported', len(sys.argv) - 1)\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    paths = [str(TUTORIALS / lesson) for lesson in LESSONS]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *paths], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip() == f"imported {len(LESSONS)}"
 
 
 @pytest.mark.parametrize("lesson", LESSONS)

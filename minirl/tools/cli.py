@@ -37,6 +37,7 @@ from minirl.config_args import (
     input_overrides,
 )
 from minirl.configlib import ConfigError, describe, override, to_dict
+from minirl.derived import keep_recorded
 from minirl.tools.run_dir import load_config
 
 
@@ -60,6 +61,8 @@ def cmd_train(args) -> int:
     else:
         cfg = config_from_args(args)
         run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
+        if (run_dir / "config.json").exists():  # the same command again: what was derived stays
+            cfg = keep_recorded(cfg, load_config(run_dir), args.overrides)
     summary = Run(cfg, run_dir, progress=not args.quiet).train(resume=True, force=args.force)
     print(summary_json(run_dir, summary))
     print(f"dashboard: {_plot(run_dir)}")

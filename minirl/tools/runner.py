@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from minirl.config import RunConfig
 from minirl.configlib import ConfigError
 from minirl.controller import Controller
@@ -57,9 +59,14 @@ class Run:
         return engine
 
     def evaluate(self, engine) -> dict[str, float]:
+        """Held-out pass@k of `engine`'s weights, with a progress bar of completions."""
         prompts = heldout_prompts(self.task, self.cfg.eval.prompts)
         samples = self.cfg.eval.samples
-        return evaluate(engine, self.task, self.tokenizer, prompts, samples, self.verifier)
+        total = len(prompts) * samples
+        with tqdm(total=total, desc="eval", leave=False, disable=not self.progress) as bar:
+            return evaluate(
+                engine, self.task, self.tokenizer, prompts, samples, self.verifier, bar.update
+            )
 
     def train(self, resume: bool = True, force: bool = False) -> dict:
         """Warm start, evaluate, RL, evaluate (the step loop: minirl/tools/loop.py); the run

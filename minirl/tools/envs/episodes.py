@@ -122,13 +122,17 @@ class EpisodeRunner:
     def work_stats(self) -> dict[str, int]:
         return self.engine.work_stats()
 
-    def generate(self, requests: Iterable[Request]) -> list[Rollout]:
-        """Run `requests`' episodes to the end; episodes in request order."""
+    def generate(self, requests: Iterable[Request], progress=None) -> list[Rollout]:
+        """Run `requests`' episodes to the end; episodes in request order (`progress(n)`: as
+        Engine.generate's, n episodes finished)."""
         requests = list(requests)
         self.submit(requests)
         done: dict[tuple[int, int], Rollout] = {}
         while self._episodes:
-            done |= {(r.prompt.uid, r.sample_index): r for r in self.step()}
+            finished = self.step()
+            done |= {(r.prompt.uid, r.sample_index): r for r in finished}
+            if progress is not None and finished:
+                progress(len(finished))
         return [done[(q.prompt.uid, q.sample_index)] for q in requests]
 
     # ---- one episode ---------------------------------------------------------------------
