@@ -29,6 +29,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from minirl import lora
 from minirl.checkpoints import CheckpointManager
 from minirl.config import RunConfig
 from minirl.configlib import ConfigError
@@ -66,7 +67,8 @@ def export_params(
     force: bool = False,
     source: dict | None = None,
 ) -> Path:
-    """Write `params` (a pure dict) of a run with config `cfg` and its tokenizer to `out`."""
+    """Write `params` (a pure dict) of a run with config `cfg` and its tokenizer to `out`
+    (a LoRA run's adapters merged into the base weights: W + A B alpha / r)."""
     from minirl.tools.hf import TokenIds, architecture_of, read_config, save_hf
 
     out = Path(out)
@@ -75,7 +77,8 @@ def export_params(
         _refuse_inputs(path, cfg, (source or {}).get("run_dir"))
     _check_replaceable(out, force)
     _check_replaceable(partial, force=True)  # a crashed export's leftover, or refused
-    model_cfg = cfg.model
+    model_cfg = lora.base_config(cfg.model)  # a LoRA run's adapters folded into the base
+    params = lora.merge(params, cfg.model)
     if dtype is not None and dtype != model_cfg.param_dtype:
         model_cfg = _with_dtype(model_cfg, dtype)
         params = jax.tree.map(lambda a: jnp.asarray(a, model_cfg.storage_dtype), params)
