@@ -71,7 +71,7 @@ class ModelConfig:
         0  # LoRA adapters' rank r on the targeted projections; 0 = off (full fine-tune)
     )
     lora_alpha: float = 32.0  # LoRA scale numerator: the adapter product counts alpha / r
-    lora_targets: tuple = (  # which projections get adapters (q, k, v, o, gate, up, down)
+    lora_targets: tuple[str, ...] = (  # which projections get adapters (q, k, v, o, gate, up, down)
         "q",
         "k",
         "v",
