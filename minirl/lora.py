@@ -153,6 +153,14 @@ def trainable(params: dict, cfg) -> tuple[dict, dict]:
     return partition(params, is_adapter)
 
 
+def published(params: dict, cfg) -> dict:
+    """What a new version publishes: the adapters alone with LoRA on (the base never changes),
+    everything without it (or where `params` is a handle, not a dict: the Ray trainer's)."""
+    return (
+        partition(params, is_adapter)[0] if cfg.lora_rank and isinstance(params, dict) else params
+    )
+
+
 def add_adapters(params: dict, cfg, seed: int) -> dict:
     """Base `params` (no adapters) with fresh seed-`seed` adapters added (unchanged if LoRA is off
     or `params` already has them)."""

@@ -160,8 +160,12 @@ def test_a_lora_run_trains_the_adapters_only_and_exports_the_merged_model(tmp_pa
         lambda x, y: np.testing.assert_allclose(x, y, rtol=0, atol=1e-6), _pure(exported), merged
     )
     assert json.loads((run / "summary.json").read_text())["stopped"] == "steps"
+    # the store holds the adapters alone per version
+    adapter_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(adapters))
+    assert adapter_bytes < sum(np.asarray(x).nbytes for x in jax.tree.leaves(base))
     # exact mode: engine == trainer bitwise with adapters (step 2 rolls out with moved ones)
     for line in (run / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
+        assert r["store/version_bytes"] == adapter_bytes
         assert r["mismatch/tokens"] > 0 and r["mismatch/max_abs_dlogp"] == 0.0, r["step"]
         assert r["train/dlogp_recompute/max_abs_dlogp"] == 0.0, r["step"]
