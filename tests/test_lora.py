@@ -169,3 +169,31 @@ def test_a_lora_run_trains_the_adapters_only_and_exports_the_merged_model(tmp_pa
         assert r["store/version_bytes"] == adapter_bytes
         assert r["mismatch/tokens"] > 0 and r["mismatch/max_abs_dlogp"] == 0.0, r["step"]
         assert r["train/dlogp_recompute/max_abs_dlogp"] == 0.0, r["step"]
+
+
+def test_an_async_lora_run_reloads_its_engine_from_adapter_versions(tmp_path, monkeypatch):
+    """rl.scheduler=async: the rollout thread reloads the engine from the store, whose versions
+    hold the adapters alone (Controller.engine_weights joins them with the frozen base)."""
+    from minirl.controller import Controller
+    from minirl.tools.runner import Run
+
+    sets = ["eval.prompts=8", "eval.samples=2", "rl.steps=3", "model.lora_rank=16"]
+    cfg = make_config("fixture", [*sets, "rl.scheduler=async"], staleness="one_step_off")
+    loads = []
+    original = Controller.engine_weights
+
+    def spy(self, version=None):
+        got = original(self, version)
+        loads.append((lora.partition(self.store.get(version)[1], lora.is_adapter), got[1]))
+        return got
+
+    monkeypatch.setattr(Controller, "engine_weights", spy)
+    Run(cfg, tmp_path / "run", progress=False, log=lambda *a: None).train()
+    assert loads  # the engine did reload from the store
+    for (stored_adapters, stored_base), whole in loads:
+        assert stored_adapters and not stored_base  # the store held the adapters alone
+        assert lora.partition(whole, lora.is_adapter)[1]  # the engine got the base with them
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["store/version_bytes"] for r in records} == {
+        sum(np.asarray(x).nbytes for x in jax.tree.leaves(loads[0][0][0]))
+    }
