@@ -22,6 +22,7 @@ through `minirl.exact.dense`, so a decode step and a training forward stay bitwi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -192,3 +193,18 @@ def merge(params: dict, cfg) -> dict:
         return out
 
     return fold(base, adapters)
+
+
+@functools.lru_cache(maxsize=8)
+def _merge_fn(cfg):
+    return jax.jit(lambda params: merge(params, cfg))
+
+
+def merged(params, cfg) -> dict:
+    """`merge` jitted (one compile per config), for an engine that merges at every reload;
+    `params` a pure dict or an nnx.State."""
+    if not isinstance(params, dict):
+        from flax import nnx
+
+        params = nnx.to_pure_dict(params)
+    return _merge_fn(cfg)(params)

@@ -197,3 +197,42 @@ def test_an_async_lora_run_reloads_its_engine_from_adapter_versions(tmp_path, mo
     assert {r["store/version_bytes"] for r in records} == {
         sum(np.asarray(x).nbytes for x in jax.tree.leaves(loads[0][0][0]))
     }
+
+
+@pytest.mark.parametrize("exact", [False])
+def test_the_engine_samples_from_the_adapted_model(exact):
+    """Fast mode merges the adapters into the base once per load (the engine runs the plain
+    model; exact mode applies them unmerged, as the trainer does: bitwise in the run test
+    above, and `exact=True` here passes with atol 0 too, ~7 s); its behaviour log-probs are
+    the adapted model's forward to float rounding."""
+    from minirl.engine import Engine, EngineConfig, Request
+    from minirl.model import token_logprobs
+    from minirl.sampling import Sampling
+    from minirl.types import Prompt
+
+    cfg = dataclasses.replace(CFG, lora_rank=4, lora_targets=("q", "v", "down"))
+    params = _pure(init_model(cfg, seed=2))
+    rng = np.random.default_rng(1)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: (
+            jnp.asarray(rng.normal(size=x.shape) * 0.3, x.dtype)
+            if str(path[-1].key).endswith("_lora_b")
+            else x
+        ),
+        params,
+    )
+    ecfg = EngineConfig(
+        slots=2, cache_len=32, prefill_buckets=(8,), prefill_rows=2, decode_chunk=4, exact=exact
+    )
+    engine = Engine(cfg, ecfg)
+    assert engine.model_config.lora_rank == (4 if exact else 0)  # fast: the merged plain model
+    engine.load_weights(0, params)
+    prompt = Prompt(0, "t", "", TOKENS[0, :5])
+    (out,) = engine.generate([Request(prompt, 0, 8)])
+    seq = np.r_[prompt.tokens, out.tokens][None, :].astype(np.int32)
+    logits = nnx.merge(nnx.split(init_model(cfg))[0], params)(seq, exact=exact)
+    want = token_logprobs(logits[:, 4:-1], seq[:, 5:], Sampling(exact=exact))[0]
+    base = _pure(init_model(CFG, seed=2))  # the same base without adapters: far from it
+    plain = token_logprobs(nnx.merge(nnx.split(init_model(CFG))[0], base)(seq)[:, 4:-1], seq[:, 5:])
+    assert float(np.abs(np.asarray(plain[0]) - want).max()) > 1e-2
+    np.testing.assert_allclose(out.logprobs, want, rtol=0, atol=0 if exact else 2e-5)
