@@ -136,7 +136,9 @@ class Trainer:
     leaves) or an `nnx.State`. They are also the reference policy for KL terms, unless
     `ref_params` is given (on resume: construct with the run's initial params, then
     `load_state_dict`). `objective`: a `minirl.losses.Objective`, or None for a trainer that only
-    runs `sft_step`.
+    runs `sft_step`. With `model_cfg.lora_rank > 0` only the LoRA adapters are differentiated
+    and updated, and the optimizer state covers them alone (minirl/lora.py `trainable`); the
+    base weights stay bitwise as given.
     """
 
     def __init__(

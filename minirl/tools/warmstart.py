@@ -89,6 +89,7 @@ def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[
 
 
 def _warm_start(cfg, tokenizer, task, progress, log) -> tuple[dict, dict]:
+    """`warm_start` of a model without adapters."""
     sft = cfg.sft
     # Supervised learning of the demonstrations: plain cross-entropy (temperature 1, no
     # truncation, fast reductions) whatever the RL run's sampling settings, so one warm start
