@@ -113,7 +113,7 @@ class RolloutThread(threading.Thread):
                 prompts = [entry["prompt"] for entry in self.in_flight.values()]
                 for entry in self.in_flight.values():
                     entry["rollouts"] = []
-            self.engine.call("load_weights", *self.ctl.store.get(version)).result()
+            self.engine.call("load_weights", *self.ctl.engine_weights(version)).result()
             self._submit(prompts)
             return method == "submit"  # what it submitted is in flight: just re-submitted
 
@@ -132,7 +132,7 @@ class RolloutThread(threading.Thread):
             if not ctl.reload_due():
                 return
             version = ctl.counters.version
-        _, params = ctl.store.get(version)
+        _, params = ctl.engine_weights(version)
         self._call("interrupt", ctl.rl.reload_policy)
         self._call("load_weights", version, params)
         with ctl.cond:

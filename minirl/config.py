@@ -287,7 +287,7 @@ class RunConfig:
 _FROM_MODEL_DIR = tuple(
     f.name
     for f in dataclasses.fields(ModelConfig)
-    if f.name not in ("path", "dtype", "param_dtype")
+    if f.name not in ("path", "dtype", "param_dtype") and not f.name.startswith("lora_")
 )
 
 
@@ -311,5 +311,8 @@ def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
             f"model.path needs the 'hf' extra (pip install 'minirl[hf]'): {e}"
         ) from None
     shapes = read_model_config(cfg.model.path, dtype=cfg.model.dtype)
-    model = dataclasses.replace(shapes, path=cfg.model.path, param_dtype=cfg.model.param_dtype)
+    lora = {f: getattr(cfg.model, f) for f in ("lora_rank", "lora_alpha", "lora_targets")}
+    model = dataclasses.replace(
+        shapes, path=cfg.model.path, param_dtype=cfg.model.param_dtype, **lora
+    )
     return dataclasses.replace(cfg, model=model)

@@ -42,8 +42,10 @@ import threading
 import time
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
+from minirl import lora
 from minirl.batching import make_batch
 from minirl.data.filters import dynamic_filter
 from minirl.data.mixture import Mixture
@@ -120,6 +122,7 @@ class Controller:
         self.pending_on_restore: list = []  # prompts in flight at the snapshot (async resume)
         self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
         self._engine_seen = {"decode_tokens": 0, "slot_steps": 0}  # engine counters at last step
+        self._frozen = None  # a LoRA run's base weights, for engine_weights
 
     def params(self, host: bool = True):
         """The trainer's current weights, through its worker (numpy arrays with `host=True`)."""
@@ -288,7 +291,7 @@ class Controller:
         (requests are keyed by counter-based RNG, so the retry produces the same rollouts)."""
 
         def reload() -> None:
-            version, params = self.store.get(self.counters.engine_version)
+            version, params = self.engine_weights(self.counters.engine_version)
             self.engine.call("load_weights", version, params).result()
 
         restarted = self._restarted("engine", "re-issuing its requests")
@@ -370,13 +373,26 @@ class Controller:
         # The trainer's JAX arrays, never mutated or donated: the store makes the one host copy
         # and an in-process engine uses them as they are (no copy back to the device).
         params = self.trainer.call("params").result()
-        self.store.put(c.version + 1, params)
+        version = lora.published(params, self.cfg.model)  # LoRA: the adapters alone
+        self.store.put(c.version + 1, version)
+        if isinstance(version, dict):  # the bytes one version holds (Ray: a handle)
+            metrics["store/version_bytes"] = float(sum(x.nbytes for x in jax.tree.leaves(version)))
         c.version += 1
         if reload_engine and self.reload_due():
             self._call_engine("load_weights", c.version, params)
             c.engine_version = c.version
             self.store.release(c.engine_version)
         return True
+
+    def engine_weights(self, version: int | None = None):
+        """(version, whole params) from the store: a LoRA run's versions hold the adapters
+        alone, joined here with the frozen base (the trainer's arrays, read once)."""
+        version, params = self.store.get(version)
+        if self.cfg.model.lora_rank and isinstance(params, dict):
+            if self._frozen is None:
+                self._frozen = lora.partition(self.params(host=False), lora.is_adapter)[1]
+            params = lora.join(params, self._frozen)
+        return version, params
 
     def reload_due(self) -> bool:
         """j: the engine moves to the newest version once it is j or more versions behind."""

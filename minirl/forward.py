@@ -4,6 +4,8 @@ computes them, and the per-micro-batch gradient of a loss on them.
     spec = ForwardSpec(model_cfg, sampling, "none")    # what the compiled code is specialised on
     logp = forward_fn(spec)(params, tokens, targets)     # [R, Tb] log pi(targets)
     acc, metrics, logp = accumulate_fn(spec, loss)(params, acc, tokens, targets, part)
+    # LoRA: the gradient of the adapters alone, the frozen base joined in the forward
+    acc, metrics, logp = accumulate_fn(spec, loss)(adapters, acc, tokens, targets, part, base)
 
 Numerics match the engine (RLAX §5.1): the same model call (`exact` flag) and the same
 `minirl.model.token_logprobs` under the engine's `Sampling` spec (scoring form), so the trainer's recomputed log pi_prox
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from minirl import lora
 from minirl.model import ModelConfig, abstract_model, token_entropy, token_logprobs
 from minirl.sampling import Sampling
 
@@ -89,14 +92,16 @@ def logprobs_and_logits(s: ForwardSpec, params, tokens, targets, remat: bool):
     return token_logprobs(logits, targets, s.sampling), logits
 
 
-def accumulate(s: ForwardSpec, loss, params, acc, tokens, targets, part):
+def accumulate(s: ForwardSpec, loss, params, acc, tokens, targets, part, frozen=None):
     """Phase 2 of `loss` on one micro-batch: add its gradient and loss value to the accumulator
     `acc` = (gradients, loss), or start one if `acc` is None (no zeros to write and add on the
-    first micro-batch). Returns (accumulator, the micro-batch's metrics, the training forward's
-    log-probs [R, Tb], for the RLAX Fig. 5 metrics)."""
+    first micro-batch). The gradient is with respect to `params` only; `frozen` (a LoRA run's
+    base weights: minirl/lora.py `trainable`) joins them in the forward without a gradient.
+    Returns (accumulator, the micro-batch's metrics, the training forward's log-probs [R, Tb],
+    for the RLAX Fig. 5 metrics)."""
 
     def micro_loss(p):
-        logp, logits = logprobs_and_logits(s, p, tokens, targets, remat=True)
+        logp, logits = logprobs_and_logits(s, lora.join(p, frozen), tokens, targets, remat=True)
         entropy = token_entropy(logits, s.sampling.temperature) if loss.needs_entropy else None
         value, metrics = loss.loss(logp, part, entropy=entropy)
         return value, (metrics, jax.lax.stop_gradient(logp))

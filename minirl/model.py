@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from minirl import exact as exact_ops
+from minirl import lora
 from minirl.sampling import Sampling, truncate_logits
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -65,6 +66,19 @@ class ModelConfig:
     param_dtype: str = "float32"  # storage dtype
     path: str = (
         ""  # a Hugging Face checkpoint directory: the shapes above come from its config.json
+    )
+    lora_rank: int = (
+        0  # LoRA adapters' rank r on the targeted projections; 0 = off (full fine-tune)
+    )
+    lora_alpha: float = 32.0  # LoRA scale numerator: the adapter product counts alpha / r
+    lora_targets: tuple[str, ...] = (  # which projections get adapters (q, k, v, o, gate, up, down)
+        "q",
+        "k",
+        "v",
+        "o",
+        "gate",
+        "up",
+        "down",
     )
 
     def __post_init__(self):
@@ -102,6 +116,7 @@ class ModelConfig:
                 )
         if self.head_dim % 2:
             raise ValueError("head_dim must be even (RoPE rotates pairs)")
+        lora.check(self.lora_rank, self.lora_alpha, tuple(self.lora_targets))
 
     @property
     def compute_dtype(self):
@@ -285,9 +300,10 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(dh, cfg)
             self.k_norm = RMSNorm(dh, cfg)
         self.cfg = cfg
+        self.lora_scale = lora.scale(cfg) if cfg.lora_rank else 1.0
 
     def _project(self, x, name, heads, exact):
-        y = exact_ops.dense(x, getattr(self, f"{name}_proj")[...].astype(x.dtype), exact)
+        y = lora.project(self, name, x, self.lora_scale, exact)
         if self.cfg.qkv_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(x.dtype)
         y = y.reshape(*x.shape[:-1], heads, self.cfg.head_dim)
@@ -318,7 +334,7 @@ class Attention(nnx.Module):
         q = q.reshape(b, t, cfg.num_kv_heads, g, cfg.head_dim)  # [B, T, K, G, Dh]
         attend = exact_ops.causal_attention if layer_cache is None else exact_ops.attention
         out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), visible, exact)
-        y = exact_ops.dense(out.reshape(b, t, -1), self.o_proj[...].astype(x.dtype), exact)
+        y = lora.project(self, "o", out.reshape(b, t, -1), self.lora_scale, exact)
         return y, (None if layer_cache is None else (keys, values))
 
 
@@ -330,13 +346,14 @@ class MLP(nnx.Module):
         self.down_proj = _param(
             rngs, (cfg.mlp_dim, cfg.dim), 1.0 / math.sqrt(cfg.mlp_dim * 2 * cfg.num_layers), cfg
         )
+        self.lora_scale = lora.scale(cfg) if cfg.lora_rank else 1.0
 
     def __call__(self, x, exact=False):
-        dt = x.dtype
-        h = jax.nn.silu(
-            exact_ops.dense(x, self.gate_proj[...].astype(dt), exact)
-        ) * exact_ops.dense(x, self.up_proj[...].astype(dt), exact)
-        return exact_ops.dense(h, self.down_proj[...].astype(dt), exact)
+        s = self.lora_scale
+        h = jax.nn.silu(lora.project(self, "gate", x, s, exact)) * lora.project(
+            self, "up", x, s, exact
+        )
+        return lora.project(self, "down", h, s, exact)
 
 
 class Block(nnx.Module):
@@ -365,6 +382,12 @@ class Transformer(nnx.Module):
         self.final_norm = RMSNorm(cfg.dim, cfg)
         if not cfg.tie_embeddings:
             self.lm_head = _param(rngs, (cfg.dim, cfg.vocab_size), 1.0 / math.sqrt(cfg.dim), cfg)
+        if cfg.lora_rank:  # drawn after every base weight: the base is the rank-0 model's
+            adapters = lora.init_adapters(cfg, rngs.params())["layers"]
+            for i, parts in adapters.items():
+                for part, leaves in parts.items():
+                    for name, value in leaves.items():
+                        setattr(getattr(self.layers[i], part), name, nnx.Param(value))
 
     def __call__(
         self, tokens, cache: KVCache | None = None, num_new=None, exact=False, last_only=False

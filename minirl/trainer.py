@@ -38,8 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from minirl import lora, optimizer
 from minirl import microbatch as mbt
-from minirl import optimizer
 from minirl.diagnostics import first_update_dlogp
 from minirl.forward import (
     ForwardSpec,
@@ -102,7 +102,9 @@ class Trainer:
     leaves) or an `nnx.State`. They are also the reference policy for KL terms, unless
     `ref_params` is given (on resume: construct with the run's initial params, then
     `load_state_dict`). `objective`: a `minirl.losses.Objective`, or None for a trainer that only
-    runs `sft_step`.
+    runs `sft_step`. With `model_cfg.lora_rank > 0` only the LoRA adapters are differentiated
+    and updated, and the optimizer state covers them alone (minirl/lora.py `trainable`); the
+    base weights stay bitwise as given.
     """
 
     def __init__(
@@ -294,16 +296,18 @@ class Trainer:
         accumulate = accumulate_fn(self._spec, loss)
         apply = optimizer.compiled(self._opt)[1]
         acc, metrics, logps = None, [], []
+        train, frozen = lora.trainable(self._params, self.model_cfg)  # LoRA: the adapters only
         for mb in plan:
             part = jax.tree.map(lambda x, mb=mb: self._rows(x, mb), prepared)
             tokens, targets = self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
-            acc, m, logp = accumulate(self._params, acc, tokens, targets, part)
+            acc, m, logp = accumulate(train, acc, tokens, targets, part, frozen)
             metrics.append(m)
             logps.append(logp)
         lr = learning_rate(self.cfg, self.step)
-        self._params, self._opt_state, ok, grad_norm = apply(
-            acc, self._optimizer_state(), self._params, jnp.float32(scale), jnp.float32(lr)
+        train, self._opt_state, ok, grad_norm = apply(
+            acc, self._optimizer_state(), train, jnp.float32(scale), jnp.float32(lr)
         )
+        self._params = lora.join(train, frozen)
         return metrics, {"ok": ok, "grad_norm": grad_norm, "lr": lr}, logps
 
     def _finish(
@@ -330,12 +334,14 @@ class Trainer:
     # ---- checks ------------------------------------------------------------------------------
 
     def _optimizer_state(self):
+        """AdamW's state for what the trainer updates (with LoRA: the adapters alone)."""
         if self._opt_state is None:
             init = optimizer.compiled(self._opt)[0]
-            shardings = shardings_like_params(jax.eval_shape(init, self._params), self._params)
+            train = lora.trainable(self._params, self.model_cfg)[0]
+            shardings = shardings_like_params(jax.eval_shape(init, train), train)
             if shardings is not None:  # on a mesh: made in place, laid out as the params
                 init = jax.jit(optimizer.transform(self._opt).init, out_shardings=shardings)
-            self._opt_state = init(self._params)
+            self._opt_state = init(train)
         return self._opt_state
 
     def _check_params(self, params) -> dict:

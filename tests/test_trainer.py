@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from minirl import lora
 from minirl import microbatch as mbt
 from minirl.batching import bucket_length, make_batch
 from minirl.diagnostics import first_update_dlogp, mismatch_metrics
@@ -571,3 +572,63 @@ def test_training_forward_logprobs_equal_the_recompute_in_exact_mode(params, bat
     got = trainer.training_forward_logprobs(batch)
     np.testing.assert_array_equal(got, trainer.recompute_logprobs(batch))
     assert np.count_nonzero(got) == np.count_nonzero(batch.mask)
+
+
+# ---- LoRA: the trainer differentiates and updates the adapters alone ---------------------------
+
+LORA_CFG = dataclasses.replace(CFG, lora_rank=4)
+
+
+@pytest.fixture(scope="module")
+def lora_params(params):
+    return lora.add_adapters(params, LORA_CFG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def lora_step(lora_params, batch):
+    cfg = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    trainer = Trainer(LORA_CFG, lora_params, get_preset("grpo"), cfg)  # grpo: a KL term too
+    return trainer, trainer.train_step(batch)
+
+
+def test_lora_step_updates_the_adapters_only(lora_params, lora_step):
+    trainer, metrics = lora_step
+    assert trainer.last_step_ok and metrics["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    adapters, base = lora.partition(trainer.params(), lora.is_adapter)
+    start, start_base = lora.partition(lora_params, lora.is_adapter)
+    assert _bits(base) == _bits(start_base)  # the base weights: bitwise unchanged
+    assert _tree_max_diff(adapters, start) > 1e-4  # the adapters moved (B from 0, A too)
+    # AdamW's moments exist for the adapters alone: same tree, same shapes
+    _, adam, _ = trainer.state_dict()["opt_state"]
+    for moments in (adam.mu, adam.nu):
+        assert jax.tree.structure(moments) == jax.tree.structure(start)
+        assert [x.shape for x in jax.tree.leaves(moments)] == [
+            x.shape for x in jax.tree.leaves(start)
+        ]
+
+
+def test_lora_micro_batched_step_equals_full_batch_step(lora_params, batch, lora_step):
+    full, full_metrics = lora_step
+    cfg = TrainerConfig(micro_batch_tokens=256, **GRAD_CFG)
+    trainer = Trainer(LORA_CFG, lora_params, get_preset("grpo"), cfg)
+    assert len(trainer._plan(batch)) == 2
+    metrics = trainer.train_step(batch)
+    moved = _tree_max_diff(full.params(), lora_params)
+    assert _tree_max_diff(trainer.params(), full.params()) < 1e-4 * moved
+    for key in ("loss", "grad_norm", "kl_behav_k3", "tokens"):
+        assert metrics[key] == pytest.approx(full_metrics[key], rel=1e-4, abs=1e-6), key
+
+
+def test_lora_state_dict_round_trip_resumes_bitwise(lora_params, batch):
+    cfg = TrainerConfig(micro_batch_tokens=512, ppo_epochs=2, num_minibatches=2, **GRAD_CFG)
+    a = Trainer(LORA_CFG, lora_params, get_preset("cispo"), cfg)
+    a.train_step(batch)
+    state = from_bytes(to_bytes(a.state_dict()), copy=True)
+    b = Trainer(LORA_CFG, lora_params, get_preset("cispo"), cfg)
+    b.load_state_dict(state)
+    a.train_step(batch)
+    b.train_step(batch)
+    assert _bits(a.params()) == _bits(b.params())
+    assert _bits(lora.partition(a.params(), lora.is_adapter)[1]) == _bits(
+        lora.partition(lora_params, lora.is_adapter)[1]
+    )

@@ -218,3 +218,49 @@ def test_resume_refuses_changed_data_and_export_never_replaces_its_inputs(
         assert "which the export reads" in capsys.readouterr().err
     assert (tmp_path / "run" / "checkpoints").is_dir() and copy.exists()
     assert sorted(p.name for p in model_dirs["qwen2"].iterdir()) == before
+
+
+def test_lora_knobs_stay_settable_beside_a_model_directory(model_dirs, data):
+    from minirl.configlib import ConfigError
+    from minirl.run_presets import make_config
+
+    sets = [f"model.path={model_dirs['qwen2']}", f"data.train={data[0]}"]
+    sets += ["model.lora_rank=8", "model.lora_targets=q,v"]
+    model = make_config("custom", sets).model
+    assert (model.lora_rank, model.lora_targets, model.dim) == (8, ("q", "v"), 64)
+    with pytest.raises(ConfigError, match="model.dim comes from"):  # shapes still are not
+        make_config("custom", [*sets, "model.dim=32"])
+
+
+@pytest.mark.slow  # ~10 s: a 2-step run, an export and peft
+def test_a_lora_model_run_exports_a_peft_adapter_for_the_model_directory(
+    model_dirs, data, tmp_path
+):
+    """`minirl train --model DIR --set model.lora_rank=8`: the LoRA knobs stay settable beside a
+    model directory, the base stays the directory's weights bit for bit, and the PEFT export
+    loads onto DIR itself in transformers with minirl's logits."""
+    import peft
+
+    from minirl import lora
+    from minirl.model import init_model
+    from minirl.tools.run_dir import load_config
+
+    model_dir = model_dirs["qwen2"]
+    run_dir, out = tmp_path / "run", tmp_path / "adapter"
+    _train(model_dir, data, run_dir, ["model.lora_rank=8", "model.lora_targets=q,v,down"])
+    ckpt, cfg = CheckpointManager(run_dir).restore(), load_config(run_dir).model
+    _, start = load_hf(model_dir)
+    base = lora.partition(ckpt.params, lora.is_adapter)[1]
+    jax.tree.map(np.testing.assert_array_equal, base, nnx.to_pure_dict(nnx.state(start)))
+    assert cli.main(["export", str(run_dir), "--out", str(out), "--adapter"]) == 0
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(model_dir.resolve())
+    assert config["target_modules"] == ["q_proj", "v_proj", "down_proj"] and config["r"] == 8
+    tokens = np.random.default_rng(0).integers(0, 200, (2, 12)).astype(np.int32)
+    graphdef = nnx.split(init_model(cfg))[0]
+    mine = np.asarray(nnx.merge(graphdef, ckpt.params)(jnp.asarray(tokens)))
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        hf = peft.PeftModel.from_pretrained(hf_model, out)(torch.tensor(tokens)).logits.numpy()
+    assert np.abs(mine - _minirl_logits(model_dir, tokens)).max() > 1e-6  # the adapters moved
+    assert np.abs(hf - mine).max() <= 1e-4

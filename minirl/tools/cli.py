@@ -8,6 +8,7 @@
     minirl sft                                only the warm start (cached for `train`)
     minirl eval RUN_DIR                       held-out pass@1 / pass@k of a run's last checkpoint
     minirl export RUN_DIR --out DIR           a run's weights as a Hugging Face checkpoint directory
+                                              (--adapter: a LoRA run's PEFT adapter directory)
     minirl plot RUN_DIR [RUN_DIR ...]         dashboard PNGs (several runs: one comparison plot)
     minirl samples RUN_DIR [--step N] [--worst|--best]
                                               what the model wrote, its reward and why
@@ -101,8 +102,18 @@ def cmd_eval(args) -> int:
 def cmd_export(args) -> int:
     from minirl.tools.export import export_run
 
-    out = export_run(args.run_dir, args.out, step=args.step, dtype=args.dtype, force=args.force)
-    print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained)")
+    out = export_run(
+        args.run_dir,
+        args.out,
+        step=args.step,
+        dtype=args.dtype,
+        force=args.force,
+        adapter=args.adapter,
+    )
+    if args.adapter:
+        print(f"wrote {out} (load it with peft.PeftModel.from_pretrained(base_model, DIR))")
+    else:
+        print(f"wrote {out} (load it with transformers.AutoModelForCausalLM.from_pretrained)")
     return 0
 
 
@@ -189,6 +200,12 @@ def _add_output_commands(sub) -> None:
         help="weights' dtype in the files (default: the run's, float32)",
     )
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a LoRA run's adapters as a PEFT directory (adapter_config.json, "
+        "adapter_model.safetensors; a built-in run's base in DIR/base)",
+    )
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("plot", help="write a run's PNG dashboard, or compare several runs")

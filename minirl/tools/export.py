@@ -28,7 +28,9 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from minirl import lora
 from minirl.checkpoints import CheckpointManager
 from minirl.config import RunConfig
 from minirl.configlib import ConfigError
@@ -37,9 +39,15 @@ MARKER = "minirl_export.json"  # what the export came from; marks a directory as
 
 
 def export_run(
-    run_dir, out, step: int | None = None, dtype: str | None = None, force: bool = False
+    run_dir,
+    out,
+    step: int | None = None,
+    dtype: str | None = None,
+    force: bool = False,
+    adapter: bool = False,
 ) -> Path:
-    """Write the checkpoint of `step` (default: the latest) of the run in `run_dir` to `out`."""
+    """Write the checkpoint of `step` (default: the latest) of the run in `run_dir` to `out`
+    (`adapter`: a LoRA run's adapters as a PEFT directory, `export_adapter`)."""
     from minirl.tools.inputs import load_tokenizer
     from minirl.tools.run_dir import load_config
 
@@ -54,6 +62,8 @@ def export_run(
     if ckpt is None:
         raise ConfigError(f"{run_dir} has no checkpoint to export")
     source = {"run_dir": str(run_dir.resolve()), "step": ckpt.step}
+    if adapter:
+        return export_adapter(ckpt.params, cfg, load_tokenizer(cfg), out, force, source)
     return export_params(ckpt.params, cfg, load_tokenizer(cfg), out, dtype, force, source)
 
 
@@ -66,7 +76,8 @@ def export_params(
     force: bool = False,
     source: dict | None = None,
 ) -> Path:
-    """Write `params` (a pure dict) of a run with config `cfg` and its tokenizer to `out`."""
+    """Write `params` (a pure dict) of a run with config `cfg` and its tokenizer to `out`
+    (a LoRA run's adapters merged into the base weights: W + A B alpha / r)."""
     from minirl.tools.hf import TokenIds, architecture_of, read_config, save_hf
 
     out = Path(out)
@@ -75,7 +86,8 @@ def export_params(
         _refuse_inputs(path, cfg, (source or {}).get("run_dir"))
     _check_replaceable(out, force)
     _check_replaceable(partial, force=True)  # a crashed export's leftover, or refused
-    model_cfg = cfg.model
+    model_cfg = lora.base_config(cfg.model)  # a LoRA run's adapters folded into the base
+    params = lora.merge(params, cfg.model)
     if dtype is not None and dtype != model_cfg.param_dtype:
         model_cfg = _with_dtype(model_cfg, dtype)
         params = jax.tree.map(lambda a: jnp.asarray(a, model_cfg.storage_dtype), params)
@@ -138,3 +150,63 @@ def _with_dtype(model_cfg, dtype: str):
     import dataclasses
 
     return dataclasses.replace(model_cfg, dtype=dtype, param_dtype=dtype)
+
+
+def export_adapter(params, cfg: RunConfig, tokenizer, out, force=False, source=None) -> Path:
+    """A LoRA run's adapters as a PEFT adapter directory (`minirl export RUN --out DIR
+    --adapter`): adapter_config.json + adapter_model.safetensors, which
+    `peft.PeftModel.from_pretrained(base, DIR)` loads onto the base model: the run's model
+    directory, or for a built-in run the frozen base written beside them in DIR/base (a plain
+    Hugging Face checkpoint). A and B are stored as PEFT stores them, [r, in] and [out, r]."""
+    from safetensors.numpy import save_file
+
+    from minirl.tools.hf import tensor_names
+
+    m = cfg.model
+    if not m.lora_rank:
+        raise ConfigError("--adapter needs a LoRA run (model.lora_rank > 0)")
+    out = Path(out)
+    partial = out.with_name(out.name + ".partial")
+    for path in (out, partial):
+        _refuse_inputs(path, cfg, (source or {}).get("run_dir"))
+    _check_replaceable(out, force)
+    _check_replaceable(partial, force=True)
+    if partial.exists():
+        shutil.rmtree(partial)
+    adapters, base = lora.partition(params, lora.is_adapter)
+    if m.path:
+        base_path = str(Path(m.path).resolve())
+        partial.mkdir(parents=True)
+    else:  # the base lives nowhere else: write it (export_params makes `partial`)
+        export_params(base, cfg, tokenizer, partial / "base", force=True, source=source)
+        base_path = str((out / "base").resolve())
+    (partial / MARKER).write_text(json.dumps(source or {}, indent=2) + "\n")
+    tensors = {}
+    for name, (where, _) in tensor_names(lora.base_config(m)).items():
+        proj = str(where[-1])
+        target = proj[: -len("_proj")] if where[0] == "layers" and proj.endswith("_proj") else None
+        if target in m.lora_targets:
+            leaves = adapters["layers"][where[1]][where[2]]
+            prefix = "base_model.model." + name[: -len(".weight")]
+            a, b = (np.asarray(leaves[f"{target}_lora_{x}"], np.float32) for x in "ab")
+            tensors[prefix + ".lora_A.weight"] = np.ascontiguousarray(a.T)  # [r, in]
+            tensors[prefix + ".lora_B.weight"] = np.ascontiguousarray(b.T)  # [out, r]
+    save_file(tensors, str(partial / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_path,
+        "r": m.lora_rank,
+        "lora_alpha": m.lora_alpha,
+        "lora_dropout": 0.0,
+        "target_modules": [f"{t}_proj" for t in m.lora_targets],
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "inference_mode": True,
+    }
+    (partial / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    partial.rename(out)
+    return out

@@ -22,6 +22,7 @@ import functools
 import hashlib
 from pathlib import Path
 
+from minirl import lora
 from minirl.config import FILE_TASK, RunConfig
 from minirl.configlib import ConfigError
 from minirl.engine import Engine
@@ -147,13 +148,14 @@ def train_prompts(task):
 
 
 def initial_params(cfg: RunConfig, seed: int) -> dict:
-    """The first weights as a pure dict: the model directory's, or a seed-`seed` random init."""
+    """The first weights as a pure dict: the model directory's, or a seed-`seed` random init;
+    the base model's, without LoRA adapters (`minirl.lora.add_adapters` adds them)."""
     from flax import nnx
 
     if not cfg.model.path:
         from minirl.model import init_model
 
-        return nnx.to_pure_dict(nnx.split(init_model(cfg.model, seed=seed))[1])
+        return nnx.to_pure_dict(nnx.split(init_model(lora.base_config(cfg.model), seed=seed))[1])
     from minirl.tools.hf import load_hf
 
     loaded, model = load_hf(cfg.model.path, dtype=cfg.model.dtype)
@@ -164,7 +166,7 @@ def checked_params(cfg: RunConfig, loaded, params: dict) -> dict:
     """A checkpoint's params as this run uses them: its config (`loaded`) must still be the run's
     model (a directory edited since the run started is refused), cast to the run's storage dtype.
     The params may be host arrays or sharded ones (scale.mesh.load_checkpoint)."""
-    mine = dataclasses.replace(cfg.model, path="", param_dtype=loaded.param_dtype)
+    mine = dataclasses.replace(lora.base_config(cfg.model), path="", param_dtype=loaded.param_dtype)
     if dataclasses.replace(loaded, path="") != mine:
         raise ConfigError(
             f"{cfg.model.path} no longer matches this run's model config (was the "

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from minirl import serialization
+from minirl import lora, serialization
 from minirl.batching import make_batch
 from minirl.configlib import config_hash
 from minirl.hashed_files import atomic_write
@@ -80,7 +80,16 @@ def _input_files(cfg) -> tuple:
 
 def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[dict, dict]:
     """Params after `cfg.sft.steps` supervised steps from a seed-`cfg.sft.seed` random init, and
-    a small report. Cached when `cfg.sft.cache`."""
+    a small report. Cached when `cfg.sft.cache`. With LoRA (model.lora_rank > 0) the warm start
+    trains the whole base model as without it (the same cache entry), then fresh seed-`rl.seed`
+    adapters are added (B = 0: the same model)."""
+    base_cfg = dataclasses.replace(cfg, model=lora.base_config(cfg.model))
+    params, report = _warm_start(base_cfg, tokenizer, task, progress, log)
+    return lora.add_adapters(params, cfg.model, cfg.rl.seed), report
+
+
+def _warm_start(cfg, tokenizer, task, progress, log) -> tuple[dict, dict]:
+    """`warm_start` of a model without adapters."""
     sft = cfg.sft
     # Supervised learning of the demonstrations: plain cross-entropy (temperature 1, no
     # truncation, fast reductions) whatever the RL run's sampling settings, so one warm start
