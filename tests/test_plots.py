@@ -12,7 +12,7 @@ from minirl.diagnostics import (
     snis_baseline_proxy,
     zero_centred_contributions,
 )
-from minirl.metrics_log import MetricsWriter
+from minirl.metrics_log import MetricsWriter, read_metrics
 from minirl.tools.plots import (
     lag_table,
     plot_all,
@@ -257,3 +257,26 @@ def test_format_table_aligns_formats_and_marks_missing_values():
         "a       0.50      3",  # text left-aligned, numbers right-aligned
         "longer     –      –",  # nan and None: a dash
     ]
+
+
+def test_an_exact_run_with_every_ratio_one_and_every_tail_zero_plots(tmp_path):
+    """Exact mode logs log-ratios of exactly 0: every ratio 1, every lag tail and KL 0. The log
+    axes of those panels have nothing positive to show; each plot must still draw (it raised
+    "Data cannot be log-scaled" at the end of an exact `minirl train`)."""
+    zeros = np.zeros((B, T))
+    mask = np.ones((B, T), np.float32)
+    with MetricsWriter(tmp_path, clock=iter(range(0, 3000, 1000)).__next__) as w:
+        for step in range(3):
+            w.write(
+                {
+                    "reward": {"mean": 0.5},
+                    "train": {"loss": 0.1, "ratio_mean": 1.0, "ratio_max": 1.0},
+                    "mismatch": mismatch_metrics(zeros - 1.0, zeros - 1.0, mask),
+                    "lag": lag_buckets(zeros, np.zeros((B, T), np.int64), mask),
+                },
+                step=step,
+            )
+    rows = lag_table(read_metrics(tmp_path))
+    assert rows and all(r["p_rho_gt_2"] == 0.0 and r["kl_k3"] == 0.0 for r in rows)
+    for path in plot_all(tmp_path):
+        assert _is_png(path)

@@ -103,10 +103,21 @@ def message(path: Path, title: str, text: str) -> Path:
     return path
 
 
+def _has_positive(ax) -> bool:
+    """Whether any line drawn on `ax` has a finite value above zero."""
+    for line in ax.get_lines():
+        ys = np.asarray(line.get_ydata(), dtype=np.float64)
+        if np.any(np.isfinite(ys) & (ys > 0)):
+            return True
+    return False
+
+
 def style(ax, title: str, *, xlabel: str = "step", yscale: str | None = None, legend=True):
     """The look every panel shares: title, x label, grid, optional y scale, small legend."""
     ax.set_title(title)
     ax.set_xlabel(xlabel)
+    if yscale == "log" and not _has_positive(ax):
+        yscale = "symlog"  # a log axis of nothing positive (exact mode: every tail 0) cannot draw
     if yscale == "symlog":  # log-like, but exact zeros (exact mode) stay on the plot
         ax.set_yscale("symlog", linthresh=1e-8)
     elif yscale is not None:
