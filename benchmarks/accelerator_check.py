@@ -33,7 +33,7 @@ commit (`MINIRL_COMMIT` or `git rev-parse HEAD`), the packages found and missing
 rewritten after every row, so a run stopped by its time limit keeps what it measured.
 `--budget` seconds bound the whole check: an in-process row that would eat the time reserved
 for the child-process rows is recorded as skipped, and each child gets what is left.
-`minirl plan --calibrate-device FILE` reads this JSON (minirl/tools/sim/measured_device.py).
+`minirl plan --calibrate-device FILE` reads this JSON (minirl/sim/measured_device.py).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ SMALL = Plan(
     square=256,
     train_run=("--preset", "fixture", "--set", "rl.steps=3"),
     train_run_s=120.0,
-    lane_files=("tests/test_model.py",),
+    lane_files=("tests/modeling/test_model.py",),
     lane_s=120.0,
     lane_test_s=60,
 )
@@ -183,7 +183,7 @@ def faster(a: dict, b: dict) -> dict:
 def _params(cfg):
     from flax import nnx
 
-    from minirl.model import init_model
+    from minirl.modeling.model import init_model
 
     return nnx.to_pure_dict(nnx.split(init_model(cfg, seed=0))[1])
 
@@ -203,7 +203,7 @@ def decode_row(plan: Plan, dtype: str, slots: int, params, copy: float) -> dict:
         sampling_time,
     )
 
-    from minirl.model import ModelConfig
+    from minirl.modeling.model import ModelConfig
 
     cfg = ModelConfig.preset(plan.shape, dtype=dtype, param_dtype=dtype)
     engine = decode_engine(cfg, slots, params)
@@ -240,8 +240,8 @@ def train_row(plan: Plan, rows: int, length: int, limits: dict) -> dict:
     from roofline import best_time, train_batch, train_limit
 
     from minirl.losses import get_preset
-    from minirl.model import ModelConfig
-    from minirl.trainer import Trainer, TrainerConfig
+    from minirl.modeling.model import ModelConfig
+    from minirl.training.trainer import Trainer, TrainerConfig
 
     cfg = ModelConfig.preset(plan.shape, dtype="bfloat16", param_dtype="float32")
     limit = train_limit(cfg, rows, length, limits["copy_bytes_per_s"])
@@ -270,7 +270,7 @@ def train_run_row(plan: Plan, timeout: float) -> dict:
     """`minirl train` in a child process; its metrics.jsonl and summary.json read back."""
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp, "run")
-        cmd = [sys.executable, "-m", "minirl.tools.cli", "train", *plan.train_run]
+        cmd = [sys.executable, "-m", "minirl.cli", "train", *plan.train_run]
         cmd += ["--run-dir", str(run), "--quiet"]
         t0 = time.perf_counter()
         _child(cmd, timeout)
@@ -464,7 +464,7 @@ def decode_rows(check: Check, dtype: str) -> None:
 
     def params():
         if "params" not in holder:
-            from minirl.model import ModelConfig
+            from minirl.modeling.model import ModelConfig
 
             cfg = ModelConfig.preset(plan.shape, dtype=dtype, param_dtype=dtype)
             holder["params"] = _params(cfg)

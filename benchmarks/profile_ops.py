@@ -7,7 +7,7 @@ It compiles the step with XLA's HLO dump on (`--xla_dump_to`, set before jax is 
 persistent compilation cache is off here, or nothing would be compiled and dumped), runs it under
 `jax.profiler.trace`, and reads the Perfetto trace: on CPU every XLA thunk is an event naming its
 HLO op and module. Each op is mapped, through the optimized HLO's metadata, to the line of
-Python that produced it (`minirl/model.py:290 dot_general`); times are summed per line and
+Python that produced it (`minirl/modeling/model.py:290 dot_general`); times are summed per line and
 printed per call, largest first, with their share of all op time; then the share of each
 module (prefill, decode, the optimizer update...) and of each source file within it. The decode workload is the
 roofline benchmark's (16-token prompts, temperature 1); `train` is one GRPO `Trainer.train_step`.
@@ -37,7 +37,7 @@ from flax import nnx  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from roofline import decode_engine, decode_requests, grpo_trainer, train_batch  # noqa: E402
 
-from minirl.model import ModelConfig, init_model  # noqa: E402
+from minirl.modeling.model import ModelConfig, init_model  # noqa: E402
 
 jax.config.update("jax_enable_compilation_cache", False)
 

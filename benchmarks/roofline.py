@@ -18,7 +18,7 @@ FLOPs of a decode step: slots x (2 x (non-embedding params + V x D) + 4 x L x H 
 A prefill of R rows x T tokens: R T x 2 x (non-embedding params) + the LM head on R rows + the
 attention, and the weights once. Weights count at the storage dtype's size, the KV cache at the
 compute dtype's (the cache is kept in it). Nothing here times the engine: that is the benchmark's job.
-The byte and FLOP counts are the simulator's (minirl/tools/sim/costs.py): one cost model for both.
+The byte and FLOP counts are the simulator's (minirl/sim/costs.py): one cost model for both.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minirl.batching import make_batch
-from minirl.engine import Engine, EngineConfig, Request
+from minirl.inference.engine import Engine, EngineConfig, Request
 from minirl.losses import get_preset
-from minirl.model import ModelConfig, token_logprobs
-from minirl.sampling import Sampling, sample_tokens
-from minirl.tools.sim.costs import attention_flops, kv_bytes, matrices, weight_bytes
-from minirl.trainer import Trainer, TrainerConfig
+from minirl.modeling.model import ModelConfig, token_logprobs
+from minirl.modeling.sampling import Sampling, sample_tokens
+from minirl.sim.costs import attention_flops, kv_bytes, matrices, weight_bytes
+from minirl.training.batching import make_batch
+from minirl.training.trainer import Trainer, TrainerConfig
 from minirl.types import Prompt, Rollout, Score
 
 

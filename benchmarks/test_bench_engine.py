@@ -15,7 +15,7 @@ Workload for the throughput rows: `slots` prompts of P=32 random tokens, N=32 ne
              same requests submitted at once (continuous batching). Lengths: 16-48 prompt
              tokens, max_new ~ lognormal(median 24, sigma 1) clipped to [4, 192]
   hf         (c) `transformers` LlamaForCausalLM.generate, torch CPU eager, the same weights
-             (written with minirl.tools.hf.save_hf, logits checked), do_sample, top_k=0, 2 threads,
+             (written with minirl.hf.model_files.save_hf, logits checked), do_sample, top_k=0, 2 threads,
              OMP_WAIT_POLICY=PASSIVE
   peak       (d) the best of 3 jitted [2048, 2048] @ [2048, 2048] float32 matmuls, measured
              before and after each row (the larger is used: a conservative fraction)
@@ -45,8 +45,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from minirl.engine import Engine, EngineConfig, Request  # noqa: E402
-from minirl.model import ModelConfig, init_model  # noqa: E402
+from minirl.inference.engine import Engine, EngineConfig, Request  # noqa: E402
+from minirl.modeling.model import ModelConfig, init_model  # noqa: E402
 from minirl.types import Prompt  # noqa: E402
 
 P, N, RECOMPUTE_STEPS = 32, 32, 8
@@ -144,7 +144,7 @@ def hf_rate(cfg, params, slots) -> float:
     import torch
     from transformers import LlamaForCausalLM
 
-    from minirl.tools.hf import save_hf
+    from minirl.hf.model_files import save_hf
 
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,8 +24,8 @@ import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.test_bench_engine import engine_rate  # noqa: E402
-from minirl import lora  # noqa: E402
-from minirl.model import ModelConfig, init_model  # noqa: E402
+from minirl.modeling import lora  # noqa: E402
+from minirl.modeling.model import ModelConfig, init_model  # noqa: E402
 
 
 def _adapted_params(cfg):

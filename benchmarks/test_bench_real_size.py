@@ -11,7 +11,7 @@ chat template beside it (tests/hf_tiny.py; the vocabulary size of the model is t
 Nothing is downloaded. Every figure is a ratio to a baseline measured in the same run
 (docs/benchmarking.md):
 
-  load        `minirl.tools.hf.load_hf` (bf16 files -> float32 master weights) vs reading the same
+  load        `minirl.hf.model_files.load_hf` (bf16 files -> float32 master weights) vs reading the same
               bytes raw from the page cache
   decode      engine tokens/s at 1 and 32 slots (prompt 16 tokens, 32 new, temperature 1), as a
               fraction of the same-run float32 matmul peak, counting 2 x (non-embedding params +
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from roofline import decode_engine, decode_requests, grpo_trainer, train_batch  # noqa: E402
 from test_bench_trainer import matmul_peak  # noqa: E402
 
-from minirl.model import ModelConfig  # noqa: E402
+from minirl.modeling.model import ModelConfig  # noqa: E402
 
 pytest.importorskip("transformers")
 PRESET = ModelConfig.preset("qwen2.5-0.5b")
@@ -109,7 +109,7 @@ def non_embedding_flops_params(cfg: ModelConfig) -> int:
 
 
 def test_real_size(checkpoint):
-    from minirl.tools.hf import load_hf
+    from minirl.hf.model_files import load_hf
 
     # Memory first, in fresh processes, before this one holds anything: measured on 2026-11-24,
     # this process at 15 GB (weights, Adam state, a 4 x 128 x 151936 logits batch) plus the RL
@@ -192,7 +192,7 @@ def _rl_run_peak_rss(checkpoint: Path, remat: str) -> int:
         f"trainer.remat={remat}",
     ]
     code = (
-        "import resource, sys; from minirl.tools.cli import main; rc = main(sys.argv[1:]); "
+        "import resource, sys; from minirl.cli import main; rc = main(sys.argv[1:]); "
         "print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
     )
     argv = [
@@ -215,7 +215,7 @@ def _rl_run_peak_rss(checkpoint: Path, remat: str) -> int:
 
 
 def _accounting(cfg: ModelConfig) -> dict:
-    """GB of what a lockstep run holds at once on one host (tools/runner.py, optimizer.py)."""
+    """GB of what a lockstep run holds at once on one host (minirl/run/runner.py, optimizer.py)."""
     n = cfg.num_params()
     kv = 8 * 96 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4  # the run above
     logits = 8 * 128 * cfg.vocab_size * 4

@@ -65,10 +65,7 @@ from roofline import (  # noqa: E402
 )
 from test_bench_trainer import matmul_peak  # noqa: E402
 
-from minirl.model import (  # noqa: E402
-    ModelConfig,
-    init_model,  # noqa: E402
-)
+from minirl.modeling.model import ModelConfig, init_model
 
 SHAPES = ("small", "qwen2.5-0.5b", "qwen3-0.6b")
 ROWS = [(s, d, b) for s in SHAPES for d in ("float32", "bfloat16") for b in (1, 8, 32, 64)]
@@ -85,7 +82,7 @@ def hf_step_time(cfg, params, slots: int) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from minirl.tools.hf import save_hf
+    from minirl.hf.model_files import save_hf
 
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:

@@ -48,8 +48,8 @@ import pytest
 from flax import nnx
 
 from minirl.losses import get_preset
-from minirl.model import ModelConfig, init_model, token_logprobs
-from minirl.trainer import Trainer, TrainerConfig
+from minirl.modeling.model import ModelConfig, init_model, token_logprobs
+from minirl.training.trainer import Trainer, TrainerConfig
 from minirl.types import Batch
 
 ROUNDS = 5

@@ -29,7 +29,8 @@ import time
 import numpy as np
 import pytest
 
-from minirl.tools.verifiers import (
+from minirl.types import Prompt, Rollout
+from minirl.verifiers import (
     CodeVerifier,
     CodeVerifierConfig,
     Limits,
@@ -39,8 +40,7 @@ from minirl.tools.verifiers import (
     isolation_mode,
     put_tests,
 )
-from minirl.tools.verifiers.sandbox import python_interpreter, run_sandboxed
-from minirl.types import Prompt, Rollout
+from minirl.verifiers.sandbox import python_interpreter, run_sandboxed
 
 N_PROGRAMS = 16
 ROUNDS = 5

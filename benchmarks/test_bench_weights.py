@@ -37,8 +37,8 @@ import time
 import numpy as np
 import pytest
 
-from minirl.checkpoints import CheckpointManager
-from minirl.weights import InMemoryWeightStore
+from minirl.store.checkpoints import CheckpointManager
+from minirl.store.weights import InMemoryWeightStore
 
 SIZES = {  # vocab, width D, layers L, heads H, kv heads K, head width Dh, MLP width F
     "tiny": dict(vocab=256, d=256, layers=4, heads=4, kv_heads=2, dh=64, ffn=768),

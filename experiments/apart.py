@@ -132,8 +132,8 @@ def child(spec: dict) -> None:
 
     if spec["apart"]:
         ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    from minirl.run_presets import make_config
-    from minirl.tools.runner import Run
+    from minirl.run.presets import make_config
+    from minirl.run.runner import Run
 
     run_dir = Path(spec["run_dir"])
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -18,7 +18,7 @@ script makes all three from nothing, with the libraries a model maker uses:
      supervised step on chat-formatted examples — the prompt is the chat template around the
      question and "Put the final answer in \\\\boxed{}.", the completion the worked solution
      ending in `\\\\boxed{N}` and `<|im_end|>`;
-  4. saved by minirl.tools.hf.save_hf with the tokenizer files and generation_config.json (EOS ids
+  4. saved by minirl.hf.model_files.save_hf with the tokenizer files and generation_config.json (EOS ids
      `<|im_end|>` and `<|endoftext|>`), then checked: transformers loads it with minirl's logits
      and its tokenizer gives the same ids (`--check`).
 
@@ -41,11 +41,11 @@ import word_problems
 from flax import nnx
 from tqdm.auto import tqdm
 
-from minirl.batching import make_batch
-from minirl.model import ModelConfig, init_model
-from minirl.tools.hf import TokenIds, save_hf
-from minirl.tools.hf_tokenizer import HFTokenizer
-from minirl.trainer import Trainer, TrainerConfig
+from minirl.hf.hf_tokenizer import HFTokenizer
+from minirl.hf.model_files import TokenIds, save_hf
+from minirl.modeling.model import ModelConfig, init_model
+from minirl.training.batching import make_batch
+from minirl.training.trainer import Trainer, TrainerConfig
 from minirl.types import Prompt, Rollout, Score
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -189,7 +189,7 @@ def check(out: Path) -> dict:
     import torch
     import transformers
 
-    from minirl.tools.hf import load_hf
+    from minirl.hf.model_files import load_hf
 
     tok = HFTokenizer.from_dir(out)
     row = json.loads((out / "data" / "test.jsonl").read_text().splitlines()[0])

@@ -4,7 +4,7 @@
     python experiments/math_checker_agreement.py --show 20  # and the disagreements
 
 The same (completion, gold answer) pairs are scored by the `math` verifier's two backends:
-`builtin` (minirl/tools/verifiers/math_extract.py + math_equal.py: extraction, a whitelisted LaTeX
+`builtin` (minirl/verifiers/math_extract.py + math_equal.py: extraction, a whitelisted LaTeX
 parser, exact rationals, a tolerance for irrationals, sympy for symbols) and `math_verify` (the
 `math-verify` library that graders of MATH / GSM8K-style answers use, run with its own
 timeouts in this main thread). The pairs are generated here, deterministically, in the forms
@@ -26,8 +26,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from minirl.tools.verifiers.math_verifier import MathVerifier, MathVerifierConfig
 from minirl.types import Prompt, Rollout
+from minirl.verifiers.math_verifier import MathVerifier, MathVerifierConfig
 
 
 def cases(seed: int = 0) -> list[tuple[str, str, str, bool]]:

@@ -29,7 +29,7 @@ On countdown_hard (3.2M parameters, warm-started) an exact-mode training step co
 1.5-2.5 s for the fast trainer (load ~9 on 2 cores), so the exact arm does not fit a few minutes.
 
 Writes <out>/mismatch.json (every number), <out>/mismatch.png (rewards and diagnostics side by
-side), <out>/mismatch_minirl.png (minirl.tools.plots.plot_mismatch of the arms), and prints a table.
+side), <out>/mismatch_minirl.png (minirl.plots.plot_mismatch of the arms), and prints a table.
 Results and how to read them: docs/mismatch.md.
 """
 
@@ -45,18 +45,18 @@ from pathlib import Path
 
 import numpy as np
 
-from minirl.config_args import add_config_arguments, config_from_args
-from minirl.controller import Controller
+from minirl.control.controller import Controller
+from minirl.control.workers import InProcessWorker
 from minirl.data.mixture import Mixture
 from minirl.losses import make_objective
-from minirl.metrics_log import MetricsWriter, format_table, read_metrics
-from minirl.tools.loop import run_steps
-from minirl.tools.plots import plot_mismatch
-from minirl.tools.runner import Run
-from minirl.tools.warmstart import warm_start
-from minirl.trainer import Trainer
-from minirl.weights import InMemoryWeightStore
-from minirl.workers import InProcessWorker
+from minirl.measure.metrics_log import MetricsWriter, format_table, read_metrics
+from minirl.plots import plot_mismatch
+from minirl.run.config_args import add_config_arguments, config_from_args
+from minirl.run.loop import run_steps
+from minirl.run.runner import Run
+from minirl.run.warmstart import warm_start
+from minirl.store.weights import InMemoryWeightStore
+from minirl.training.trainer import Trainer
 
 ARMS = {
     "mismatch": ["rl.loss=token_reinforce", "engine.dtype=bfloat16"],
@@ -84,7 +84,7 @@ TABLE = (  # the summary printed at the end: (title, key of a run's results, for
 
 
 def run_arm(arm: str, cfg, base, evaluator: Run, run_dir: Path, steps: int) -> dict:
-    """`steps` RL steps of `cfg` from `base` (the loop of minirl.tools.runner.Run.train, without its
+    """`steps` RL steps of `cfg` from `base` (the loop of minirl.run.runner.Run.train, without its
     warm start: every arm starts from the same weights), then the held-out evaluation."""
     run = Run(cfg, run_dir, progress=False, log=lambda *a: None)
     engine = run.engine(0, base)

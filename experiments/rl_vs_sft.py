@@ -5,7 +5,7 @@ well-formed expressions over the given numbers that IGNORE the target (docs/task
 teach the format, not how to hit the target. From the default warm-start base (supervised on
 those demonstrations, cached), for each seed the same training budget T is spent two ways:
 
-  RL    the `minirl train` loop (minirl.controller.Controller with the config's loss);
+  RL    the `minirl train` loop (minirl.control.controller.Controller with the config's loss);
   SFT   more supervised training on the same kind of demonstrations (fresh ones the warm start
         never saw), the warm start's optimiser, at `--sft-lr` (default: the warm start's peak).
 
@@ -53,16 +53,16 @@ from pathlib import Path
 
 import numpy as np
 
-from minirl.batching import make_batch
-from minirl.evaluation import decode_rollouts, heldout_prompts
-from minirl.metrics_log import format_table
-from minirl.run_presets import make_config
-from minirl.scheduler import Request
-from minirl.tools.loop import run_steps
-from minirl.tools.runner import Run
-from minirl.tools.tasks.countdown import sample_in_range
-from minirl.tools.warmstart import demonstration_rollouts, warm_start
-from minirl.trainer import Trainer
+from minirl.control.evaluation import decode_rollouts, heldout_prompts
+from minirl.inference.scheduler import Request
+from minirl.measure.metrics_log import format_table
+from minirl.run.loop import run_steps
+from minirl.run.presets import make_config
+from minirl.run.runner import Run
+from minirl.run.warmstart import demonstration_rollouts, warm_start
+from minirl.tasks.countdown import sample_in_range
+from minirl.training.batching import make_batch
+from minirl.training.trainer import Trainer
 from minirl.types import Rollout
 
 # The warm start read demonstrations of train prompts 0 .. sft.steps * batch_size - 1; the SFT

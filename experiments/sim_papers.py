@@ -1,5 +1,5 @@
 """The papers' economics on the simulator (issue #17, item 4): settings as close to theirs as
-their text states, everything else said here. Nothing is trained; minirl/tools/sim/ runs the real
+their text states, everything else said here. Nothing is trained; minirl/sim/ runs the real
 controller's decisions on virtual time.
 
     PYTHONPATH=. python experiments/sim_papers.py [--fast]   # ~10 min (fast: ~1 min)
@@ -21,7 +21,7 @@ pipeline   PipelineRL (limits study): Qwen2-0.5B-class model, GSM8k-like short c
            weight updates every version (j = 1, continue).
 
 Lengths are log-normal (parameters below; the papers give histograms, not parameters), and
-the efficiencies are the device defaults of minirl/tools/sim/costs.py (decode 0.7 of the roofline,
+the efficiencies are the device defaults of minirl/sim/costs.py (decode 0.7 of the roofline,
 MFU 0.4). Output: experiments/results/sim/papers.json and one PNG per study.
 """
 
@@ -33,7 +33,7 @@ import json
 import time
 from pathlib import Path
 
-from minirl.tools.sim.run import cluster, simulate
+from minirl.sim.run import cluster, simulate
 
 REASONING = "lognormal:8.6,0.8"  # median 5.4k tokens, mean ~7.5k, capped at 31k
 SHORT = "lognormal:5.3,0.5"  # median 200 tokens (GSM8k-style answers)

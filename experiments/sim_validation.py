@@ -9,12 +9,12 @@ process, one after the other, and records each process's CPU seconds (how many o
 machine's cores it kept busy).
 
 `sim` calibrates "this machine" on the FIRST run only (lockstep, j = k = 1, eta = 0;
-minirl.tools.sim.calibrate.fit_run: seconds per decode chunk, per prefill, per verified rollout and
+minirl.sim.calibrate.fit_run: seconds per decode chunk, per prefill, per verified rollout and
 per trained token, from its metrics.jsonl), then simulates every setting with the lengths each
 real run logged (its samples.jsonl) and compares mean seconds per step after the first four
 (which trace each new batch shape, even with the compilation cache warm). Engine and trainer share this machine's cores, so the async runs are simulated as
 colocated: a part that starts while the other is busy runs slower by the calibration run's
-cores used (minirl.tools.sim.calibrate.colocated_slowdown).
+cores used (minirl.sim.calibrate.colocated_slowdown).
 
 With --apart DIR ... (default runs/sim_apart and runs/apart_j4, each used if it exists) it also
 calibrates on experiments/apart.py's lockstep arm and predicts its async arms, engine and trainer
@@ -89,7 +89,7 @@ def real(args) -> None:
 
 
 def sim(args) -> None:
-    from minirl.tools.sim.calibrate import fit_run
+    from minirl.sim.calibrate import fit_run
 
     rows = compare(args.out, list(SETTINGS), colocated=True)
     out = {
@@ -109,7 +109,7 @@ def sim(args) -> None:
 
 def compare(root: Path, names: list[str], colocated: bool) -> list[dict]:
     """Calibrate on the first run, simulate each; one row per run."""
-    from minirl.tools.sim.calibrate import fit_run, simulate_like
+    from minirl.sim.calibrate import fit_run, simulate_like
 
     machine = fit_run(root / names[0])
     rows = []

@@ -88,8 +88,8 @@ def child(spec: dict) -> None:
     """Runs inside the subprocess: one training run, with compile time and load recorded."""
     import jax
 
-    from minirl.run_presets import make_config
-    from minirl.tools.runner import Run
+    from minirl.run.presets import make_config
+    from minirl.run.runner import Run
 
     compile_s = [0.0]
 
@@ -148,7 +148,7 @@ def _load() -> str:
 
 
 def records_of(run_dir: Path) -> list[dict]:
-    from minirl.metrics_log import read_metrics
+    from minirl.measure.metrics_log import read_metrics
 
     return read_metrics(run_dir)
 
@@ -186,11 +186,11 @@ def heldout(
 ) -> list[dict]:
     """pass@1 on `prompts` test prompts x `samples` of every checkpoint, with one evaluator (a
     fresh default engine), paired with the wall-clock time the checkpoint's step ended."""
-    from minirl.checkpoints import CheckpointManager
-    from minirl.evaluation import evaluate, heldout_prompts
-    from minirl.run_presets import make_config
-    from minirl.tools.runner import Run
-    from minirl.tools.warmstart import warm_start
+    from minirl.control.evaluation import evaluate, heldout_prompts
+    from minirl.run.presets import make_config
+    from minirl.run.runner import Run
+    from minirl.run.warmstart import warm_start
+    from minirl.store.checkpoints import CheckpointManager
 
     run = Run(make_config(preset, overrides), run_dir, log=lambda *a: None, progress=False)
     ckpts = CheckpointManager(run_dir, keep=10**6)

@@ -2,12 +2,12 @@
 
 The experiment of issue #23. The task is the built-in scratchpad addition (`arithmetic`) with
 its answers written the usual way, most significant digit first (`reverse_digits=False`), which
-a small model learns poorly on its own (tools/tasks/arithmetic.py). The two arms differ only in
+a small model learns poorly on its own (minirl/tasks/arithmetic.py). The two arms differ only in
 what an episode may do:
 
   no tool   one turn: the model writes the scratchpad and `#### sum`; the task's verifier scores
-            it (an episode of one turn, minirl/tools/envs/tool_task.py with no tools)
-  calc      the model may call `<calc>expression</calc>` (minirl/tools/envs/calculator.py); the
+            it (an episode of one turn, minirl/envs/tool_task.py with no tools)
+  calc      the model may call `<calc>expression</calc>` (minirl/envs/calculator.py); the
             output comes back as an observation (`\\n= 363\\n`, masked from the loss), and the
             next turn answers `#### sum`; at most `--max-turns` turns
 
@@ -35,14 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from minirl.batching import make_batch
-from minirl.controller import Controller
+from minirl.control.controller import Controller
+from minirl.control.workers import InProcessWorker
 from minirl.data.mixture import Mixture
-from minirl.engine import Engine, EngineConfig, Request
-from minirl.losses import get_preset
-from minirl.run_presets import make_config
-from minirl.tokenizer import CharTokenizer
-from minirl.tools.envs import (
+from minirl.envs import (
     Calculator,
     EpisodeConfig,
     EpisodeRunner,
@@ -52,12 +48,16 @@ from minirl.tools.envs import (
     demonstration_episode,
     stop_sequences,
 )
-from minirl.tools.inputs import initial_params
-from minirl.tools.loop import run_steps
-from minirl.tools.tasks.arithmetic import Arithmetic, ArithmeticConfig
-from minirl.trainer import Trainer
-from minirl.weights import InMemoryWeightStore
-from minirl.workers import InProcessWorker
+from minirl.inference.engine import Engine, EngineConfig, Request
+from minirl.losses import get_preset
+from minirl.modeling.tokenizer import CharTokenizer
+from minirl.run.loop import run_steps
+from minirl.run.presets import make_config
+from minirl.run.starting_point import initial_params
+from minirl.store.weights import InMemoryWeightStore
+from minirl.tasks.arithmetic import Arithmetic, ArithmeticConfig
+from minirl.training.batching import make_batch
+from minirl.training.trainer import Trainer
 
 ARMS = ("no tool", "calc")
 PER_TURN = 64  # max_new_tokens of a turn

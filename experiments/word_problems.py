@@ -11,7 +11,7 @@ lines of arithmetic and the GSM8K gold line `#### N` (and `solution_text`: the s
 in `\\boxed{N}`, what a model is taught to write).
 
 Deterministic by construction: problem i of a split is a pure function of (seed, split, i)
-(numpy Philox keyed on a hash, as minirl/data/tasks.py draws its tasks), and the split of a
+(numpy Philox keyed on a hash, as minirl/data/task_api.py draws its tasks), and the split of a
 problem is a hash of its text, so train and test never share a problem.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minirl.data.tasks import split_of, stream
+from minirl.data.task_api import split_of, stream
 
 NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jin", "Kai", "Lea"]
 THINGS = ["apples", "pencils", "stickers", "marbles", "cookies", "books", "coins", "shells"]

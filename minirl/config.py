@@ -4,21 +4,21 @@
     RunConfig
       task      which built-in task (and its difficulty knobs), or "file": the dataset in `data`
       data      a dataset file of your own: fields, prompt format, verifier (task.name=file)
-      model     shapes of the decoder (minirl.model.ModelConfig), or model.path: a Hugging Face
+      model     shapes of the decoder (minirl.modeling.model.ModelConfig), or model.path: a Hugging Face
                 checkpoint directory whose config.json gives the shapes (`resolve_model`)
-      engine    rollout engine: slots, sampling, exact mode (minirl.engine_config.EngineConfig)
-      trainer   optimiser and micro-batching (minirl.trainer_config.TrainerConfig); the cosine
+      engine    rollout engine: slots, sampling, exact mode (minirl.inference.engine_config.EngineConfig)
+      trainer   optimiser and micro-batching (minirl.training.trainer_config.TrainerConfig); the cosine
                 schedule's length follows rl.steps unless set (`RunConfig.trainer_config`)
       rl        the controller: loss preset, batch shape, staleness knobs (j, k, eta), schedule
       sft       the supervised warm start that teaches the task's format
       eval      held-out pass@k measurement
-      log       TensorBoard, W&B and sample completions (minirl/tools/tracking.py)
+      log       TensorBoard, W&B and sample completions (minirl/run/tracking.py)
 
 `minirl train --preset NAME --set rl.steps=50 --set engine.temperature=0.8` builds one; every
 key and its meaning is listed by `minirl config`. `minirl train --model DIR --data FILE` starts
 from the `custom` preset with model.path, task.name=file and data.train set. How tokens are
 drawn and scored (temperature, top-k/p, exact mode) is set once, on the engine: the trainer
-scores under the same `minirl.sampling.Sampling` spec (`cfg.engine.sampling.scoring`). Defaults run on a 2-core laptop CPU.
+scores under the same `minirl.modeling.sampling.Sampling` spec (`cfg.engine.sampling.scoring`). Defaults run on a 2-core laptop CPU.
 
 A leaf: this module imports only the components' small config modules, never the engine, the
 trainer or the controller; the loss a run trains with is built where it is used
@@ -30,12 +30,12 @@ from __future__ import annotations
 import dataclasses
 
 from minirl.configlib import ConfigError
-from minirl.engine_config import EngineConfig
-from minirl.hf_config import read_model_config
+from minirl.inference.engine_config import EngineConfig
 from minirl.losses.presets import BEHAVIOUR_CAP, get_preset, has_behaviour_cap
-from minirl.model import ModelConfig
-from minirl.tokenizer import CharTokenizer
-from minirl.trainer_config import TrainerConfig
+from minirl.modeling.hf_config import read_model_config
+from minirl.modeling.model import ModelConfig
+from minirl.modeling.tokenizer import CharTokenizer
+from minirl.training.trainer_config import TrainerConfig
 
 SCHEDULERS = ("lockstep", "async")
 RELOAD_POLICIES = ("discard", "continue")
@@ -44,15 +44,15 @@ VOCAB = CharTokenizer().vocab_size  # the built-in tasks' character tokenizer
 
 
 FILE_TASK = "file"  # task.name of a run on the dataset files named in `data`
-DEFAULT_PRESET = "countdown"  # what `minirl train` runs (minirl/run_presets.py)
-TOOLS = ("calc", "py")  # task.tools: tools/envs/calculator.py, tools/envs/python_tool.py
-# what a chat template is given by minirl itself (tools/chat_template.py), not by data.chat_template_kwargs
+DEFAULT_PRESET = "countdown"  # what `minirl train` runs (minirl/run/presets.py)
+TOOLS = ("calc", "py")  # task.tools: minirl/envs/calculator.py, minirl/envs/python_tool.py
+# what a chat template is given by minirl itself (minirl/hf/chat_template.py), not by data.chat_template_kwargs
 TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "tools", "documents")
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    name: str = "countdown"  # a built-in task (tools/tasks/: list_tasks()), or "file" (see data.*)
+    name: str = "countdown"  # a built-in task (minirl/tasks/: list_tasks()), or "file" (see data.*)
     args: dict = dataclasses.field(default_factory=dict)  # the task's difficulty knobs
     tools: tuple[
         str, ...
@@ -69,7 +69,7 @@ class TaskSpec:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Your own dataset (used when task.name=file; minirl/tools/tasks/files.py reads it)."""
+    """Your own dataset (used when task.name=file; minirl/tasks/files.py reads it)."""
 
     train: str = ""  # training problems: a .jsonl or .parquet file
     eval: str = ""  # held-out problems (same format); "" = hold out a content-hash split of train
@@ -204,7 +204,7 @@ class EvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LogConfig:
-    """Where a run's numbers go besides metrics.jsonl (minirl/tools/tracking.py); none of it changes
+    """Where a run's numbers go besides metrics.jsonl (minirl/run/tracking.py); none of it changes
     what a step does, so a resumed run may change any of it."""
 
     tensorboard: bool = False  # TensorBoard event files in RUN_DIR/tensorboard (the `track` extra)

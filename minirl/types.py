@@ -54,7 +54,7 @@ class Rollout:
     engine actually sampled from (temperature applied); `versions[c]` is the weight version that
     produced it. `text` is filled by whoever decodes (the controller), `score` by a verifier.
 
-    A multi-turn episode (minirl/tools/envs/) is one Rollout: `tokens` are every assistant turn and
+    A multi-turn episode (minirl/envs/) is one Rollout: `tokens` are every assistant turn and
     every observation after the prompt, in order, and `mask[c]` is 1.0 where the policy sampled
     `tokens[c]` and 0.0 on observation tokens (which carry log-prob 0 and version -1). `mask`
     None means every token is the policy's (a single turn).

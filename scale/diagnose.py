@@ -4,9 +4,9 @@
     python -m scale.diagnose --cpu-devices 4 --sources recompute,exact,sharding
     python -m scale.diagnose --train-mesh fsdp=8 --engine-mesh tensor=8   # real devices
 
-Takes every flag of `minirl diagnose` (minirl/tools/mismatch/) and registers one more source,
+Takes every flag of `minirl diagnose` (minirl/diagnose/) and registers one more source,
 "sharding", before running it. minirl never imports scale/: this module puts the source into
-minirl's registry (`minirl.tools.mismatch.register_source`), and `sharding_rows` can be registered
+minirl's registry (`minirl.diagnose.register_source`), and `sharding_rows` can be registered
 the same way by any other program.
 
 The "sharding" rows score the table's rollouts with the trainer's recompute on an FSDP mesh
@@ -35,11 +35,11 @@ import sys
 
 
 def sharding_rows(ctx, train_mesh: str = "fsdp=2,tensor=2", engine_mesh: str = "tensor=-1"):
-    """The "sharding" rows of a `minirl.tools.mismatch.Context` (see the module docstring). Mesh
+    """The "sharding" rows of a `minirl.diagnose.Context` (see the module docstring). Mesh
     arguments are `MeshConfig.parse` strings over all devices of the job."""
     import jax
 
-    from minirl.tools.mismatch import Decode, Recompute
+    from minirl.diagnose import Decode, Recompute
     from scale import mesh as mesh_lib
 
     if jax.device_count() < 2:
@@ -81,7 +81,7 @@ def sharding_rows(ctx, train_mesh: str = "fsdp=2,tensor=2", engine_mesh: str = "
 
 def register(train_mesh: str = "fsdp=2,tensor=2", engine_mesh: str = "tensor=-1") -> None:
     """Add "sharding" to minirl's mismatch table, with these meshes."""
-    from minirl.tools.mismatch import register_source
+    from minirl.diagnose import register_source
 
     fn = functools.partial(sharding_rows, train_mesh=train_mesh, engine_mesh=engine_mesh)
     register_source("sharding", fn)
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
 
         use_cpu_devices(n)  # before anything imports JAX's backend
 
-    from minirl.tools.mismatch import add_diagnose_arguments, cmd_diagnose
-    from minirl.tools.mismatch.command import DESCRIPTION
+    from minirl.diagnose import add_diagnose_arguments, cmd_diagnose
+    from minirl.diagnose.command import DESCRIPTION
 
     register()  # so that --help lists "sharding" among the sources
     p = argparse.ArgumentParser(

@@ -7,7 +7,7 @@
 
 This module is the command line. What the commands run lives beside it: the roles — one
 process's part of a job, built inside a Ray actor after it joined its JAX job — and the
-controller's side, `drive` (the step loop every run uses, minirl/tools/loop.py), in
+controller's side, `drive` (the step loop every run uses, minirl/run/loop.py), in
 scale/roles.py; the Ray side in scale/ray_run.py and
 scale/ray_workers.py; the verifier service in scale/verifier_service.py.
 
@@ -23,7 +23,7 @@ starts from a model directory by reading it straight into its FSDP layout (`firs
 each process reads only the blocks its devices hold, scale/mesh.py's `load_checkpoint`).
 
 Preemption and resume follow `minirl train`: the controller owns the run directory (config.json,
-metrics.jsonl, checkpoints/ — minirl/tools/run_dir.py's `open_run_dir`, `checkpoint_due`,
+metrics.jsonl, checkpoints/ — minirl/run/run_dir.py's `open_run_dir`, `checkpoint_due`,
 `save_checkpoint`, `restore_run`) and starting it again on the same --run-dir resumes from the
 last checkpoint. Without --checkpoints a checkpoint holds the trainer job's params and optimizer
 state (fetched with a `state_dict` call) and the controller's snapshot; with it, the trainer job
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     v.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
     from minirl.configlib import ConfigError
-    from minirl.hf_config import CheckpointError
+    from minirl.modeling.hf_config import CheckpointError
 
     try:
         {"verifier": run_verifier, "ray": ray_run.run}[args.role](args)

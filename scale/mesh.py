@@ -54,7 +54,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from minirl.trees import flatten_tree
+from minirl.store.trees import flatten_tree
 
 AXES = ("data", "fsdp", "tensor")
 
@@ -308,9 +308,9 @@ def load_checkpoint(path: Any, mesh: Mesh, rules: ShardingRules, dtype: Any = No
     """A Hugging Face checkpoint directory read straight into `rules`' layout on `mesh` ->
     (ModelConfig, params, bytes this process read). Every process reads only the blocks its own
     devices hold, each distinct block once (safetensors slices of the memory-mapped files,
-    minirl/tools/hf.py's `TensorSource.read`), so no host reads the whole model unless its devices
+    minirl/hf/model_files.py's `TensorSource.read`), so no host reads the whole model unless its devices
     hold all of it; the values equal `load_hf`'s."""
-    from minirl.tools.hf import build_params, open_checkpoint
+    from minirl.hf.model_files import build_params, open_checkpoint
 
     cfg, sources = open_checkpoint(path, dtype)
     dtype, bytes_read = np.dtype(cfg.storage_dtype), 0
@@ -355,7 +355,7 @@ def to_host(x: Any) -> np.ndarray:
 
 
 class MeshRows:
-    """A `minirl.trainer.Trainer` row layout (minirl/placement.py): each micro-batch's rows
+    """A `minirl.training.trainer.Trainer` row layout (minirl/training/row_layout.py): each micro-batch's rows
     split over `rules`' batch axes on `mesh` (with `fsdp()`: data x fsdp, so the trainer is data
     parallel); results come back as whole numpy arrays on every process.
 

@@ -19,7 +19,7 @@ With --weights URL the trainer and each engine replica are multi-host JAX jobs i
 (`RayJob`: --trainer-hosts / --engine-hosts actors joined by jax.distributed, the roles of
 scale/launch.py), weights pass by reference through that TensorStore store, --checkpoints URL
 gives the trainer job its own Orbax checkpoints; the step loop is the same (scale/roles.py's
-`drive` calls minirl/tools/loop.py): lockstep or async, evaluation, rl.time_budget.
+`drive` calls minirl/run/loop.py): lockstep or async, evaluation, rl.time_budget.
 
 Simplified on purpose: without --weights, weights travel by value (the trainer actor's numpy
 arrays through the driver's weight store to each engine actor: fine for models one host holds).
@@ -36,7 +36,7 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `python -m scale.launch ray`: minirl's config flags, the actors' resources,
     the verifier service and the multi-host jobs (their own group in --help)."""
-    from minirl.config_args import add_config_arguments
+    from minirl.run.config_args import add_config_arguments
 
     add_config_arguments(p)
     p.add_argument(
@@ -176,7 +176,7 @@ def remote_verifier(args, task=None):
     (program_synthesis) uploads it from its repository the first time the service asks."""
     if not args.verifier_url:
         return None
-    from minirl.workers import InProcessWorker
+    from minirl.control.workers import InProcessWorker
     from scale.remote_verifier import RemoteVerifier
     from scale.roles import shared_token
 
@@ -189,14 +189,14 @@ def run(args) -> None:
 
     import ray
 
-    from minirl.config_args import config_from_args, default_run_dir
-    from minirl.tools.runner import Run, summary_json
+    from minirl.run.config_args import config_from_args, default_run_dir
+    from minirl.run.runner import Run, summary_json
 
     cfg = config_from_args(args)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
     if (run_dir / "config.json").exists():  # as `minirl train`: what was derived stays
-        from minirl.derived import keep_recorded
-        from minirl.tools.run_dir import load_config
+        from minirl.run.derived import keep_recorded
+        from minirl.run.run_dir import load_config
 
         cfg = keep_recorded(cfg, load_config(run_dir), args.overrides)
     # the tokenizer and the dataset file read and checked before Ray starts: a user's mistake
@@ -254,8 +254,8 @@ def _reachable(address: str, timeout_s: float = 10.0) -> None:
 
 def run_jobs(args, run, placement) -> dict:
     """--weights: scale.launch's trainer and engine roles as Ray jobs, the step loop here."""
-    from minirl.tools.inputs import make_verifier
-    from minirl.workers import Replicas
+    from minirl.control.workers import Replicas
+    from minirl.run.starting_point import make_verifier
     from scale.ray_workers import RayJob, RayWorker
     from scale.roles import drive, engine_role, trainer_role
 

@@ -1,7 +1,7 @@
-"""Workers as Ray actors: minirl.workers' "call a method, get a future", on a Ray cluster.
+"""Workers as Ray actors: minirl.control.workers' "call a method, get a future", on a Ray cluster.
 
 minirl's controller reaches its parts through `worker.call(method, *args) -> Future`
-(minirl/workers.py). Here the part lives in a Ray actor, placed by Ray on any node of the cluster
+(minirl/control/workers.py). Here the part lives in a Ray actor, placed by Ray on any node of the cluster
 with the resources it asks for:
 
     ray.init()                                      # or ray.init(address="auto") on a cluster
@@ -10,13 +10,13 @@ with the resources it asks for:
 
   one actor, one process   calls run one at a time, in the order they were made (a Ray actor
                            with max_concurrency=1 runs one caller's calls in submission order)
-  the same messages        arguments and results travel encoded by minirl.workers (msgpack, numpy
+  the same messages        arguments and results travel encoded by minirl.control.workers (msgpack, numpy
                            as raw buffers, registered dataclasses as tagged dicts), so a Ray
                            worker sees exactly what a local-process worker sees
   death                    an actor that dies (kill -9, its node lost, out of memory) fails its
                            pending futures with `WorkerDied`; `restart()` starts a fresh actor
                            from the same factory and the controller re-issues what was in flight
-                           (minirl/controller.py), as for a local process
+                           (minirl/control/controller.py), as for a local process
   placement                `num_cpus`, `num_gpus`, `resources` ({"TPU": 4}) and
                            `scheduling_strategy` (a placement group bundle) are passed to Ray;
                            `env` sets environment variables before the part is built (XLA flags,
@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from minirl.workers import WorkerDied, WorkerError, decode, encode, gather
+from minirl.control.workers import WorkerDied, WorkerError, decode, encode, gather
 
 __all__ = ["BuildFailed", "RayJob", "RayPlacement", "RayWorker"]
 
@@ -306,7 +306,7 @@ class RayJob:
 
     def call(self, method: str, *args, **kwargs) -> Future:
         """Process 0's answer once every process has answered. One death fails the call at
-        once (minirl.workers.gather): the others may be stuck in a collective waiting for the
+        once (minirl.control.workers.gather): the others may be stuck in a collective waiting for the
         dead one. Calls from several threads (the async scheduler's two) reach every process in
         the same order, or the processes would run different collectives and hang."""
         if not self.workers:
@@ -338,8 +338,8 @@ class RayJob:
 
 
 class RayPlacement:
-    """Where a run's parts live on a Ray cluster (minirl.tools.runner.Run's `placement`): the engine
-    as `engines` actors (data-parallel rollout, minirl.workers.Replicas), the trainer and the
+    """Where a run's parts live on a Ray cluster (minirl.run.runner.Run's `placement`): the engine
+    as `engines` actors (data-parallel rollout, minirl.control.workers.Replicas), the trainer and the
     verifier one actor each, every actor with the Ray resources given for its role, e.g.
     `{"num_cpus": 1}` on a laptop or `{"resources": {"TPU": 4}}` on a pod. Evaluation and the
     warm start stay in the driver. `env` is set in every actor before its part is built."""
@@ -411,7 +411,7 @@ class RayPlacement:
         return worker
 
     def engine(self, factory: Callable[[], Any], local: Any = None):
-        from minirl.workers import Replicas
+        from minirl.control.workers import Replicas
 
         workers = [self._start("engine", factory, f"engine{i}") for i in range(self.engines)]
         return workers[0] if self.engines == 1 else Replicas(workers)

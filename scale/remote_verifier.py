@@ -10,7 +10,7 @@ hashes), never the test data. For the Codeforces set that cut the traffic of one
 
 Each rollout travels as {"task", "text", "meta"}. References are the meta keys "tests" and
 "checker" (and the "input_sha256"/"output_sha256" of the cases inside a test file) — the keys
-minirl/tools/verifiers/code_verifier.py reads. The protocol is in scale/verifier_service.py.
+minirl/verifiers/code_verifier.py reads. The protocol is in scale/verifier_service.py.
 
 Guarantees. `score` returns one Score per rollout, in order, and never loses one: a request that
 fails transiently (connection refused or reset, timeout, 429/5xx) is retried with exponential
@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from minirl.tools.verifiers.repository import RepositoryError, TestRepository
 from minirl.types import Rollout, Score
+from minirl.verifiers.repository import RepositoryError, TestRepository
 
 __all__ = ["ClientConfig", "RemoteVerifier", "RemoteVerifierError", "references"]
 

@@ -6,7 +6,7 @@ joined its JAX job (scale/ray_workers.py's RayJob):
                    writes its own Orbax checkpoints (`--checkpoints`)
     engine_role    minirl's Engine on a tensor-parallel mesh; loads weights from TensorStore
 
-and `drive`, the controller's side: the step loop every run uses (minirl/tools/loop.py) over
+and `drive`, the controller's side: the step loop every run uses (minirl/run/loop.py) over
 them, with weights passed by reference. How weights travel and how a run resumes:
 scale/launch.py's docstring.
 """
@@ -59,7 +59,7 @@ class TrainerRole:
         self._dirty = True
 
     # Trainer-side checkpoints (--checkpoints): every process writes and reads its own shards;
-    # the controller's checkpoint holds only a reference (minirl.tools.run_dir.save_checkpoint).
+    # the controller's checkpoint holds only a reference (minirl.run.run_dir.save_checkpoint).
 
     def checkpoint_directory(self) -> str | None:
         return None if self.checkpoints is None else self.checkpoints.directory
@@ -170,8 +170,8 @@ def role_config(args):
     """(config, tokenizer, task) of a role, from the same flags `minirl train` takes (--preset,
     --set, --model DIR, --data FILE): every role builds the same tokenizer from the model
     directory, so ids and EOS agree across hosts."""
-    from minirl.config_args import config_from_args
-    from minirl.tools.inputs import load_tokenizer, make_task
+    from minirl.run.config_args import config_from_args
+    from minirl.run.starting_point import load_tokenizer, make_task
 
     cfg = config_from_args(args)
     tokenizer = load_tokenizer(cfg)
@@ -182,8 +182,8 @@ def first_params(cfg, tokenizer, task, mesh):
     """The trainer job's starting weights on its FSDP mesh. A --model directory (no SFT steps) is
     read block by block: every process reads only the slices its own devices hold
     (scale.mesh.load_checkpoint); otherwise the warm start (random init, SFT) is placed."""
-    from minirl.tools.inputs import checked_params
-    from minirl.tools.warmstart import warm_start
+    from minirl.run.starting_point import checked_params
+    from minirl.run.warmstart import warm_start
     from scale import mesh as mesh_lib
 
     if cfg.model.path and not cfg.sft.steps:
@@ -204,7 +204,7 @@ def trainer_role(args) -> TrainerRole:
     its own Orbax checkpoints. Built in each Ray actor of the trainer job by
     `python -m scale.launch ray --weights ...` (scale/ray_run.py)."""
     from minirl.losses import make_objective
-    from minirl.trainer import Trainer
+    from minirl.training.trainer import Trainer
     from scale import mesh as mesh_lib
     from scale.tensorstore_weights import TensorStoreWeightStore
 
@@ -238,7 +238,7 @@ def engine_role(args) -> EngineRole:
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     cfg, tokenizer, _ = role_config(args)
-    from minirl.tools.inputs import make_engine
+    from minirl.run.starting_point import make_engine
 
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.parse(args.mesh))
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
@@ -247,16 +247,16 @@ def engine_role(args) -> EngineRole:
 
 def drive(args, run, engine, trainer, verifier) -> dict:
     """The controller's side of a multi-host run: the step loop of every run
-    (minirl/tools/loop.py: lockstep or async, evaluation, rl.time_budget, checkpoints, resume)
+    (minirl/run/loop.py: lockstep or async, evaluation, rl.time_budget, checkpoints, resume)
     over the trainer and engine jobs and the verifier, weights by reference through the
-    TensorStore store `args.weights`. `run` (a minirl.tools.runner.Run) gives the tokenizer,
+    TensorStore store `args.weights`. `run` (a minirl.run.runner.Run) gives the tokenizer,
     the task and the held-out evaluation, which runs in this process on weights read from the
     store."""
-    from minirl.controller import Controller
+    from minirl.control.controller import Controller
     from minirl.data.mixture import Mixture
-    from minirl.tools.inputs import train_prompts
-    from minirl.tools.loop import Parts, train
-    from minirl.tools.run_dir import write_json
+    from minirl.run.loop import Parts, train
+    from minirl.run.run_dir import write_json
+    from minirl.run.starting_point import train_prompts
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     cfg, task = run.cfg, run.task

@@ -18,8 +18,8 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 import tensorstore as ts
 
-from minirl.serialization import to_bytes
-from minirl.trees import flatten_tree
+from minirl.store.serialization import to_bytes
+from minirl.store.trees import flatten_tree
 
 MANIFESTS = "manifests/"
 _DIGITS = 12  # version numbers in keys are zero-padded, so keys sort like the numbers

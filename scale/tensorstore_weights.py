@@ -28,7 +28,7 @@ mixture. Chunks equal to the fill value are stored anyway (`store_data_equal_to_
 "missing" always means deleted.
 
 The manifest (JSON) holds the tree's structure — the pytree serialized with
-`minirl.serialization.to_bytes` after every array leaf is replaced by a one-element int64 array
+`minirl.store.serialization.to_bytes` after every array leaf is replaced by a one-element int64 array
 holding its index — and one entry per array: leaf path ("layers/0/attn/q_proj"), zarr array
 name, shape, dtype and chunk shape. Readers open arrays with that metadata (`assume_metadata`),
 so reading a version costs one manifest read plus the chunk reads.
@@ -39,10 +39,10 @@ chunks aligned to the shard shape, so no two processes write the same chunk), a 
 `commit(version, params)` on one process. `put` is the three in a row for one process.
 
 Simplified on purpose:
-  * Containers come back as dicts, lists and tuples (as with minirl.serialization): namedtuples
+  * Containers come back as dicts, lists and tuples (as with minirl.store.serialization): namedtuples
     and other pytree nodes are stored as dicts of their fields.
   * No compression (weights barely compress) and no checksums (the kvstore's own integrity is
-    trusted; minirl/checkpoints.py is the checksummed, long-term storage).
+    trusted; minirl/store/checkpoints.py is the checksummed, long-term storage).
   * One writer at a time. Leftovers of a crashed `put` are removed when that version is begun
     again; data of crashed older attempts stays until someone deletes `data/` entries by hand.
   * On `file` kvstores TensorStore fsyncs every chunk (durable but slower than page-cache I/O);
@@ -65,16 +65,16 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 import tensorstore as ts
 
-from minirl.serialization import from_bytes
-from minirl.trees import flatten_tree
-from minirl.weights import (
+from minirl.control.workers import register_message_type
+from minirl.store.serialization import from_bytes
+from minirl.store.trees import flatten_tree
+from minirl.store.weights import (
     check_new_version,
     check_release,
     check_version,
     empty_store,
     unknown_version,
 )
-from minirl.workers import register_message_type
 from scale.tensorstore_layout import (
     MANIFESTS,
     data_prefix,

@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from minirl.tools.verifiers.pool import private_temp_dir
-from minirl.tools.verifiers.repository import RepositoryError, TestRepository
+from minirl.data.verifier_api import Verifier
 from minirl.types import Prompt, Rollout
-from minirl.verifier import Verifier
+from minirl.verifiers.pool import private_temp_dir
+from minirl.verifiers.repository import RepositoryError, TestRepository
 from scale.remote_verifier import decode_object, is_sha, nested_references, references
 
 __all__ = ["ServiceConfig", "VerifierService", "build_verifier", "main"]
@@ -325,10 +325,10 @@ def build_verifier(name: str, repository: TestRepository, workers: int, item_tim
     reads `repository`, "math"), a reward function of your own ("path/to/file.py:function",
     loaded by each worker), or a built-in task's own verifier ("task:countdown"), in a
     VerifierPool."""
-    from minirl.tools.verifiers import PoolConfig, VerifierPool, get_verifier
+    from minirl.verifiers import PoolConfig, VerifierPool, get_verifier
 
     if name.startswith("task:"):
-        from minirl.tools.tasks import get_task
+        from minirl.tasks import get_task
 
         task_name = name.removeprefix("task:")
         try:  # tasks with test data by reference read it from the service's repository

@@ -203,9 +203,9 @@ def test_the_check_script_runs_every_row_on_the_cpu(tmp_path):
 
 def test_the_lane_row_counts_verdicts_from_a_report_or_from_what_pytest_printed(check, tmp_path):
     printed = [
-        "tests/test_model.py::test_a[float32] PASSED                       [ 33%]",
-        "tests/test_model.py::test_b FAILED                                [ 66%]",
-        "tests/test_engine.py::test_c SKIPPED (GPU lane: no GPU)           [100%]",
+        "tests/modeling/test_model.py::test_a[float32] PASSED                       [ 33%]",
+        "tests/modeling/test_model.py::test_b FAILED                                [ 66%]",
+        "tests/inference/test_engine.py::test_c SKIPPED (GPU lane: no GPU)           [100%]",
         "some other line",
     ]
     verdicts = [m.groups() for m in map(check.VERDICT.match, printed) if m]
@@ -213,7 +213,7 @@ def test_the_lane_row_counts_verdicts_from_a_report_or_from_what_pytest_printed(
         "tests_passed": 1,
         "tests_failed": 1,
         "tests_skipped": 1,
-        "failures": ["tests/test_model.py::test_b"],
+        "failures": ["tests/modeling/test_model.py::test_b"],
         "skip_reasons": [],
     }
     xml = tmp_path / "lane.xml"
@@ -233,4 +233,8 @@ def test_the_lane_row_counts_verdicts_from_a_report_or_from_what_pytest_printed(
         "skip_reasons": ["GPU lane: why"],
     }
     files = check.lane_files(check.Plan())
-    assert {"tests/test_model.py", "tests/test_trainer.py", "tests/test_engine.py"} <= set(files)
+    assert {
+        "tests/modeling/test_model.py",
+        "tests/training/test_trainer.py",
+        "tests/inference/test_engine.py",
+    } <= set(files)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from minirl.tools.cli import main
+from minirl.cli import main
 
 
 def test_config_lists_every_knob_with_its_meaning(capsys):
@@ -41,7 +41,7 @@ def test_bad_overrides_are_clear_errors(capsys, assignment, message):
 
 def test_tools_parse_as_words_or_literals_and_need_a_built_in_task(tmp_path, capsys):
     """task.tools=calc,py and task.tools='("calc",)' both parse; a dataset file is refused."""
-    from minirl.run_presets import make_config
+    from minirl.run.presets import make_config
 
     assert make_config("fixture", ["task.tools=calc,py"]).task.tools == ("calc", "py")
     assert make_config("fixture", ['task.tools=("calc",)']).task.tools == ("calc",)
@@ -58,7 +58,7 @@ def test_behaviour_cap_reaches_decoupled_ppo_in_any_order():
     """rl.behaviour_cap sets decoupled PPO's bound on c (AReaL's 5 by default, 0 = the paper's
     uncapped Eq. 5), whichever of the two settings comes first on the command line."""
     from minirl.losses import make_objective
-    from minirl.run_presets import make_config
+    from minirl.run.presets import make_config
 
     def cap(*sets):
         rl = make_config("fixture", list(sets)).rl

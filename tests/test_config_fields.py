@@ -18,11 +18,11 @@ from hf_tiny import make_model_dir
 
 from minirl import config
 from minirl.configlib import describe
-from minirl.engine import EngineConfig
-from minirl.model import ModelConfig
-from minirl.run_presets import make_config
-from minirl.tools.runner import Run
-from minirl.trainer import TrainerConfig
+from minirl.inference.engine import EngineConfig
+from minirl.modeling.model import ModelConfig
+from minirl.run.presets import make_config
+from minirl.run.runner import Run
+from minirl.training.trainer import TrainerConfig
 
 pytestmark = pytest.mark.reference  # the Hugging Face model directory is made with transformers
 

@@ -107,8 +107,8 @@ def _reachable(numbers: list[int], ops: str) -> set:
 
 
 def test_rl_vs_sft_decoys_and_demonstration_rate(tmp_path):
-    from minirl.run_presets import make_config
-    from minirl.tools.runner import Run
+    from minirl.run.presets import make_config
+    from minirl.run.runner import Run
 
     m = _rl_vs_sft_module()
     run = Run(make_config("countdown", ["eval.prompts=24"]), tmp_path, progress=False)

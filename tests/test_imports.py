@@ -160,7 +160,12 @@ def test_the_config_is_a_leaf():
     import subprocess
     import sys
 
-    heavy = ("minirl.engine", "minirl.trainer", "minirl.controller", "minirl.tools")
+    heavy = (
+        "minirl.inference.engine",
+        "minirl.training.trainer",
+        "minirl.control.controller",
+        "minirl.run",
+    )
     code = f"import sys, minirl.config; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run(
         [sys.executable, "-c", code],

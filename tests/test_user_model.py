@@ -20,9 +20,9 @@ import transformers
 from flax import nnx
 from hf_tiny import make_model_dir
 
-from minirl.checkpoints import CheckpointManager
-from minirl.tools import cli
-from minirl.tools.hf import load_hf
+from minirl import cli
+from minirl.hf.model_files import load_hf
+from minirl.store.checkpoints import CheckpointManager
 
 pytestmark = pytest.mark.reference
 torch.set_num_threads(1)
@@ -222,7 +222,7 @@ def test_resume_refuses_changed_data_and_export_never_replaces_its_inputs(
 
 def test_lora_knobs_stay_settable_beside_a_model_directory(model_dirs, data):
     from minirl.configlib import ConfigError
-    from minirl.run_presets import make_config
+    from minirl.run.presets import make_config
 
     sets = [f"model.path={model_dirs['qwen2']}", f"data.train={data[0]}"]
     sets += ["model.lora_rank=8", "model.lora_targets=q,v"]
@@ -241,9 +241,9 @@ def test_a_lora_model_run_exports_a_peft_adapter_for_the_model_directory(
     loads onto DIR itself in transformers with minirl's logits."""
     import peft
 
-    from minirl import lora
-    from minirl.model import init_model
-    from minirl.tools.run_dir import load_config
+    from minirl.modeling import lora
+    from minirl.modeling.model import init_model
+    from minirl.run.run_dir import load_config
 
     model_dir = model_dirs["qwen2"]
     run_dir, out = tmp_path / "run", tmp_path / "adapter"

@@ -43,9 +43,9 @@ def test_problems_are_deterministic_and_right():
 def test_files_are_disjoint_and_load_as_a_dataset(tmp_path):
     from hf_tiny import make_tokenizer_dir
 
-    from minirl.tools.hf_tokenizer import HFTokenizer
-    from minirl.tools.tasks import FileTask
-    from minirl.tools.verifiers import get_verifier
+    from minirl.hf.hf_tokenizer import HFTokenizer
+    from minirl.tasks import FileTask
+    from minirl.verifiers import get_verifier
 
     train = wp.write(tmp_path, "train", 400, seed=0)
     test = wp.write(tmp_path, "test", 40, seed=0)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from minirl.tools import cli
+from minirl import cli
 
 # The fixture preset's shapes (16-token prompt bucket, 32-token cache), 8-token completions.
 SETS = [

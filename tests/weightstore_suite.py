@@ -23,8 +23,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from minirl.trees import assert_trees_equal
-from minirl.weights import (
+from minirl.store.trees import assert_trees_equal
+from minirl.store.weights import (
     EmptyStoreError,
     StaleVersionError,
     UnknownVersionError,

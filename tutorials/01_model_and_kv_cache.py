@@ -4,7 +4,7 @@
     python tutorials/01_model_and_kv_cache.py --fast     # fast mode (about 15 s; what CI runs)
 
 Writes `kv_cache_mismatch.png` and `results.json` into `--out` (default
-`runs/tutorials/01_model_and_kv_cache`). Uses `minirl/model.py` and `minirl/exact.py`.
+`runs/tutorials/01_model_and_kv_cache`). Uses `minirl/modeling/model.py` and `minirl/modeling/exact.py`.
 Mirrors, in miniature: VeXact Table 1 and Fig. 1 (the rollout engine's log-probs differ from the
 trainer's recomputation of the same tokens), and VeXact's fix (a rollout path with zero mismatch).
 
@@ -36,7 +36,7 @@ how to block a sum from the row count M: a decode step (M = B rows) and a traini
 training-inference mismatch (TIM): small on average, sometimes large, and sometimes enough to
 change which token is most likely (a "top-1 flip").
 
-Exact mode (`exact=True`, minirl/exact.py) removes the freedom. Every reduction (dense layers,
+Exact mode (`exact=True`, minirl/modeling/exact.py) removes the freedom. Every reduction (dense layers,
 attention, RMSNorm, log-softmax) is split into fixed chunks of 32 elements and summed in a fixed
 pairwise tree. The order of the additions then depends only on the contraction length, never on
 M, the batch or the slot. A fixed order turned out not to be enough on its own: XLA may also fuse
@@ -114,7 +114,7 @@ import numpy as np
 from flax import nnx
 from matplotlib.figure import Figure
 
-from minirl.model import KVCache, ModelConfig, Transformer, token_logprobs
+from minirl.modeling.model import KVCache, ModelConfig, Transformer, token_logprobs
 
 # ---------------------------------------------------------------------------------------------
 # The settings. Full mode uses the "tiny" preset (3.2M parameters, the default model of the

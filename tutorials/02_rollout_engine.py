@@ -4,8 +4,8 @@
     python tutorials/02_rollout_engine.py --fast     # fast mode (about 20 s; what CI runs)
 
 Writes `static_vs_continuous.png` and `results.json` into `--out` (default
-`runs/tutorials/02_rollout_engine`). Uses `minirl/engine.py` (with `minirl/scheduler.py` and
-`minirl/sampling.py`) and `minirl/trainer.py` for the recompute. Mirrors, in miniature: AReaL
+`runs/tutorials/02_rollout_engine`). Uses `minirl/inference/engine.py` (with `minirl/inference/scheduler.py` and
+`minirl/modeling/sampling.py`) and `minirl/training/trainer.py` for the recompute. Mirrors, in miniature: AReaL
 Fig. 6 and §4 ("without interruptible generation, the controller must wait for the longest
 response"). Here the cost of waiting for the longest response is measured inside one engine:
 static batching against continuous batching (Orca, vLLM) on long-tailed lengths.
@@ -111,13 +111,13 @@ import numpy as np
 from flax import nnx
 from matplotlib.figure import Figure
 
-from minirl.batching import make_batch
-from minirl.engine import Engine, EngineConfig, Request
-from minirl.model import ModelConfig, init_model
-from minirl.sampling import Sampling
-from minirl.tokenizer import CharTokenizer
-from minirl.tools.tasks import get_task
-from minirl.trainer import Trainer, TrainerConfig
+from minirl.inference.engine import Engine, EngineConfig, Request
+from minirl.modeling.model import ModelConfig, init_model
+from minirl.modeling.sampling import Sampling
+from minirl.modeling.tokenizer import CharTokenizer
+from minirl.tasks import get_task
+from minirl.training.batching import make_batch
+from minirl.training.trainer import Trainer, TrainerConfig
 from minirl.types import Score
 
 TOKENIZER = CharTokenizer()

@@ -4,7 +4,7 @@ r"""Lesson 03 — verifiers: from a completion to a reward, without trusting the
     python tutorials/03_verifiers.py --fast     # fast mode (about 15 s; what CI runs)
 
 Writes `verdicts.png` and `results.json` into `--out` (default `runs/tutorials/03_verifiers`).
-Uses `minirl/tools/verifiers/` (read `docs/verifiers.md` next). Mirrors, in miniature: RLAX §6.1,
+Uses `minirl/verifiers/` (read `docs/verifiers.md` next). Mirrors, in miniature: RLAX §6.1,
 math verification and Oubliette, the sandboxed code verifier (the paper has no figure for it;
 the plot is ours).
 
@@ -32,7 +32,7 @@ with a `TestRepository`.
 
 Hostile code. Under RL pressure a policy will write programs that loop, fork, allocate memory
 without end, write files, or go looking for the expected answers. Each program therefore runs in
-a sandbox (minirl/tools/verifiers/sandbox.py): its own session, a fresh temporary directory, rlimits
+a sandbox (minirl/verifiers/sandbox.py): its own session, a fresh temporary directory, rlimits
 on CPU, memory, processes and file size, no network, a read-only view of the host filesystem,
 and, as root, a fresh unprivileged uid per run, so that every process it leaves behind can be
 killed. Step 3 runs some of these programs and then checks the host. The sandbox is strongest as
@@ -121,7 +121,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.tools.verifiers import (
+from minirl.types import Prompt, Rollout
+from minirl.verifiers import (
     CodeVerifier,
     CodeVerifierConfig,
     Limits,
@@ -133,8 +134,7 @@ from minirl.tools.verifiers import (
     isolation_mode,
     put_tests,
 )
-from minirl.tools.verifiers.isolation import stray_processes
-from minirl.types import Prompt, Rollout
+from minirl.verifiers.isolation import stray_processes
 
 
 def rollout(text: str, meta: dict) -> Rollout:

@@ -5,7 +5,7 @@
 
 Writes `pass_at_k.png`, `results.json` and the run directory `run/` (config.json, metrics.jsonl,
 summary.json, checkpoints/) into `--out` (default `runs/tutorials/05_first_rl_run`). Uses the
-whole system through `minirl.tools.runner.Run(cfg, run_dir).train()`, the same call as `minirl train
+whole system through `minirl.run.runner.Run(cfg, run_dir).train()`, the same call as `minirl train
 --preset arithmetic`. Mirrors, in miniature: RLAX Fig. 2 (training reward over steps, and
 held-out accuracy and pass@8 before and after RL).
 
@@ -13,11 +13,11 @@ held-out accuracy and pass@8 before and after RL).
 THE IDEA
 --------
 Lessons 01-04 built the parts. An RL step joins them, and reads like pseudocode
-(minirl/controller.py):
+(minirl/control/controller.py):
 
     prompts  -> engine      G = 8 samples of each prompt, with log mu and versions (lesson 02)
     rollouts -> verifier    reward 1 if the final answer is right, else 0 (lesson 03)
-    groups   -> batch       prompt + completion rows, right-padded (minirl/batching.py)
+    groups   -> batch       prompt + completion rows, right-padded (minirl/training/batching.py)
     batch    -> trainer     recompute log pi, GRPO loss (lesson 04), one AdamW update
     weights  -> store       a new version, and the engine reloads it
 
@@ -39,7 +39,7 @@ warm-start steps, and 100 RL steps of 32 prompts x 8 samples.
 
 A model with random weights cannot even produce this format, so reward would be 0 everywhere and
 GRPO's group-normalised advantage would be 0 too: no signal at all. The run therefore starts with
-a short supervised WARM START on reference solutions (minirl/tools/warmstart.py). It is deliberately
+a short supervised WARM START on reference solutions (minirl/run/warmstart.py). It is deliberately
 cut short, so the base model is sometimes right. It is cached (under $MINIRL_CACHE, default
 ~/.cache/minirl), so a second run of the lesson skips it. RL then sharpens the model: within a
 group of 8 samples the right ones get a positive advantage and the wrong ones a negative one.
@@ -140,9 +140,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from minirl.configlib import to_dict
-from minirl.metrics_log import read_metrics
-from minirl.run_presets import make_config
-from minirl.tools.runner import Run
+from minirl.measure.metrics_log import read_metrics
+from minirl.run.presets import make_config
+from minirl.run.runner import Run
 
 # The knobs this lesson changes; everything else is the preset's default (`minirl config`).
 FULL = (

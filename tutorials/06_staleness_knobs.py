@@ -4,8 +4,8 @@
     python tutorials/06_staleness_knobs.py --fast  # fast mode (about 30 s; the `fixture` task)
 
 Writes `reward_vs_step_and_time.png`, `results.json` and one run directory per setting (`runs/`)
-into `--out` (default `runs/tutorials/06_staleness_knobs`). Uses `minirl.tools.runner.Run` with the
-`async` scheduler (minirl/async_loop.py) and the knobs `rl.reload_every` (j), `rl.max_lag` (k)
+into `--out` (default `runs/tutorials/06_staleness_knobs`). Uses `minirl.run.runner.Run` with the
+`async` scheduler (minirl/control/async_loop.py) and the knobs `rl.reload_every` (j), `rl.max_lag` (k)
 and `rl.eta`. Mirrors, in miniature: RLAX Fig. 4 (reward against steps and against wall-clock
 time for two staleness settings) and RLAX §3.1.
 
@@ -16,7 +16,7 @@ A synchronous RL step has two halves that wait for each other: the engine genera
 trainer is idle, then the trainer trains while the engine is idle. To overlap them, the engine
 must generate the NEXT batches with the weights it has while the trainer is still producing newer
 ones, so the trainer gets data that is a few versions old (stale). RLAX controls how stale with two
-knobs (minirl/controller.py):
+knobs (minirl/control/controller.py):
 
   j = rl.reload_every   the engine loads new weights only every j-th version. A reload costs
                         (an interrupt, a weight transfer), so large j reloads less often, and the
@@ -168,9 +168,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.metrics_log import read_metrics
-from minirl.run_presets import make_config
-from minirl.tools.runner import Run
+from minirl.measure.metrics_log import read_metrics
+from minirl.run.presets import make_config
+from minirl.run.runner import Run
 
 SETTINGS = ((1, 1), (1, 2), (4, 4), (4, 8))  # (j, k)
 # Lesson 05's task, model and warm start (reused from the cache when lesson 05 ran first).

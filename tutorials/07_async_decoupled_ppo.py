@@ -4,7 +4,7 @@
     python tutorials/07_async_decoupled_ppo.py --fast  # fast mode (about 15 s; what CI runs)
 
 Writes `naive_vs_decoupled.png`, `results.json` and one run directory per setting (`runs/`) into
-`--out` (default `runs/tutorials/07_async_decoupled_ppo`). Uses `minirl.tools.runner.Run` with
+`--out` (default `runs/tutorials/07_async_decoupled_ppo`). Uses `minirl.run.runner.Run` with
 `rl.eta`, `rl.batch_order`, `trainer.num_minibatches`, the loss presets `naive_ppo` and
 `decoupled_ppo` and `rl.behaviour_cap` (minirl/losses/presets.py). Mirrors, in miniature: AReaL Table 2 and Fig. 5 (final accuracy for
 maximum staleness eta in {0, 1, 2, 4, 8, 16, inf}, with and without the decoupled objective).
@@ -66,7 +66,7 @@ carry the step.
 
 THE TASK AND THE SCHEDULE. Per seed: the oracle (eta = 0) once, and the three arms at eta = 1,
 4 and 16: 10 runs; three seeds, 30 runs. To fit in minutes, the lesson uses minirl's smallest
-task, the one the tests use (`fixture`, tools/tasks/fixture.py): the prompt is a number such as
+task, the one the tests use (`fixture`, minirl/tasks/fixture.py): the prompt is a number such as
 `482:`, and any completion that starts with a digit of the same parity earns reward 1. A randomly
 initialised model (no warm start) writes a digit about 7% of the time. Learning to "write a
 digit" lifts the reward to about 0.5; reading the prompt's last digit and matching its parity
@@ -212,9 +212,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.metrics_log import read_metrics
-from minirl.run_presets import make_config
-from minirl.tools.runner import Run
+from minirl.measure.metrics_log import read_metrics
+from minirl.run.presets import make_config
+from minirl.run.runner import Run
 
 # The three objectives compared, as `--set` overrides: AReaL's baseline, decoupled PPO as AReaL's
 # trainer runs it (c = pi_prox/mu bounded: tokens with c > 5 leave the loss), and the paper's

@@ -5,9 +5,9 @@
 
 Writes `mismatch.png` and `results.json` into `--out` (default
 `runs/tutorials/08_training_inference_mismatch`); the three runs are under `--out/<arm>`.
-Uses `minirl/tools/mismatch.py` (`minirl diagnose`), `minirl/exact.py` (exact mode), the loss presets
+Uses `minirl/diagnose/` (`minirl diagnose`), `minirl/modeling/exact.py` (exact mode), the loss presets
 `token_reinforce` and `token_reinforce_tis_mis` (minirl/losses/), and `minirl train`
-(minirl/tools/runner.py). Read `docs/mismatch.md` next: it has the same experiment over three seeds.
+(minirl/run/runner.py). Read `docs/mismatch.md` next: it has the same experiment over three seeds.
 Mirrors, in miniature: RLAX Fig. 5 (the per-step |log π − log μ| of a run) and VeXact's
 experiment (REINFORCE with a mismatched engine, with the zero-mismatch engine, and with the
 TIS / rejection remedies).
@@ -35,7 +35,7 @@ computations of the very same numbers:
   graph      the trainer's remat policy: rematerialising changes how XLA fuses the forward
   batch      a sequence recomputed inside a batch against alone, padded to twice the length
   dtype      a bf16 engine against the fp32 trainer: the big one
-  exact      exact mode on both sides (minirl/exact.py: fixed reduction order): must be 0
+  exact      exact mode on both sides (minirl/modeling/exact.py: fixed reduction order): must be 0
 
 Three remedies, three runs. Each is the same on-policy REINFORCE (`token_reinforce`: one update
 per batch, so any Δ is mismatch, not staleness), from the same initial weights, with the same
@@ -56,7 +56,7 @@ without mismatch, and the first place where mismatch damage shows.
 
 WHAT THE SCRIPT DOES
 --------------------
-1. `minirl.tools.mismatch.diagnose`: the table of sources. Full mode on the `countdown_hard` preset's model
+1. `minirl.diagnose.diagnose`: the table of sources. Full mode on the `countdown_hard` preset's model
    (3.2M parameters, the first default) untrained (`--set sft.steps=0`, so the lesson needs no warm start; the
    numerics do not need a trained model), fast mode on the fixture preset. Exact rows must be 0.
 2. The three runs on the fixture preset (a 2-token task, 78k parameters): the same `minirl train`
@@ -178,11 +178,11 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.checkpoints import CheckpointManager
-from minirl.metrics_log import read_metrics
-from minirl.run_presets import make_config
-from minirl.tools.mismatch import diagnose, format_table
-from minirl.tools.runner import Run
+from minirl.diagnose import diagnose, format_table
+from minirl.measure.metrics_log import read_metrics
+from minirl.run.presets import make_config
+from minirl.run.runner import Run
+from minirl.store.checkpoints import CheckpointManager
 
 # ---------------------------------------------------------------------------------------------
 # The settings. The arms are those of experiments/mismatch.py (one seed here; three there).

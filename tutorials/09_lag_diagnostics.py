@@ -3,9 +3,9 @@
     python tutorials/09_lag_diagnostics.py            # full mode (a few minutes on 2 CPU cores)
     python tutorials/09_lag_diagnostics.py --fast     # fast mode (CI)
 
-Writes `lag.png` (minirl.tools.plots.plot_lag: the table and the tails by lag), `lag_per_step.png`
+Writes `lag.png` (minirl.plots.plot_lag: the table and the tails by lag), `lag_per_step.png`
 and `results.json` into `--out` (default `runs/tutorials/09_lag_diagnostics`); the run itself is
-under `--out/run`. Uses `minirl/diagnostics.py` (the numbers, every step) and `minirl/tools/plots.py`
+under `--out/run`. Uses `minirl/measure/diagnostics.py` (the numbers, every step) and `minirl/plots/`
 (`lag_table`, `plot_lag`); read `docs/diagnostics.md` next.
 Mirrors, in miniature: PipelineRL limits study, Table 3 and §7.3 (per lag bucket: the median of
 the per-step max ratio rises with lag while the median mean ratio stays at 1; forward KL grows;
@@ -56,12 +56,12 @@ reloads and it starts again. Every lag bucket up to J−1 fills, deterministical
 WHAT THE SCRIPT DOES
 --------------------
 1. The maths on a toy distribution (numpy only): draws tokens from μ, moves π away from μ by
-   more and more, and feeds the ratios to `minirl.diagnostics.lag_buckets`. The mean ρ stays 1,
+   more and more, and feeds the ratios to `minirl.measure.diagnostics.lag_buckets`. The mean ρ stays 1,
    the max ρ and k3 grow, and k3 estimates the exact KL(μ‖π).
 2. A real run: `minirl train --preset fixture` with a bf16 engine, `rl.reload_every=J`,
    no lag bound, the preset's GRPO loss. Every step's `lag/<bucket>/...` and `snis/...`
    numbers go to metrics.jsonl (the controller calls `batch_diagnostics` on every batch).
-3. `minirl.tools.plots.lag_table` turns them into Table 3, printed next to the paper's rows.
+3. `minirl.plots.lag_table` turns them into Table 3, printed next to the paper's rows.
 4. Checks the lesson's claims on the table and says which of the paper's findings reproduce.
 5. The regime: the same run at two smaller learning rates (3e-6 and 1e-7; fast mode: 1e-7). Per
    rate and bucket: the KL, its growth over lag 0, and the baseline RMSE against sqrt(KL). Does
@@ -121,7 +121,7 @@ where the paper's groups and rewards differ; compare shapes, not levels.
     Step 2. minirl train --preset fixture --set engine.dtype=bfloat16 --set rl.max_lag=0 --set rl.eta=0 --set trainer.learning_rate=0.0003 --set rl.steps=192 --set rl.reload_every=64 --set rl.prompts_per_step=32 --set rl.group_size=8 --set rl.checkpoint_every=64
       192 steps in 101 s; held-out pass@1 0.078 -> 0.922
 
-    Step 3. the lag-bucket table (minirl.tools.plots.lag_table of metrics.jsonl)
+    Step 3. the lag-bucket table (minirl.plots.lag_table of metrics.jsonl)
       lag        steps  tokens  median max ρ  p95 max ρ   max ρ  median mean ρ     k3 KL    P(ρ>2)  baseline RMSE
       [0,1)          3    1535         1.035      1.036    1.04        0.99990  6.13e-05  0.00e+00       1.23e-03
       [1,3)          6    3067         1.517      3.357    3.72        0.99850  1.21e-02  3.91e-03       1.95e-02
@@ -189,11 +189,11 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.diagnostics import lag_buckets
-from minirl.metrics_log import read_metrics
-from minirl.run_presets import make_config
-from minirl.tools.plots import lag_table, plot_lag
-from minirl.tools.runner import Run
+from minirl.measure.diagnostics import lag_buckets
+from minirl.measure.metrics_log import read_metrics
+from minirl.plots import lag_table, plot_lag
+from minirl.run.presets import make_config
+from minirl.run.runner import Run
 
 # ---------------------------------------------------------------------------------------------
 # The settings. Fixture preset (2-token answers, a 78k-parameter model): seconds per step.
@@ -415,7 +415,7 @@ def main() -> None:
 
     # Step 3: PipelineRL's Table 3 from the run's metrics.jsonl.
     rows = lag_table(records)
-    print("\nStep 3. the lag-bucket table (minirl.tools.plots.lag_table of metrics.jsonl)")
+    print("\nStep 3. the lag-bucket table (minirl.plots.lag_table of metrics.jsonl)")
     print_table(rows)
     print("  PipelineRL Table 3 (Qwen2.5-0.5B, GSM8K, bf16 engine), for comparison:")
     for lag, p in PAPER.items():

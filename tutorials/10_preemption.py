@@ -5,7 +5,7 @@
 
 Writes `preemption.png` and `results.json` into `--out` (default `runs/tutorials/10_preemption`),
 and keeps the two runs it compares under `--out/reference` and `--out/killed`. Uses
-`minirl train` (minirl/tools/runner.py), `minirl/checkpoints.py` and `minirl/serialization.py`.
+`minirl train` (minirl/run/runner.py), `minirl/store/checkpoints.py` and `minirl/store/serialization.py`.
 Mirrors, in miniature: RLAX Fig. 6 (a run preempted, resumed from its last checkpoint, and
 training on "with no observable deviation") and RLAX §3.2 (deterministic resume). Here "no
 observable deviation" becomes a claim the lesson checks: the final weights are bitwise equal.
@@ -28,7 +28,7 @@ Three things make this possible:
      (`Controller.snapshot`). Anything left out would make the resumed run drift.
   2. Every random draw is a pure function of counters. The engine's sampling key for token t of
      sample i of prompt uid u is derived from (seed, u, i, t), never from a stateful generator
-     that advanced in the dead process (minirl/sampling.py). Re-generating a rollout after a
+     that advanced in the dead process (minirl/modeling/sampling.py). Re-generating a rollout after a
      resume gives the same tokens. The `lockstep` scheduler also makes every decision (which
      groups go into which batch, when the engine reloads) from logical counts, never from
      timing.
@@ -46,7 +46,7 @@ not be the run you asked for.
 Checkpoints are written at RELOAD BOUNDARIES (steps where the engine holds the trainer's newest
 version), so one set of weights describes both. The async scheduler (free-running threads) cannot
 be bitwise reproducible, because its batches depend on timing; for it minirl promises less: no
-prompt lost or trained twice (tests/test_preemption.py checks that). This lesson uses lockstep.
+prompt lost or trained twice (tests/run/test_preemption.py checks that). This lesson uses lockstep.
 
 WHAT THE SCRIPT DOES
 --------------------
@@ -84,7 +84,7 @@ to the uninterrupted run's, and the same held-out evaluation.
     mode: full   cores: 2   load average: 9.0
 
     Step 1. the reference: 30 steps, a checkpoint every 5, never interrupted
-      $ python -m minirl.tools.cli train --preset fixture --staleness one_step_off --run-dir OUT/reference --quiet --set rl.steps=30 --set rl.checkpoint_every=5 --set rl.prompts_per_step=32 --set rl.group_size=8
+      $ python -m minirl.cli train --preset fixture --staleness one_step_off --run-dir OUT/reference --quiet --set rl.steps=30 --set rl.checkpoint_every=5 --set rl.prompts_per_step=32 --set rl.group_size=8
 
     Step 2. the same command in another directory, SIGKILLed 3 time(s)
       start 1: killed 0.25 s after step 6 was logged -> on disk: 6 steps in metrics.jsonl, checkpoints at steps [5], unfinished saves: none
@@ -135,9 +135,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.checkpoints import CheckpointManager
-from minirl.metrics_log import read_metrics
-from minirl.trees import tree_mismatch
+from minirl.measure.metrics_log import read_metrics
+from minirl.store.checkpoints import CheckpointManager
+from minirl.store.trees import tree_mismatch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,7 +160,7 @@ def train_command(run_dir: Path, s: dict, extra: list[str] = ()) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "minirl.tools.cli",
+        "minirl.cli",
         "train",
         "--preset",
         "fixture",
@@ -278,11 +278,11 @@ def flip_one_byte(run_dir: Path, work: Path) -> dict:
     warnings: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: warnings.append(record.getMessage())
-    logging.getLogger("minirl.checkpoints").addHandler(handler)
+    logging.getLogger("minirl.store.checkpoints").addHandler(handler)
     try:
         restored = manager.restore()
     finally:
-        logging.getLogger("minirl.checkpoints").removeHandler(handler)
+        logging.getLogger("minirl.store.checkpoints").removeHandler(handler)
     return {"damaged_step": newest, "restored_step": restored.step, "warnings": warnings}
 
 

@@ -199,14 +199,14 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from minirl.batching import make_batch  # noqa: E402
-from minirl.diagnostics import mismatch_metrics  # noqa: E402
-from minirl.engine import Engine, EngineConfig  # noqa: E402
+from minirl.inference.engine import Engine, EngineConfig  # noqa: E402
+from minirl.inference.scheduler import Request  # noqa: E402
 from minirl.losses import get_preset  # noqa: E402
-from minirl.model import ModelConfig, init_model  # noqa: E402
-from minirl.scheduler import Request  # noqa: E402
-from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
-from minirl.trees import flatten_tree  # noqa: E402
+from minirl.measure.diagnostics import mismatch_metrics  # noqa: E402
+from minirl.modeling.model import ModelConfig, init_model  # noqa: E402
+from minirl.store.trees import flatten_tree  # noqa: E402
+from minirl.training.batching import make_batch  # noqa: E402
+from minirl.training.trainer import Trainer, TrainerConfig  # noqa: E402
 from minirl.types import Batch, Prompt, Rollout, Score  # noqa: E402
 from scale import mesh as mesh_lib  # noqa: E402
 from scale.launch import wait_for_output  # noqa: E402
@@ -583,7 +583,7 @@ class Service:
 def code_rollouts(repo, problems: int, per_problem: int, pad: int) -> list[Rollout]:
     """Rollouts of an "add two numbers" task; each problem's tests carry `pad` bytes of input
     the programs ignore (stand-in for big test data)."""
-    from minirl.tools.verifiers import put_tests
+    from minirl.verifiers import put_tests
 
     rollouts = []
     for p in range(problems):
@@ -605,7 +605,7 @@ def code_rollouts(repo, problems: int, per_problem: int, pad: int) -> list[Rollo
 
 
 def step_verifier_service(s: dict, work: Path) -> dict:
-    from minirl.tools.verifiers import CodeVerifier, TestRepository
+    from minirl.verifiers import CodeVerifier, TestRepository
     from scale.remote_verifier import ClientConfig, RemoteVerifier
 
     print("\nStep 4. the verifier as a service (python -m scale.verifier_service, 127.0.0.1)")

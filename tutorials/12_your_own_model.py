@@ -20,7 +20,7 @@ tokenizer.json, tokenizer_config.json with a chat template, generation_config.js
 problems with answers (GSM8K's `{"question": ..., "answer": "... #### 42"}`). Everything minirl
 needs is in those files, and nothing may come from its presets:
 
-    config.json               the architecture and shapes (minirl/tools/hf.py)
+    config.json               the architecture and shapes (minirl/hf/model_files.py)
     *.safetensors             the weights, read one file at a time, float32 master copies
     tokenizer.json            the BPE tokenizer, through the `tokenizers` library
     tokenizer_config.json     special tokens and the Jinja chat template that lays out a prompt
@@ -170,8 +170,8 @@ def main() -> None:
     files = sorted(f.name for f in base.iterdir() if f.is_file())
     print(f"\nStep 1. {stamp()} the base model directory: {', '.join(files)}")
 
-    from minirl.config_args import config_from_args
-    from minirl.tools.cli import build_parser
+    from minirl.cli import build_parser
+    from minirl.run.config_args import config_from_args
 
     data = base / "data"
     argv = [
@@ -194,7 +194,7 @@ def main() -> None:
         f"from config.json), overrides {COMMON + mode['overrides']}"
     )
 
-    from minirl.tools.runner import Run
+    from minirl.run.runner import Run
 
     run_dir = out / "run"
     shutil.rmtree(run_dir, ignore_errors=True)  # an existing run directory would be resumed
@@ -224,7 +224,7 @@ def main() -> None:
         f"({summary['counters']['steps']} steps in {summary['rl_seconds']:.0f} s)"
     )
 
-    from minirl.tools.export import export_run
+    from minirl.run.export import export_run
 
     exported = export_run(run_dir, out / "exported", force=True)
     print(
@@ -260,7 +260,7 @@ def compare_with_transformers(path: Path) -> dict:
     import numpy as np
     from flax import nnx
 
-    from minirl.tools.hf import load_hf
+    from minirl.hf.model_files import load_hf
 
     tokens = np.arange(1, 33, dtype=np.int32)[None]
     _, model = load_hf(path)

@@ -4,7 +4,7 @@ r"""Lesson 13 — a pod on a laptop: the real controller on simulated parts and 
     python tutorials/13_a_pod_on_a_laptop.py --fast     # fast mode (seconds; what CI runs)
 
 Writes `engine_devices_sweep.png` and `results.json` into `--out` (default
-`runs/tutorials/13_a_pod_on_a_laptop`). Uses `minirl/tools/sim/` and `minirl plan` (read
+`runs/tutorials/13_a_pod_on_a_laptop`). Uses `minirl/sim/` and `minirl plan` (read
 `docs/sim.md` next). Mirrors: AReaL §6.2 / Fig. 4 (async vs sync on long-tailed lengths), RLAX
 Fig. 4 (stale-16 vs stale-32), PipelineRL's in-flight lag — their economics, not their learning.
 
@@ -102,12 +102,11 @@ from pathlib import Path
 
 import numpy as np
 
-from minirl.engine_config import EngineConfig
-from minirl.model import ModelConfig
-from minirl.scheduler import Request
-from minirl.tools.cli import build_parser
-from minirl.tools.plan import knobs_of, make_setup
-from minirl.tools.sim.costs import (
+from minirl.cli import build_parser
+from minirl.inference.engine_config import EngineConfig
+from minirl.inference.scheduler import Request
+from minirl.modeling.model import ModelConfig
+from minirl.sim.costs import (
     DEVICES,
     SHAPES,
     Costs,
@@ -117,9 +116,10 @@ from minirl.tools.sim.costs import (
     matmul_params,
     weight_bytes,
 )
-from minirl.tools.sim.parts import SimEngine, VirtualClock
-from minirl.tools.sim.run import cluster, simulate
-from minirl.tools.sim.workload import Lengths
+from minirl.sim.parts import SimEngine, VirtualClock
+from minirl.sim.plan import knobs_of, make_setup
+from minirl.sim.run import cluster, simulate
+from minirl.sim.workload import Lengths
 from minirl.types import Prompt
 
 LONG_TAIL = "lognormal:8.6,0.8"  # median 5.4k tokens, a long right tail (capped below)

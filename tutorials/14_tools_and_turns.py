@@ -4,7 +4,7 @@ r"""Lesson 14 — tools and turns: multi-turn episodes, token in and token out.
     python tutorials/14_tools_and_turns.py --fast     # fast mode (about a minute; what CI runs)
 
 Writes `tool_vs_no_tool.png` and `results.json` into `--out` (default
-`runs/tutorials/14_tools_and_turns`). Uses `minirl/tools/envs/` (read `docs/multiturn.md` next).
+`runs/tutorials/14_tools_and_turns`). Uses `minirl/envs/` (read `docs/multiturn.md` next).
 Mirrors, in miniature: issue #23, and the agent-RL bugs it rules out (TRL #5224, verl #3960,
 verl #6501); the three-seed measurement is `experiments/tools.py`.
 
@@ -97,14 +97,10 @@ from pathlib import Path
 
 import numpy as np
 
-from minirl.batching import make_batch
-from minirl.controller import Controller
+from minirl.control.controller import Controller
+from minirl.control.workers import InProcessWorker
 from minirl.data.mixture import Mixture
-from minirl.engine import Engine, EngineConfig, Request
-from minirl.losses import get_preset
-from minirl.run_presets import make_config
-from minirl.tokenizer import CharTokenizer
-from minirl.tools.envs import (
+from minirl.envs import (
     Calculator,
     EpisodeConfig,
     EpisodeRunner,
@@ -114,11 +110,15 @@ from minirl.tools.envs import (
     demonstration_episode,
     stop_sequences,
 )
-from minirl.tools.inputs import initial_params
-from minirl.tools.tasks.arithmetic import Arithmetic, ArithmeticConfig
-from minirl.trainer import Trainer
-from minirl.weights import InMemoryWeightStore
-from minirl.workers import InProcessWorker
+from minirl.inference.engine import Engine, EngineConfig, Request
+from minirl.losses import get_preset
+from minirl.modeling.tokenizer import CharTokenizer
+from minirl.run.presets import make_config
+from minirl.run.starting_point import initial_params
+from minirl.store.weights import InMemoryWeightStore
+from minirl.tasks.arithmetic import Arithmetic, ArithmeticConfig
+from minirl.training.batching import make_batch
+from minirl.training.trainer import Trainer
 
 TOK = CharTokenizer()
 TURNS = Turns(TOK)

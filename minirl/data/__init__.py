@@ -1,9 +1,9 @@
 """What the controller needs about data: the `Task` and `Verifier` interfaces, the prompt
 mixture and the filters. The built-in tasks and dataset files that implement `Task` are above
-the core, in minirl/tools/tasks/.
+the core, in minirl/tasks/.
 
     from minirl.data import Mixture
-    from minirl.tools.tasks import get_task
+    from minirl.tasks import get_task
     task = get_task("countdown")
     prompt = task.prompt(0, "train")          # deterministic from (task, split, index)
     scores = task.verifier.score(rollouts)    # reads rollout.text
@@ -13,7 +13,7 @@ See docs/tasks.md for what each task's demonstrations teach and what only the re
 
 from minirl.data.filters import FillStats, PrefilterReport, dynamic_filter, fill_batch, prefilter
 from minirl.data.mixture import Mixture
-from minirl.data.tasks import Task, TaskRouter, Verifier
+from minirl.data.task_api import Task, TaskRouter, Verifier
 
 __all__ = [
     "FillStats",

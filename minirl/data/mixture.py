@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from minirl.data.tasks import SPLITS, Task, stable_hash, stream
+from minirl.data.task_api import SPLITS, Task, stable_hash, stream
 from minirl.types import Prompt
 
 STATE_VERSION = 1

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from minirl.data import dynamic_filter, fill_batch, prefilter
-from minirl.tools.tasks import get_task
+from minirl.tasks import get_task
 
 
 @pytest.fixture(scope="module")

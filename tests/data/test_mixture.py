@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from minirl.data import Mixture
-from minirl.data.tasks import stable_hash
-from minirl.tools.tasks import get_task
+from minirl.data.task_api import stable_hash
+from minirl.tasks import get_task
 from minirl.types import Prompt
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minirl.tools.verifiers.pool import remove_stale_scratch
 from minirl.types import Prompt, Rollout
+from minirl.verifiers.pool import remove_stale_scratch
 from scale.launch import wait_for_output
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -57,14 +57,14 @@ mesh_lib.initialize(
     mesh_lib.DistributedConfig(args.coordinator, args.num_processes, args.process_id)
 )
 
-from minirl.batching import make_batch  # noqa: E402
-from minirl.diagnostics import mismatch_metrics  # noqa: E402
-from minirl.engine import Engine, EngineConfig, Request  # noqa: E402
+from minirl.hf.model_files import save_hf  # noqa: E402
+from minirl.inference.engine import Engine, EngineConfig, Request  # noqa: E402
 from minirl.losses import get_preset  # noqa: E402
-from minirl.model import ModelConfig, init_model  # noqa: E402
-from minirl.tools.hf import save_hf  # noqa: E402
-from minirl.trainer import Trainer, TrainerConfig  # noqa: E402
-from minirl.trees import flatten_tree  # noqa: E402
+from minirl.measure.diagnostics import mismatch_metrics  # noqa: E402
+from minirl.modeling.model import ModelConfig, init_model  # noqa: E402
+from minirl.store.trees import flatten_tree  # noqa: E402
+from minirl.training.batching import make_batch  # noqa: E402
+from minirl.training.trainer import Trainer, TrainerConfig  # noqa: E402
 from minirl.types import Prompt, Score  # noqa: E402
 from scale.tensorstore_weights import TensorStoreWeightStore  # noqa: E402
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from minirl.run_presets import make_config
-from minirl.tools.mismatch import EXTRA_SOURCES, diagnose
+from minirl.diagnose import EXTRA_SOURCES, diagnose
+from minirl.run.presets import make_config
 from scale.mesh import MeshConfig
 
 ROOT = Path(__file__).resolve().parents[2]

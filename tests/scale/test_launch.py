@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from minirl.tools.verifiers.pool import remove_stale_scratch
+from minirl.verifiers.pool import remove_stale_scratch
 from scale.launch import wait_for_output
 
 pytest.importorskip("ray")
@@ -256,9 +256,9 @@ def test_the_weights_path_ends_bitwise_where_minirl_train_does(tmp_path):
     `scale.launch ray --weights` (trainer and engine as JAX jobs on one device each, weights by
     reference) logs the same steps and ends with bitwise-equal weights and optimizer state;
     the multi-host run now evaluates before and after, as `minirl train` does."""
-    from minirl.checkpoints import CheckpointManager
-    from minirl.tools.cli import main
-    from minirl.trees import assert_trees_equal
+    from minirl.cli import main
+    from minirl.store.checkpoints import CheckpointManager
+    from minirl.store.trees import assert_trees_equal
 
     sets = [*SETS, "--set", "rl.steps=3", "--set", "eval.prompts=8", "--set", "eval.samples=2"]
     here, jobs = tmp_path / "here", tmp_path / "jobs"
@@ -287,7 +287,7 @@ def test_an_async_weights_run_holds_its_bounds_and_resumes_after_kill_9(tmp_path
     versions behind the weights it trains) and eta (in flight + buffered at most (eta + 1)
     batches); killed with SIGKILL during step 3 and run again, it ends at step 4 with every
     prompt issued accounted for and none trained twice."""
-    from minirl.checkpoints import CheckpointManager
+    from minirl.store.checkpoints import CheckpointManager
 
     run = tmp_path / "run"
     cmd = [

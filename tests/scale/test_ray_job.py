@@ -14,7 +14,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from minirl.workers import WorkerDied  # noqa: E402
+from minirl.control.workers import WorkerDied  # noqa: E402
 from scale.ray_workers import RayJob  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors cannot import tests/

@@ -17,11 +17,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from minirl.checkpoints import CheckpointManager  # noqa: E402
-from minirl.run_presets import make_config  # noqa: E402
-from minirl.tools.runner import Run  # noqa: E402
+from minirl.control.workers import WorkerDied, WorkerError  # noqa: E402
+from minirl.run.presets import make_config  # noqa: E402
+from minirl.run.runner import Run  # noqa: E402
+from minirl.store.checkpoints import CheckpointManager  # noqa: E402
 from minirl.types import Prompt  # noqa: E402
-from minirl.workers import WorkerDied, WorkerError  # noqa: E402
 from scale.ray_workers import RayPlacement, RayWorker  # noqa: E402
 
 CPUS = 4  # logical CPUs of the test cluster: engine x 2, trainer, verifier
@@ -213,7 +213,7 @@ def test_an_async_run_on_ray_actors_keeps_its_bounds_and_loses_nothing(cluster, 
         r["lag/mean"] <= 1 for r in records
     )  # lag - 1 <= k - 1 (the loop asserts k per batch)
     ckpt = CheckpointManager(tmp_path).restore()
-    from minirl.workers import from_plain
+    from minirl.control.workers import from_plain
 
     ctl = from_plain(ckpt.controller_state)["controller"]
     c = ctl["counters"]

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from minirl.tools.verifiers import CodeVerifier, TestRepository, put_tests
-from minirl.tools.verifiers.code_verifier import put_checker
 from minirl.types import Score
+from minirl.verifiers import CodeVerifier, TestRepository, put_tests
+from minirl.verifiers.code_verifier import put_checker
 from scale.remote_verifier import ClientConfig, RemoteVerifier, RemoteVerifierError
 from scale.verifier_service import ServiceConfig, VerifierService
 

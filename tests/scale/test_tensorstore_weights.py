@@ -15,8 +15,8 @@ import pytest
 import tensorstore as ts
 from weightstore_suite import WeightStoreSuite, all_leaves_equal, filled
 
-from minirl.trees import assert_trees_equal
-from minirl.weights import UnknownVersionError
+from minirl.store.trees import assert_trees_equal
+from minirl.store.weights import UnknownVersionError
 from scale.tensorstore_layout import chunk_shape
 from scale.tensorstore_weights import TensorStoreWeightStore
 

@@ -6,9 +6,9 @@ import time
 import numpy as np
 import pytest
 
-from minirl.tools.verifiers import TestRepository
-from minirl.tools.verifiers.isolation import stray_processes
 from minirl.types import Prompt, Rollout
+from minirl.verifiers import TestRepository
+from minirl.verifiers.isolation import stray_processes
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 
 import pytest
 
-from minirl.tools.verifiers import (
+from minirl.types import Score
+from minirl.verifiers import (
     CallableVerifier,
     CodeVerifier,
     MathVerifier,
@@ -12,7 +13,6 @@ from minirl.tools.verifiers import (
     register_verifier,
     verifier_names,
 )
-from minirl.types import Score
 
 
 def test_callable_verifier_accepts_shorthands_and_contains_errors(make_rollout):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from minirl.tools.verifiers import (
+from minirl.verifiers import (
     CodeVerifier,
     CodeVerifierConfig,
     Limits,

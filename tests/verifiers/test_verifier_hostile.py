@@ -4,7 +4,7 @@ Every program's expected output ("pwned") is reachable only if its attack works,
 attacks score 0. Then the host side is checked: no stray processes, no files written outside,
 no connection on the loopback listener, the secret and the test data unread, and the pool still
 scores the next batch. What is guaranteed depends on the isolation mode the machine allows (see
-the table in minirl/tools/verifiers/sandbox.py); on this machine (root, namespaces) it is "uid".
+the table in minirl/verifiers/sandbox.py); on this machine (root, namespaces) it is "uid".
 Only loopback (127.0.0.1) is ever contacted.
 """
 
@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from minirl.tools.verifiers import (
+from minirl.verifiers import (
     CodeVerifier,
     CodeVerifierConfig,
     Limits,
@@ -180,7 +180,7 @@ def test_repository_is_hidden_wherever_it_lives(make_rollout, mode):
     import shutil
     import tempfile
 
-    from minirl.tools.verifiers import TestRepository
+    from minirl.verifiers import TestRepository
 
     base = tempfile.mkdtemp(prefix="minirl-test-", dir="/dev/shm")
     try:

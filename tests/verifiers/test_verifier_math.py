@@ -6,24 +6,24 @@ import time
 
 import pytest
 
-from minirl.tools.verifiers import (
+from minirl.types import Score
+from minirl.verifiers import (
     MathVerifier,
     MathVerifierConfig,
     extract_answer,
     math_equal,
     normalize_answer,
 )
-from minirl.tools.verifiers.math_equal import (
+from minirl.verifiers.math_equal import (
     Undecided,
     _import_sympy,
     judge_equal,
     probe_equal,
     sympy_equal,
 )
-from minirl.tools.verifiers.math_extract import brace_pairs, match_brace
-from minirl.tools.verifiers.math_parse import Unsupported, parse_expression
-from minirl.tools.verifiers.math_verifier import score_math
-from minirl.types import Score
+from minirl.verifiers.math_extract import brace_pairs, match_brace
+from minirl.verifiers.math_parse import Unsupported, parse_expression
+from minirl.verifiers.math_verifier import score_math
 
 # (candidate, reference, equivalent?) — each row was checked by hand.
 EQUIVALENCE_TABLE = [
@@ -218,7 +218,7 @@ def test_an_exhausted_budget_is_undecided_never_a_wrong_answer(make_rollout, mon
     assert math_equal(candidate, reference, use_sympy=False) is False  # not shown equal
     assert judge_equal("(x^{500}, 2)", f"({candidate}, 3)", use_sympy=False) is False
 
-    module = importlib.import_module("minirl.tools.verifiers.math_equal")
+    module = importlib.import_module("minirl.verifiers.math_equal")
     out_of_time = sympy_equal(parse_expression("(x+1)^{12}"), parse_expression("x"), 1e-9)
     assert out_of_time.startswith("budget exhausted")
     monkeypatch.setattr(module, "sympy_equal", lambda ta, tb, timeout_s: out_of_time)
@@ -248,7 +248,7 @@ def test_sympy_timeout_is_the_budget_of_the_whole_answer(monkeypatch):
         time.sleep(timeout_s)
         return None
 
-    module = importlib.import_module("minirl.tools.verifiers.math_equal")  # not the function
+    module = importlib.import_module("minirl.verifiers.math_equal")  # not the function
     monkeypatch.setattr(module, "sympy_equal", slow_sympy)
     candidate = "(" + ",".join(f"x+{k}" for k in range(5)) + ")"
     reference = "(" + ",".join(f"{k}+x" for k in range(5)) + ")"
@@ -493,7 +493,7 @@ def test_parser_whitelist_rejects_everything_else(answer):
 def test_decimals_are_exact_and_functions_are_floats():
     from fractions import Fraction
 
-    from minirl.tools.verifiers.math_parse import evaluate
+    from minirl.verifiers.math_parse import evaluate
 
     assert evaluate(*parse_expression("0.1+0.2")) == Fraction(3, 10)  # not 0.30000000000000004
     assert evaluate(*parse_expression("\\sqrt{\\frac{9}{4}}")) == Fraction(3, 2)  # perfect squares
@@ -514,7 +514,7 @@ def test_decimals_are_exact_and_functions_are_floats():
     ],
 )
 def test_evaluate_refuses_values_too_large_or_lost_in_floating_point(answer):
-    from minirl.tools.verifiers.math_parse import evaluate
+    from minirl.verifiers.math_parse import evaluate
 
     with pytest.raises(Unsupported):
         evaluate(*parse_expression(answer))
@@ -555,7 +555,7 @@ def test_both_backends_judge_alike(make_rollout, backend):
 def test_math_verify_refuses_off_the_main_thread_and_runs_in_the_pool(make_rollout):
     import threading
 
-    from minirl.tools.verifiers import PoolConfig, VerifierPool
+    from minirl.verifiers import PoolConfig, VerifierPool
 
     pytest.importorskip("math_verify")
     verifier = MathVerifier(MathVerifierConfig(backend="math_verify"))

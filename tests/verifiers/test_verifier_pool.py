@@ -6,14 +6,8 @@ import time
 
 import pytest
 
-from minirl.tools.verifiers import (
-    CallableVerifier,
-    MathVerifier,
-    PoolConfig,
-    Verifier,
-    VerifierPool,
-)
 from minirl.types import Score
+from minirl.verifiers import CallableVerifier, MathVerifier, PoolConfig, Verifier, VerifierPool
 
 
 def judge(text: str, meta: dict) -> Score:
@@ -156,7 +150,7 @@ def test_worker_dirs_are_removed_even_if_close_is_forgotten(tmp_path):
     script.write_text(
         textwrap.dedent("""
         import os, signal, time
-        from minirl.tools.verifiers import CallableVerifier, PoolConfig, VerifierPool
+        from minirl.verifiers import CallableVerifier, PoolConfig, VerifierPool
         if __name__ == "__main__":
             pool = VerifierPool(CallableVerifier(lambda text, meta: 1.0), PoolConfig(workers=2))
             pool.start()

@@ -5,13 +5,13 @@ import os
 
 import pytest
 
-from minirl.tools.verifiers import (
+from minirl.verifiers import (
     CorruptObjectError,
     ObjectNotFoundError,
     RepositoryError,
     TestRepository,
 )
-from minirl.tools.verifiers.repository import canonical_json
+from minirl.verifiers.repository import canonical_json
 
 
 def test_put_get_bytes_and_objects(repo):

@@ -10,9 +10,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from minirl.tokenizer import CharTokenizer
-from minirl.tools.tasks.files import FileFormat, scan
-from minirl.tools.verifiers import (
+from minirl.modeling.tokenizer import CharTokenizer
+from minirl.tasks.files import FileFormat, scan
+from minirl.types import Score
+from minirl.verifiers import (
     CodeVerifier,
     PoolConfig,
     RewardFunction,
@@ -20,8 +21,7 @@ from minirl.tools.verifiers import (
     extract_code,
     get_verifier,
 )
-from minirl.tools.verifiers.code_verifier import assert_program
-from minirl.types import Score
+from minirl.verifiers.code_verifier import assert_program
 
 CODE_ROWS = FileFormat(use_chat_template=False, targets="tests")
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from minirl.tools.verifiers import Limits, SandboxConfig, isolation_mode, run_sandboxed
-from minirl.tools.verifiers.child_io import remove_tree
-from minirl.tools.verifiers.isolation import sandbox_uid, thread_uids
-from minirl.tools.verifiers.pool import private_temp_dir, remove_stale_scratch
-from minirl.tools.verifiers.sandbox import MODES, python_interpreter
+from minirl.verifiers import Limits, SandboxConfig, isolation_mode, run_sandboxed
+from minirl.verifiers.child_io import remove_tree
+from minirl.verifiers.isolation import sandbox_uid, thread_uids
+from minirl.verifiers.pool import private_temp_dir, remove_stale_scratch
+from minirl.verifiers.sandbox import MODES, python_interpreter
 
 FAST = Limits(cpu_s=1.0, wall_s=2.0)
 
@@ -160,14 +160,14 @@ def test_sandbox_uids_are_fresh_per_run_and_grouped_by_thread():
 UNPRIVILEGED_SCRIPT = """
 import importlib.util, json, os, sys, types
 # a bare interpreter (no numpy): load only the stdlib-only sandbox modules, by path
-for name in ("minirl", "minirl.tools", "minirl.tools.verifiers"):
+for name in ("minirl", "minirl.verifiers"):
     sys.modules[name] = types.ModuleType(name)
 for name in ("isolation", "child_io", "launcher", "sandbox"):
     path = os.path.join(sys.argv[1], name + ".py")
-    spec = importlib.util.spec_from_file_location("minirl.tools.verifiers." + name, path)
+    spec = importlib.util.spec_from_file_location("minirl.verifiers." + name, path)
     sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-sb = sys.modules["minirl.tools.verifiers.sandbox"]
+sb = sys.modules["minirl.verifiers.sandbox"]
 sb.fork_here()  # a bare, single-threaded interpreter: it may fork its runs itself
 port, secret = int(sys.argv[2]), sys.argv[3]
 py = sb.python_interpreter()
@@ -349,7 +349,7 @@ def test_a_programs_files_stay_in_a_bounded_tmpfs_of_its_own():
     5,000-deep tree on the host disk took 12-25 s to remove)."""
     if isolation_mode() == "none":
         pytest.skip("no namespaces in 'none' mode: the work dir is the host's (documented)")
-    from minirl.tools.verifiers.isolation import BOX_INODES
+    from minirl.verifiers.isolation import BOX_INODES
 
     code = """
         import errno, os
@@ -436,8 +436,8 @@ def test_judging_in_a_jax_process_never_forks_it():
 
     import jax.numpy as jnp
 
-    from minirl.tools.verifiers import TestCase, run_tests
-    from minirl.tools.verifiers import sandbox as sandbox_module
+    from minirl.verifiers import TestCase, run_tests
+    from minirl.verifiers import sandbox as sandbox_module
 
     jnp.ones(3).block_until_ready()  # XLA's thread pool is running now
     assert len(os.listdir("/proc/self/task")) > 1

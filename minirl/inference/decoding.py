@@ -1,0 +1,167 @@
+"""The rollout engine's compiled device functions: prefill and chunked decode.
+
+What it is: the two pure functions `minirl.inference.engine.Engine` calls, jitted once per setting with
+the KV cache donated (updated in place):
+
+  prefill   a group of prompts right-padded to [R, T] (R rows: a power of two, T: a length
+            bucket) runs through the model with a fresh [R, T] cache; its keys/values are
+            written into the rows' slots of the engine's cache; each row's next token is
+            sampled from its last real position.
+  extend    a group of held multi-turn slots, each with new tokens [R, T] (the pending last
+            token and an observation, right-padded to a length bucket) appended after the
+            positions its cache already holds — a prefill at a per-slot offset, so an episode's
+            history is never re-run — then each row's next token is sampled, as in prefill.
+  decode    `chunk` single-token steps for every slot in one `lax.fori_loop`; step i samples
+            completion index `index + i` with the key fold_in(seed, uid, sample, index + i).
+            A slot whose budget is spent keeps computing (shapes are static) but stops
+            advancing its length. The chunk attends over the first `width` positions of the
+            cache only (enough for the longest active sequence), and writes the new positions
+            back into the full cache (contiguous) or the block pool (paged).
+
+Both report each sampled token's behaviour log-prob with `model.token_logprobs` on the logits it
+was sampled from — the function the trainer uses — so exact mode is bitwise reproducible.
+
+Simplified on purpose: sampling settings are static (one compile per temperature / top-k /
+top-p), and every slot decodes every step of a chunk.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from minirl.modeling.model import KVCache, ModelConfig, abstract_model, token_logprobs
+from minirl.modeling.sampling import Sampling, sample_tokens, token_keys
+from minirl.store.trees import TreeMismatchError, match_template
+
+
+class Settings(NamedTuple):
+    """What the compiled functions are specialised on (hashable; shared between engines)."""
+
+    model: ModelConfig
+    sampling: Sampling
+    chunk: int
+    layout: type  # minirl.inference.cache_layout.ContiguousLayout or PagedLayout
+
+
+def _sample(s: Settings, logits, keys):
+    """logits [B, V] -> (token [B], behaviour log-prob [B])."""
+    tok = sample_tokens(keys, logits, s.sampling)
+    logp = token_logprobs(logits[:, None], tok[:, None], s.sampling.scoring)[:, 0]
+    return tok, logp
+
+
+def prefill(graphdef, s: Settings, params, cache, tokens, lengths, slot_ids, ids, index, seed):
+    """tokens [R, T] right-padded, lengths [R]: run them, write their keys/values into slots
+    `slot_ids`, sample each row's next token (completion index `index`) from its last logits."""
+    model = nnx.merge(graphdef, params)
+    rows, t = tokens.shape
+    cache_in = KVCache.zeros(s.model, rows, t)
+    logits, fresh = model(
+        tokens, cache=cache_in, num_new=lengths, exact=s.sampling.exact, last_only=True
+    )
+    tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index))  # logits [R, 1, V]
+    return s.layout.write_rows(cache, fresh, slot_ids, lengths), tok, logp
+
+
+def decode(graphdef, s: Settings, params, cache, last, index, ids, budget, seed, *, width: int):
+    """`s.chunk` decode steps for every slot, attending over the first `width` cache positions
+    (enough for the longest active sequence). last [B] pending tokens, index [B] completion index
+    of the next token, budget [B] steps each slot may take. -> tokens, log-probs [B, N]."""
+    model = nnx.merge(graphdef, params)
+    view = s.layout.view(cache, width)
+    starts = view.lengths
+
+    def one_step(i, carry):
+        view, last, toks, logps = carry
+        live = (i < budget).astype(jnp.int32)  # [B] a spent slot writes but does not advance
+        logits, view = model(last[:, None], cache=view, num_new=live, exact=s.sampling.exact)
+        tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index + i))
+        return view, tok, toks.at[:, i].set(tok), logps.at[:, i].set(logp)
+
+    b = last.shape[0]
+    init = (view, last, jnp.zeros((b, s.chunk), jnp.int32), jnp.zeros((b, s.chunk), jnp.float32))
+    view, _, toks, logps = jax.lax.fori_loop(0, s.chunk, one_step, init)
+    return s.layout.write_back(cache, view, starts, budget, s.chunk), toks, logps
+
+
+def extend(
+    graphdef,
+    s: Settings,
+    params,
+    cache,
+    tokens,
+    lengths,
+    slot_ids,
+    starts,
+    ids,
+    index,
+    seed,
+    *,
+    width: int,
+):
+    """tokens [R, T] right-padded, lengths [R]: append them to slots `slot_ids` after the first
+    starts[r] positions (what the host knows each holds: a held slot's device length may have
+    run past its turn's end inside a decode chunk), attending over the first `width` cache
+    positions (enough for every row after the append); sample each row's next token
+    (completion index `index`)."""
+    model = nnx.merge(graphdef, params)
+    t = tokens.shape[1]
+    view = s.layout.view(cache, width)  # [B, W] every slot
+    held = view.lengths.at[slot_ids].set(starts, mode="drop")  # [B]
+    pad = ((0, 0), (0, t), (0, 0), (0, 0))  # room for T new positions after any row's start
+    take = lambda x: jnp.pad(x.at[slot_ids].get(mode="clip"), pad)  # noqa: E731  [R, W+T, K, Dh]
+    rows = KVCache(tuple(map(take, view.k)), tuple(map(take, view.v)), starts)
+    logits, rows = model(
+        tokens, cache=rows, num_new=lengths, exact=s.sampling.exact, last_only=True
+    )
+    put = lambda full, part: full.at[slot_ids].set(part[:, :width], mode="drop")  # noqa: E731
+    added = jnp.zeros_like(held).at[slot_ids].set(lengths, mode="drop")  # [B] 0: untouched
+    view = KVCache(tuple(map(put, view.k, rows.k)), tuple(map(put, view.v, rows.v)), held + added)
+    tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index))  # logits [R, 1, V]
+    return s.layout.write_back(cache, view, held, added, t), tok, logp
+
+
+class Compiled(NamedTuple):
+    """The jitted device functions of one setting (the KV cache, argument 1, donated)."""
+
+    prefill: Any
+    decode: Any  # static: width
+    extend: Any  # static: width
+
+
+@functools.lru_cache(maxsize=32)
+def compiled(s: Settings) -> Compiled:
+    """The jitted prefill, decode and extend for one static setting (engines with equal settings
+    share them, and so share their compiled executables)."""
+    graphdef = abstract_model(s.model)[0]
+
+    def jit(fn, **static):
+        return jax.jit(functools.partial(fn, graphdef, s), donate_argnums=(1,), **static)
+
+    width = ("width",)
+    return Compiled(
+        jit(prefill), jit(decode, static_argnames=width), jit(extend, static_argnames=width)
+    )
+
+
+def prepare_params(params: Any, cfg: ModelConfig) -> dict:
+    """`nnx.split(model)[1]` or its `nnx.to_pure_dict` form (numpy or JAX leaves) -> the pure
+    dict the compiled functions take: checked against the model's shapes (trees.match_template,
+    as the trainer checks them) and cast once to the compute dtype (the model casts each use to
+    it anyway, so this is bitwise the same and saves a cast per step)."""
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be an nnx.State or a nested dict, got {type(params)}")
+    template = abstract_model(cfg)[1]
+    try:
+        matched = match_template(params, template, check_dtype=False)
+    except TreeMismatchError as e:
+        raise TreeMismatchError(f"params do not match the model: {e}") from None
+    return jax.tree.map(lambda x, t: jnp.asarray(x, t.dtype), matched, template)

@@ -1,0 +1,462 @@
+"""A Llama/Qwen-family decoder in Flax NNX, with an explicit KV cache (state in, new state out).
+
+What it is: token embedding -> L x [RMSNorm -> grouped-query attention with RoPE -> residual ->
+RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head. The switches cover the families whose
+checkpoints `minirl/hf/model_files.py` loads: optional q/k/v bias (Qwen2), optional per-head q/k RMSNorm (Qwen3),
+tied or untied LM head, Llama-3 RoPE frequency scaling. It matches Hugging Face `transformers`
+logits to ~1e-5 in float32 (tests/hf/test_hf.py).
+
+The KV cache (`KVCache`) is a pytree passed in and returned, never hidden inside the module.
+Rows are RIGHT-padded: row b's real tokens sit at cache indices 0..lengths[b]-1 and its RoPE
+position equals its cache index. A call with tokens [B, T] writes row b's keys at indices
+lengths[b] .. lengths[b]+T-1 and advances lengths[b] by `num_new[b]` (its real tokens; the rest
+of the row is padding, written but never attended to, and overwritten by the next call). So
+prefill of a right-padded prompt batch and single-token decode are the same code path.
+
+Simplifications on purpose: no sliding-window attention, no MoE, no dropout; attention is a
+plain masked softmax (no flash kernel).
+
+`token_logprobs(logits, targets, sampling)` is THE log-prob function: the rollout engine and
+the trainer both call it, so they cannot disagree by construction of the API (they can still
+disagree numerically; see `exact` below and minirl/measure/diagnostics.py).
+
+Exact mode (`exact=True` on a call): every contraction (dense layers, attention, norms,
+log-softmax) reduces in a fixed, shape-independent order — chunks of `EXACT_CHUNK` along the
+contraction axis, summed left to right — so that a decode step ([B, 1] rows) and a training
+forward ([B, T] rows) produce bitwise-equal results on XLA CPU (the VeXact idea; docs/model.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from minirl.modeling import exact as exact_ops
+from minirl.modeling import lora
+from minirl.modeling.sampling import Sampling, truncate_logits
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and numerics of a decoder. Presets: `ModelConfig.preset(name)`."""
+
+    vocab_size: int = 64  # V: token ids the embedding and the output layer cover
+    dim: int = 256  # D
+    num_layers: int = 4  # L
+    num_heads: int = 4  # H
+    num_kv_heads: int = 2  # K
+    head_dim: int = 64  # Dh
+    mlp_dim: int = 768  # F
+    rope_theta: float = 10000.0  # RoPE base: the longest rotary wavelength
+    rope_scaling: tuple | None = None  # Llama-3: (factor, low_freq, high_freq, original_max_len)
+    norm_eps: float = 1e-6  # RMSNorm's epsilon (added to the mean square)
+    qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3
+    tie_embeddings: bool = True  # the output layer reuses the input embedding matrix
+    max_seq_len: int = 512  # positions the model serves (prompt + completion)
+    dtype: str = "float32"  # compute dtype
+    param_dtype: str = "float32"  # storage dtype
+    path: str = (
+        ""  # a Hugging Face checkpoint directory: the shapes above come from its config.json
+    )
+    lora_rank: int = (
+        0  # LoRA adapters' rank r on the targeted projections; 0 = off (full fine-tune)
+    )
+    lora_alpha: float = 32.0  # LoRA scale numerator: the adapter product counts alpha / r
+    lora_targets: tuple[str, ...] = (  # which projections get adapters (q, k, v, o, gate, up, down)
+        "q",
+        "k",
+        "v",
+        "o",
+        "gate",
+        "up",
+        "down",
+    )
+
+    def __post_init__(self):
+        for name in (
+            "vocab_size",
+            "dim",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "mlp_dim",
+            "max_seq_len",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.rope_theta > 0 and self.norm_eps > 0):
+            raise ValueError(
+                f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, {self.norm_eps}"
+            )
+        scaling = self.rope_scaling
+        if scaling is not None and not (len(scaling) == 4 and all(x > 0 for x in scaling)):
+            raise ValueError(
+                "rope_scaling must be None or four positive numbers (factor, "
+                f"low_freq, high_freq, original_max_len), got {scaling}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(
+                    f"{name} must be one of {sorted(_DTYPES)}, got {getattr(self, name)!r}"
+                )
+        if self.head_dim % 2:
+            raise ValueError("head_dim must be even (RoPE rotates pairs)")
+        lora.check(self.lora_rank, self.lora_alpha, tuple(self.lora_targets))
+
+    @property
+    def compute_dtype(self):
+        return _DTYPES[self.dtype]
+
+    @property
+    def storage_dtype(self):
+        return _DTYPES[self.param_dtype]
+
+    def num_params(self, embeddings: bool = True) -> int:
+        d, h, k, dh, f = self.dim, self.num_heads, self.num_kv_heads, self.head_dim, self.mlp_dim
+        attn = d * h * dh * 2 + d * k * dh * 2 + (h + 2 * k) * dh * self.qkv_bias
+        block = attn + 3 * d * f + 2 * d + 2 * dh * self.qk_norm
+        emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return self.num_layers * block + d + (emb if embeddings else 0)
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> ModelConfig:
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # ~3.2M parameters: fast on a 2-core CPU, the default for built-in tasks.
+    "tiny": ModelConfig(),
+    # ~25M parameters: the mid-size model for benchmarks.
+    "small": ModelConfig(
+        dim=512,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=64,
+        mlp_dim=1536,
+        vocab_size=512,
+        max_seq_len=1024,
+    ),
+    # Exact shapes of public checkpoints (their config.json values).
+    "qwen2.5-0.5b": ModelConfig(
+        vocab_size=151936,
+        dim=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        mlp_dim=4864,
+        rope_theta=1e6,
+        norm_eps=1e-6,
+        qkv_bias=True,
+        tie_embeddings=True,
+        max_seq_len=32768,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    ),
+    "qwen3-0.6b": ModelConfig(
+        vocab_size=151936,
+        dim=1024,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=3072,
+        rope_theta=1e6,
+        norm_eps=1e-6,
+        qk_norm=True,
+        tie_embeddings=True,
+        max_seq_len=40960,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    ),
+    "llama-3.2-1b": ModelConfig(
+        vocab_size=128256,
+        dim=2048,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        mlp_dim=8192,
+        rope_theta=5e5,
+        rope_scaling=(32.0, 1.0, 4.0, 8192),
+        norm_eps=1e-5,
+        tie_embeddings=True,
+        max_seq_len=131072,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    ),
+}
+
+
+class KVCache(NamedTuple):
+    """Per-layer keys and values plus each row's filled length. A pytree: pass it in, get a new
+    one back."""
+
+    k: tuple  # L x [B, S, K, Dh]
+    v: tuple  # L x [B, S, K, Dh]
+    lengths: jax.Array  # [B] int32 real tokens per row
+
+    @staticmethod
+    def zeros(cfg: ModelConfig, batch: int, size: int, dtype=None) -> KVCache:
+        shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
+        dt = dtype or cfg.compute_dtype
+        zeros = tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers))
+        return KVCache(
+            zeros,
+            tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
+            jnp.zeros((batch,), jnp.int32),
+        )
+
+    @property
+    def size(self) -> int:  # S
+        return self.k[0].shape[1]
+
+
+def rope_frequencies(cfg: ModelConfig) -> jax.Array:
+    """Inverse frequencies [Dh/2] (with Llama-3 scaling when configured)."""
+    inv = 1.0 / (
+        cfg.rope_theta ** (jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim)
+    )
+    if cfg.rope_scaling is None:
+        return inv
+    factor, low, high, original = cfg.rope_scaling
+    wavelen = 2 * math.pi / inv
+    low_wavelen, high_wavelen = original / low, original / high
+    smooth = (original / wavelen - low) / (high - low)
+    scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
+    mid = (1 - smooth) * scaled / factor + smooth * scaled
+    is_mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    return jnp.where(is_mid, mid, scaled)
+
+
+def apply_rope(
+    x: jax.Array, positions: jax.Array, inv_freq: jax.Array, exact: bool = False
+) -> jax.Array:
+    """Rotate-half RoPE (the Hugging Face convention). x [B, T, N, Dh], positions [B, T]."""
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, Dh/2]
+    cos = jnp.concatenate([jnp.cos(angles)] * 2, -1)[:, :, None, :]
+    sin = jnp.concatenate([jnp.sin(angles)] * 2, -1)[:, :, None, :]
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
+    xf, rf = x.astype(jnp.float32) * cos, rotated.astype(jnp.float32) * sin
+    if exact:  # round both products before the add, whatever XLA fuses (an FMA would not)
+        xf, rf = exact_ops.fusion_barrier(xf), exact_ops.fusion_barrier(rf)
+    return (xf + rf).astype(x.dtype)
+
+
+def _param(rngs: nnx.Rngs, shape, std: float, cfg: ModelConfig) -> nnx.Param:
+    return nnx.Param(
+        (jax.random.normal(rngs.params(), shape, jnp.float32) * std).astype(cfg.storage_dtype)
+    )
+
+
+def _ones(shape, cfg: ModelConfig) -> nnx.Param:
+    return nnx.Param(jnp.ones(shape, cfg.storage_dtype))
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, size: int, cfg: ModelConfig):
+        self.weight = _ones((size,), cfg)
+        self.eps = cfg.norm_eps
+
+    def __call__(self, x: jax.Array, exact: bool = False) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        mean_sq = exact_ops.mean_last(xf * xf, exact)
+        y = (xf * jax.lax.rsqrt(mean_sq + self.eps)).astype(x.dtype)
+        return self.weight[...].astype(x.dtype) * y
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, h, k, dh = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        std = 1.0 / math.sqrt(d)
+        self.q_proj = _param(rngs, (d, h * dh), std, cfg)
+        self.k_proj = _param(rngs, (d, k * dh), std, cfg)
+        self.v_proj = _param(rngs, (d, k * dh), std, cfg)
+        self.o_proj = _param(rngs, (h * dh, d), 1.0 / math.sqrt(h * dh * 2 * cfg.num_layers), cfg)
+        if cfg.qkv_bias:
+            self.q_bias = nnx.Param(jnp.zeros((h * dh,), cfg.storage_dtype))
+            self.k_bias = nnx.Param(jnp.zeros((k * dh,), cfg.storage_dtype))
+            self.v_bias = nnx.Param(jnp.zeros((k * dh,), cfg.storage_dtype))
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(dh, cfg)
+            self.k_norm = RMSNorm(dh, cfg)
+        self.cfg = cfg
+        self.lora_scale = lora.scale(cfg) if cfg.lora_rank else 1.0
+
+    def _project(self, x, name, heads, exact):
+        y = lora.project(self, name, x, self.lora_scale, exact)
+        if self.cfg.qkv_bias:
+            y = y + getattr(self, f"{name}_bias")[...].astype(x.dtype)
+        y = y.reshape(*x.shape[:-1], heads, self.cfg.head_dim)
+        if self.cfg.qk_norm and name in ("q", "k"):
+            y = getattr(self, f"{name}_norm")(y, exact)
+        return y
+
+    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False):
+        """x [B, T, D]; positions [B, T]; layer_cache (k, v) each [B, S, K, Dh] or None;
+        starts [B] cache index of x[:, 0]. Returns (y [B, T, D], new (k, v) or None)."""
+        cfg = self.cfg
+        b, t, _ = x.shape
+        q = apply_rope(self._project(x, "q", cfg.num_heads, exact), positions, inv_freq, exact)
+        k = apply_rope(self._project(x, "k", cfg.num_kv_heads, exact), positions, inv_freq, exact)
+        v = self._project(x, "v", cfg.num_kv_heads, exact)
+        if layer_cache is None:
+            keys, values, key_index = k, v, jnp.arange(t)
+        else:
+            write = jax.vmap(
+                lambda c, new, s: jax.lax.dynamic_update_slice(c, new.astype(c.dtype), (s, 0, 0))
+            )
+            keys = write(layer_cache[0], k, starts)
+            values = write(layer_cache[1], v, starts)
+            key_index = jnp.arange(keys.shape[1])
+        # Causal mask by cache index: query at index starts+t sees keys at index <= its own.
+        visible = key_index[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        g = cfg.num_heads // cfg.num_kv_heads
+        q = q.reshape(b, t, cfg.num_kv_heads, g, cfg.head_dim)  # [B, T, K, G, Dh]
+        attend = exact_ops.causal_attention if layer_cache is None else exact_ops.attention
+        out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), visible, exact)
+        y = lora.project(self, "o", out.reshape(b, t, -1), self.lora_scale, exact)
+        return y, (None if layer_cache is None else (keys, values))
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        std = 1.0 / math.sqrt(cfg.dim)
+        self.gate_proj = _param(rngs, (cfg.dim, cfg.mlp_dim), std, cfg)
+        self.up_proj = _param(rngs, (cfg.dim, cfg.mlp_dim), std, cfg)
+        self.down_proj = _param(
+            rngs, (cfg.mlp_dim, cfg.dim), 1.0 / math.sqrt(cfg.mlp_dim * 2 * cfg.num_layers), cfg
+        )
+        self.lora_scale = lora.scale(cfg) if cfg.lora_rank else 1.0
+
+    def __call__(self, x, exact=False):
+        s = self.lora_scale
+        h = jax.nn.silu(lora.project(self, "gate", x, s, exact)) * lora.project(
+            self, "up", x, s, exact
+        )
+        return lora.project(self, "down", h, s, exact)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.dim, cfg)
+        self.attn = Attention(cfg, rngs)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False):
+        h, new_cache = self.attn(
+            self.attn_norm(x, exact), positions, inv_freq, layer_cache, starts, exact
+        )
+        x = x + h
+        x = x + self.mlp(self.mlp_norm(x, exact), exact)
+        return x, new_cache
+
+
+class Transformer(nnx.Module):
+    """The decoder. `model(tokens)` -> logits; `model(tokens, cache=c, num_new=n)` -> (logits, c')."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = _param(rngs, (cfg.vocab_size, cfg.dim), 1.0 / math.sqrt(cfg.dim), cfg)
+        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.dim, cfg)
+        if not cfg.tie_embeddings:
+            self.lm_head = _param(rngs, (cfg.dim, cfg.vocab_size), 1.0 / math.sqrt(cfg.dim), cfg)
+        if cfg.lora_rank:  # drawn after every base weight: the base is the rank-0 model's
+            adapters = lora.init_adapters(cfg, rngs.params())["layers"]
+            for i, parts in adapters.items():
+                for part, leaves in parts.items():
+                    for name, value in leaves.items():
+                        setattr(getattr(self.layers[i], part), name, nnx.Param(value))
+
+    def __call__(
+        self, tokens, cache: KVCache | None = None, num_new=None, exact=False, last_only=False
+    ):
+        """tokens [B, T] int32, right-padded. Without a cache: full causal forward from position
+        0, returns logits [B, T, V] (float32). With a cache: row b's tokens go to cache indices
+        cache.lengths[b] + t, `num_new` [B] (default T) of them are real; returns
+        (logits [B, T, V], new cache). `last_only` (with a cache): logits [B, 1, V] of each
+        row's last real token only — a prefill samples from nothing else, and with a 152k
+        vocabulary the LM head over every position is a quarter of a prefill's FLOPs."""
+        cfg = self.cfg
+        b, t = tokens.shape
+        starts = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
+        positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+        inv_freq = rope_frequencies(cfg)
+        x = self.embed[...].astype(cfg.compute_dtype)[tokens]  # [B, T, D]
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+            x, kv = layer(x, positions, inv_freq, layer_cache, starts, exact)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+        if num_new is None:
+            num_new = jnp.full((b,), t, jnp.int32)
+        x = self.final_norm(x, exact)
+        if last_only:  # after the norm: gathered before it, bf16 exact mode rounded differently
+            x = jnp.take_along_axis(x, (num_new - 1)[:, None, None], axis=1)  # [B, 1, D]
+        head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
+        logits = exact_ops.dense(x, head.astype(x.dtype), exact).astype(jnp.float32)  # [B, T, V]
+        if cache is None:
+            return logits
+        return logits, KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
+
+
+def token_logprobs(logits, targets, sampling: Sampling = Sampling()):
+    """log softmax(logits / temperature)[targets]: logits [B, T, V], targets [B, T] -> [B, T].
+
+    The one log-prob function shared by the rollout engine (behaviour log-probs log mu) and the
+    trainer (log pi_theta, log pi_prox), under a `Sampling` spec with temperature > 0 (pass
+    `spec.scoring` for a greedy one). The behaviour policy IS the tempered distribution. With
+    top-k / top-p set (default: off), it is the tempered distribution truncated and
+    renormalised exactly as the engine samples (`minirl.modeling.sampling.truncate_logits`)."""
+    s = sampling
+    z = logits.astype(jnp.float32) / s.temperature
+    if s.top_k or s.top_p < 1.0:
+        z = truncate_logits(z, s.top_k, s.top_p, s.exact)
+    logp = exact_ops.log_softmax(z, s.exact)
+    return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+
+
+def token_entropy(logits, temperature: float = 1.0):
+    """Entropy of softmax(logits / temperature) per position: [B, T, V] -> [B, T]."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    return Transformer(cfg, nnx.Rngs(params=seed))
+
+
+@functools.lru_cache(maxsize=32)
+def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, dict]:
+    """(graphdef, pure-dict template of jax.ShapeDtypeStruct leaves), nothing allocated: what
+    every compiled function merges its parameters into, and what loaded ones must match."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: init_model(cfg)))
+    return graphdef, nnx.to_pure_dict(state)
+
+
+def param_shapes(cfg: ModelConfig) -> dict:
+    """The pure parameter dict `cfg` builds, as jax.ShapeDtypeStruct leaves."""
+    return abstract_model(cfg)[1]

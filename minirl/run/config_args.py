@@ -1,0 +1,101 @@
+"""How every command takes a RunConfig — the `minirl` CLI, `python -m scale.launch`, the
+experiments: `--preset NAME`, `--set KEY=VALUE` (repeatable), `--staleness NAME`, and `--model
+DIR` / `--data FILE` / `--eval-data FILE` / `--verifier NAME` for your own model and data.
+
+    add_config_arguments(parser)        # the flags
+    cfg = config_from_args(args)        # preset -> staleness -> your files -> --set, checked
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from minirl.config import DEFAULT_PRESET, FILE_TASK
+from minirl.run.presets import PRESETS, STALENESS, make_config
+
+
+def add_config_arguments(
+    p: argparse.ArgumentParser, *, staleness: bool = True, preset_help: str | None = None
+) -> None:
+    """How every command that builds a RunConfig takes it: --preset NAME, --set KEY=VALUE
+    (repeatable) and, with `staleness`, --staleness NAME. `config_from_args` builds it."""
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=sorted(PRESETS),
+        help=preset_help or f"starting configuration (default: {DEFAULT_PRESET})",
+    )
+    if staleness:
+        p.add_argument(
+            "--staleness",
+            choices=sorted(STALENESS),
+            help="RLAX staleness preset, sets rl.reload_every / rl.max_lag / rl.eta: "
+            + "; ".join(f"{k}={v}" for k, v in STALENESS.items()),
+        )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one knob, e.g. --set rl.steps=50 (repeatable; "
+        "`minirl config` lists every key)",
+    )
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="start from a Hugging Face checkpoint directory (config.json, *.safetensors, "
+        "tokenizer.json; sets model.path; the default preset is then `custom`)",
+    )
+    p.add_argument(
+        "--data",
+        metavar="FILE",
+        help="train on a .jsonl or .parquet file of problems (sets task.name=file and "
+        "data.train; its fields: data.prompt_key, data.answer_key)",
+    )
+    p.add_argument(
+        "--eval-data",
+        metavar="FILE",
+        help="held-out problems (data.eval); without it, a content-hash split of --data",
+    )
+    p.add_argument(
+        "--verifier",
+        metavar="NAME",
+        help="how completions of --data are scored (data.verifier): math (the default; minirl's "
+        "own answer extraction and comparison), math_verify (the math-verify library, in a pool "
+        "of worker processes), code (the rows' tests, docs/verifiers.md) or "
+        "path/to/file.py:function (your own reward function of the completion and the row)",
+    )
+
+
+def input_overrides(args) -> list[str]:
+    """--model / --data / --eval-data / --verifier as the overrides they stand for (paths made
+    absolute, so a run directory resumes from anywhere)."""
+    out = []
+    if args.model:
+        out.append(f"model.path={Path(args.model).resolve()}")
+    if args.data:
+        out += [f"data.train={Path(args.data).resolve()}", "task.name=file"]
+    if args.eval_data:
+        out.append(f"data.eval={Path(args.eval_data).resolve()}")
+    if args.verifier:
+        path, sep, function = args.verifier.rpartition(":")
+        spec = f"{Path(path).resolve()}:{function}" if sep and path.endswith(".py") else None
+        out.append(f"data.verifier={spec or args.verifier}")
+    return out
+
+
+def config_from_args(args, default_preset: str | None = None, extra: list[str] = ()):
+    """The RunConfig of `add_config_arguments`' flags: the preset (or `default_preset`, or
+    minirl's default), the staleness preset, then `extra` overrides, then the --set ones."""
+    inputs = input_overrides(args)
+    preset = args.preset or default_preset or ("custom" if inputs else DEFAULT_PRESET)
+    return make_config(preset, [*extra, *inputs, *args.overrides], getattr(args, "staleness", None))
+
+
+def default_run_dir(cfg) -> Path:
+    """runs/<task>, or runs/<dataset file's stem> for your own data."""
+    if cfg.task.name == FILE_TASK:
+        return Path("runs") / Path(cfg.data.train).stem
+    return Path("runs") / cfg.task.name

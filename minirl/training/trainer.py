@@ -1,0 +1,365 @@
+"""The trainer: a `Batch` of scored rollouts in, new weights out (docs/trainer.md).
+
+    trainer = Trainer(model_cfg, params, get_preset("grpo"), TrainerConfig())
+    metrics = trainer.train_step(batch)        # one RL step on a `minirl.types.Batch`
+    store.put(version, trainer.params())       # publish (only if trainer.last_step_ok)
+
+Input: a right-padded `Batch` (minirl/training/batching.py), optionally with its recomputed log pi_prox.
+Output: a dict of floats (the loss's report, `dlogp_recompute/*` and `dlogp_no_recompute/*`
+(RLAX Fig. 5 at no extra forward), timings: docs/trainer.md "What a step reports"). A step whose
+loss or gradient is not finite leaves params and optimizer state bitwise unchanged and sets
+`last_step_ok` False, so the caller never publishes corrupted weights.
+
+One `train_step`: plan micro-batches (minirl/training/microbatch.py) -> recompute log pi_prox with the
+engine's sampling spec, in the training shapes -> phase 1 of the loss on the whole batch ->
+`ppo_epochs` x `num_minibatches` updates, each phase 2 per micro-batch with the gradients summed
+(minirl/training/forward.py) and one guarded AdamW update (minirl/training/optimizer.py). `sft_step` is the same
+machinery on the token NLL; `recompute_logprobs` is the recompute alone.
+
+Why two phases: the loss's batch-level normalisers are fixed before any micro-batch runs, so any
+row partition gives the full-batch gradient (tests/training/test_trainer.py checks it).
+
+Rows meet devices only through `row_layout.rows(x)` / `row_layout.host(x)` (minirl/training/row_layout.py;
+scale/mesh.py's `MeshRows` on a mesh). This file holds the state (params, optimizer state,
+counters) and the order of operations; how it stays fast is in docs/trainer.md, "Speed".
+Simplified on purpose: no mesh of its own; no critic (PPO's advantages use V = 0); rows are
+padded, not packed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from minirl.losses import LossInputs, finalize_metrics, validate_inputs
+from minirl.measure.diagnostics import first_update_dlogp
+from minirl.modeling import lora
+from minirl.modeling.model import ModelConfig, abstract_model
+from minirl.modeling.sampling import Sampling
+from minirl.store.trees import match_template
+from minirl.training import microbatch as mbt
+from minirl.training import optimizer
+from minirl.training.forward import ForwardSpec, accumulate_fn, forward_fn, training_forward_fn
+from minirl.training.optimizer import learning_rate
+from minirl.training.row_layout import HostRows, place_like, shardings_like_params
+from minirl.training.trainer_config import TrainerConfig
+from minirl.types import Batch
+
+__all__ = ["Trainer", "TrainerConfig", "learning_rate"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss phases: the objective's phase 1, jitted; the supervised loss
+
+
+@functools.lru_cache(maxsize=32)
+def _prepare_fn(objective):
+    return jax.jit(objective.prepare)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TokenNLL:
+    """The supervised loss as a two-phase loss: phase 1 weights every counted token by
+    1 / (counted tokens in the whole batch); phase 2 sums -w log p. Summed over micro-batches it
+    is the batch's mean token NLL."""
+
+    needs_entropy = False
+
+    @staticmethod
+    def prepare(mask: np.ndarray) -> dict:
+        mask = np.asarray(mask, np.float32)
+        return {"weight": mask / max(float(mask.sum()), 1.0)}  # [B, T]
+
+    @staticmethod
+    def loss(logp, part, entropy=None):
+        w = part["weight"]
+        nll = -jnp.where(w > 0, logp, 0.0) * w
+        return nll.sum(), {"loss": nll.sum(), "tokens": (w > 0).sum().astype(jnp.float32)}
+
+
+_NLL = _TokenNLL()
+
+
+# ---------------------------------------------------------------------------------------------
+# The stateful part
+
+
+class Trainer:
+    """Holds the parameters, optimizer state and step counter; everything else is pure functions.
+
+    `params`: the initial parameters — `nnx.to_pure_dict(nnx.split(model)[1])` (numpy or JAX
+    leaves) or an `nnx.State`. They are also the reference policy for KL terms, unless
+    `ref_params` is given (on resume: construct with the run's initial params, then
+    `load_state_dict`). `objective`: a `minirl.losses.Objective`, or None for a trainer that only
+    runs `sft_step`. With `model_cfg.lora_rank > 0` only the LoRA adapters are differentiated
+    and updated, and the optimizer state covers them alone (minirl/modeling/lora.py `trainable`); the
+    base weights stay bitwise as given.
+    """
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        params: Any,
+        objective=None,
+        cfg: TrainerConfig | None = None,
+        ref_params: Any = None,
+        row_layout: Any = None,
+        sampling: Sampling = Sampling(),
+    ):
+        cfg = cfg or TrainerConfig()
+        if not sampling.temperature > 0:
+            raise ValueError(
+                "the trainer scores under a temperature > 0: pass the engine's "
+                "`sampling.scoring` (greedy reports log-probs at temperature 1)"
+            )
+        self._row_layout = row_layout if row_layout is not None else HostRows()
+        self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
+        self._spec = ForwardSpec(model_cfg, sampling, cfg.remat)
+        self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
+        self._params = self._check_params(params)
+        self._ref_params = None
+        if objective is not None and objective.needs_ref:
+            self._ref_params = (
+                self._params if ref_params is None else self._check_params(ref_params)
+            )
+        self._opt_state = None  # created at the first update (no work in the constructor)
+        self.step = 0  # train steps (train_step + sft_step calls) done
+        self.skipped_nonfinite = 0  # updates skipped by the non-finite guard, whole run
+        self.last_step_ok = True  # False if the last step skipped an update: do not publish
+
+    # ---- the interface -----------------------------------------------------------------------
+
+    def params(self, host: bool = False) -> dict:
+        """The current parameters as a pure dict (what `Engine.load_weights` and
+        `WeightStore.put` accept). JAX arrays, never mutated or donated afterwards; `host=True`
+        returns numpy copies."""
+        return self._row_layout.host(self._params) if host else self._params
+
+    def recompute_logprobs(self, batch: Batch) -> np.ndarray:
+        """log pi(targets) under the current weights, with the engine's settings.  [B, T] float32,
+        0 where batch.mask == 0."""
+        self._check_batch(batch)
+        return self._logprobs(self._params, batch, self._plan(batch))
+
+    def train_step(self, batch: Batch, prox_logp: np.ndarray | None = None) -> dict[str, float]:
+        """One RL step (module docstring). `prox_logp` [B, T]: the caller's own
+        `recompute_logprobs(batch)` under the current weights, to avoid recomputing it."""
+        if self.objective is None:
+            raise ValueError(
+                "this Trainer has no objective: construct it with one to call train_step"
+            )
+        t0 = time.perf_counter()
+        self._check_batch(batch)
+        plan = self._plan(batch)
+        if prox_logp is None:
+            prox_logp = self._logprobs(self._params, batch, plan)
+        elif np.shape(prox_logp) != batch.mask.shape:
+            raise ValueError(
+                f"prox_logp must have the batch's shape {batch.mask.shape}, got {np.shape(prox_logp)}"
+            )
+        ref = (
+            self._logprobs(self._ref_params, batch, plan) if self._ref_params is not None else None
+        )
+        inputs = LossInputs.from_batch(batch, prox_logp, ref_logp=ref)
+        validate_inputs(inputs)
+        prepared = jax.device_get(_prepare_fn(self.objective)(inputs))
+        t_recompute = time.perf_counter() - t0
+
+        epochs, stats, first = [], [], None
+        for epoch in range(self.cfg.ppo_epochs):
+            parts = []
+            for rows in self._minibatches(batch.num_rows, epoch):
+                sub = plan if len(rows) == batch.num_rows else self._plan(batch, rows)
+                m, s, logp = self._update(
+                    self.objective, batch, prepared, sub, scale=batch.num_rows / len(rows)
+                )
+                first = first or (sub, rows, logp)  # the first update: the start weights
+                parts += m
+                stats.append(s)
+            epochs.append({k: float(v) for k, v in finalize_metrics(jax.device_get(parts)).items()})
+        metrics = {
+            k: (max if k.endswith("_max") else np.mean)([e[k] for e in epochs]) for k in epochs[0]
+        }
+        metrics |= self._fig5(batch, prox_logp, *first)
+        metrics = {k: float(v) for k, v in metrics.items()}
+        return self._finish(metrics, stats, plan, t0, t_recompute)
+
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        """One supervised update: mean token negative log-likelihood of `targets` over `mask`."""
+        t0 = time.perf_counter()
+        self._check_batch(batch)
+        plan = self._plan(batch)
+        parts, stat, _ = self._update(_NLL, batch, _NLL.prepare(batch.mask), plan, scale=1.0)
+        parts = jax.device_get(parts)
+        metrics = {
+            "loss": float(sum(p["loss"] for p in parts)),
+            "tokens": float(sum(p["tokens"] for p in parts)),
+        }
+        return self._finish(metrics, [stat], plan, t0, 0.0)
+
+    def state_dict(self, host: bool = True) -> dict:
+        """Everything to resume training: params, optimizer state, counters (numpy copies; with
+        `host=False` the device arrays themselves, laid out as they are: what a sharded
+        checkpoint writer such as scale/orbax_checkpoints.py saves shard by shard; the optimizer
+        state's arrays are valid until the next step, which donates them to the update)."""
+        copy = self._row_layout.host if host else (lambda tree: tree)
+        return {
+            "params": copy(self._params),
+            "opt_state": copy(self._optimizer_state()),
+            "step": self.step,
+            "skipped_nonfinite": self.skipped_nonfinite,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a `state_dict()` (also after a round trip through minirl.store.serialization).
+        Every array keeps the layout of the one it replaces (a sharded trainer stays sharded)."""
+        params = match_template(state["params"], abstract_model(self.model_cfg)[1])
+        self._params = jax.tree.map(place_like, params, self._params)
+        template = self._optimizer_state()  # laid out like the params
+        opt_state = match_template(state["opt_state"], template, what="optimizer state entry")
+        self._opt_state = jax.tree.map(place_like, opt_state, template)
+        self.step = int(state["step"])
+        self.skipped_nonfinite = int(state["skipped_nonfinite"])
+        self.last_step_ok = True
+
+    # ---- the steps' parts --------------------------------------------------------------------
+
+    def _plan(self, batch: Batch, rows=None) -> list[mbt.MicroBatch]:
+        return mbt.pack_rows(
+            mbt.row_lengths(batch.mask),
+            self.cfg.micro_batch_tokens,
+            self.cfg.bucket_minimum,
+            max_length=batch.tokens.shape[1],
+            rows=rows,
+        )
+
+    def _rows(self, x: np.ndarray, mb: mbt.MicroBatch):
+        """Micro-batch `mb`'s rows of the [B, ...] host array `x`, placed for the jitted functions."""
+        return self._row_layout.rows(mbt.gather(x, mb))
+
+    def _scatter(self, results: list, plan, shape) -> np.ndarray:
+        """Per-micro-batch [R, Tb] device results -> one [B, T] host array (0 elsewhere)."""
+        out = np.zeros(shape, np.float32)
+        for mb, logp in zip(plan, self._row_layout.host(results), strict=True):
+            mbt.scatter(logp, mb, out)
+        return out
+
+    def training_forward_logprobs(self, batch: Batch) -> np.ndarray:
+        """log pi(targets) as the training step's forward computes them (under the gradient,
+        with remat), in the trainer's micro-batches: [B, T] float32, 0 where the mask is 0."""
+        self._check_batch(batch)
+        fn = training_forward_fn(self._spec)
+        return self._logprobs(self._params, batch, self._plan(batch), lambda *a: fn(*a)[0])
+
+    def _logprobs(self, params, batch: Batch, plan, fn=None) -> np.ndarray:
+        fn = fn or forward_fn(self._spec)
+        results = [
+            fn(params, self._rows(batch.tokens, mb), self._rows(batch.targets, mb)) for mb in plan
+        ]
+        out = self._scatter(results, plan, batch.mask.shape)  # [B, T]
+        return np.where(batch.mask > 0, out, 0.0).astype(np.float32)
+
+    def _fig5(self, batch: Batch, prox_logp, plan, rows, logps) -> dict[str, float]:
+        """The first update's |log pi_theta - log pi_old| with and without recomputation, over
+        the counted tokens of the rows it trained on."""
+        train_logp = self._scatter(logps, plan, batch.mask.shape)  # [B, T]
+        mask = np.zeros_like(batch.mask)
+        mask[rows] = batch.mask[rows]
+        return first_update_dlogp(train_logp, prox_logp, batch.behaviour_logprobs, mask)
+
+    def _minibatches(self, num_rows: int, epoch: int) -> list[np.ndarray]:
+        k = self.cfg.num_minibatches
+        if k == 1:
+            return [np.arange(num_rows)]
+        if num_rows < k:
+            raise ValueError(
+                f"num_minibatches={k} needs at least {k} rows, the batch has {num_rows}"
+            )
+        perm = np.random.default_rng([self.cfg.seed, self.step, epoch]).permutation(num_rows)
+        return [np.sort(part) for part in np.array_split(perm, k)]
+
+    def _update(self, loss, batch: Batch, prepared, plan, scale: float):
+        """Accumulate the gradient over `plan`'s micro-batches, then one guarded optimizer update.
+        Returns (per-micro-batch metrics, update statistics, per-micro-batch training-forward
+        log-probs on device)."""
+        accumulate = accumulate_fn(self._spec, loss)
+        apply = optimizer.compiled(self._opt)[1]
+        acc, metrics, logps = None, [], []
+        train, frozen = lora.trainable(self._params, self.model_cfg)  # LoRA: the adapters only
+        for mb in plan:
+            part = jax.tree.map(lambda x, mb=mb: self._rows(x, mb), prepared)
+            tokens, targets = self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
+            acc, m, logp = accumulate(train, acc, tokens, targets, part, frozen)
+            metrics.append(m)
+            logps.append(logp)
+        lr = learning_rate(self.cfg, self.step)
+        train, self._opt_state, ok, grad_norm = apply(
+            acc, self._optimizer_state(), train, jnp.float32(scale), jnp.float32(lr)
+        )
+        self._params = lora.join(train, frozen)
+        return metrics, {"ok": ok, "grad_norm": grad_norm, "lr": lr}, logps
+
+    def _finish(
+        self, metrics: dict, stats: list, plan, t0: float, t_recompute: float
+    ) -> dict[str, float]:
+        stats = jax.device_get(stats)
+        skipped = sum(1 for s in stats if not s["ok"])
+        self.skipped_nonfinite += skipped
+        self.last_step_ok = skipped == 0
+        self.step += 1
+        norms = [float(s["grad_norm"]) for s in stats]
+        return {
+            **metrics,
+            "grad_norm": float(np.mean(norms)),
+            "learning_rate": float(stats[-1]["lr"]),
+            "updates": float(len(stats) - skipped),
+            "skipped_nonfinite": float(skipped),
+            "micro_batches": float(len(plan)),
+            "padded_tokens": float(sum(mb.padded_tokens for mb in plan)),
+            "time_recompute_s": t_recompute,
+            "time_step_s": time.perf_counter() - t0,
+        }
+
+    # ---- checks ------------------------------------------------------------------------------
+
+    def _optimizer_state(self):
+        """AdamW's state for what the trainer updates (with LoRA: the adapters alone)."""
+        if self._opt_state is None:
+            init = optimizer.compiled(self._opt)[0]
+            train = lora.trainable(self._params, self.model_cfg)[0]
+            shardings = shardings_like_params(jax.eval_shape(init, train), train)
+            if shardings is not None:  # on a mesh: made in place, laid out as the params
+                init = jax.jit(optimizer.transform(self._opt).init, out_shardings=shardings)
+            self._opt_state = init(train)
+        return self._opt_state
+
+    def _check_params(self, params) -> dict:
+        if isinstance(params, nnx.State):
+            params = nnx.to_pure_dict(params)
+        template = abstract_model(self.model_cfg)[1]
+        return jax.tree.map(jnp.asarray, match_template(params, template, what="parameter"))
+
+    def _check_batch(self, batch: Batch) -> None:
+        b, t = batch.tokens.shape
+        for name in ("targets", "mask", "behaviour_logprobs", "versions"):
+            if getattr(batch, name).shape != (b, t):
+                raise ValueError(
+                    f"batch.{name} must be [B, T] = {(b, t)}, got {getattr(batch, name).shape}"
+                )
+        for name in ("rewards", "group_ids"):
+            if getattr(batch, name).shape != (b,):
+                raise ValueError(
+                    f"batch.{name} must be [B] = ({b},), got {getattr(batch, name).shape}"
+                )
+        v = self.model_cfg.vocab_size
+        for name in ("tokens", "targets"):
+            x = getattr(batch, name)
+            if x.size and (x.min() < 0 or x.max() >= v):
+                raise ValueError(f"batch.{name} holds ids outside the vocabulary [0, {v})")

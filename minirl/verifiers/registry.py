@@ -1,0 +1,70 @@
+"""Verifiers by name: `get_verifier("math", rel_tol=1e-4)`, `register_verifier(name, factory)`.
+
+The built-ins ("math", "math_verify", "code") are imported when first built: the code verifier
+pulls in the sandbox, math-verify is an optional extra. A name "path/to/file.py:function" is
+your own reward function in that file (reward_function.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from minirl.data.verifier_api import Verifier
+
+
+def _math_factory(**kwargs: Any) -> Verifier:
+    from minirl.verifiers.math_verifier import MathVerifier, MathVerifierConfig
+
+    return MathVerifier(MathVerifierConfig(**kwargs))
+
+
+def _math_verify_factory(workers: int = 2, item_timeout_s: float = 30.0, **kwargs: Any) -> Verifier:
+    """The math verifier on math-verify, in a pool of worker processes: its signal timeouts need
+    a main thread, and the pool kills a worker that still hangs (math_verifier.py)."""
+    from minirl.verifiers.math_verifier import MathVerifier, MathVerifierConfig
+    from minirl.verifiers.pool import PoolConfig, VerifierPool
+
+    inner = MathVerifier(MathVerifierConfig(backend="math_verify", **kwargs))
+    return VerifierPool(inner, PoolConfig(workers=workers, item_timeout_s=item_timeout_s))
+
+
+def _code_factory(repository: Any = None, **kwargs: Any) -> Verifier:
+    from minirl.verifiers.code_verifier import CodeVerifier, CodeVerifierConfig
+    from minirl.verifiers.repository import TestRepository
+
+    if repository is not None and not isinstance(repository, TestRepository):
+        repository = TestRepository(repository)  # None: only tests the rows carry are judged
+    return CodeVerifier(repository, CodeVerifierConfig(**kwargs))
+
+
+# name -> factory(**kwargs) -> Verifier. Built-ins are imported lazily (code pulls in the sandbox).
+_FACTORIES: dict[str, Callable[..., Verifier]] = {
+    "math": _math_factory,
+    "math_verify": _math_verify_factory,
+    "code": _code_factory,
+}
+
+
+def register_verifier(name: str, factory: Callable[..., Verifier]) -> None:
+    """Make `get_verifier(name, **kwargs)` call `factory(**kwargs)`. Names are unique."""
+    if name in _FACTORIES:
+        raise ValueError(f"a verifier named {name!r} is already registered")
+    _FACTORIES[name] = factory
+
+
+def verifier_names() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def get_verifier(name: str, **kwargs: Any) -> Verifier:
+    """Build a registered verifier: `get_verifier("math", rel_tol=1e-4)`,
+    `get_verifier("code", repository="/data/tests", language="cpp")`, or your own reward
+    function: `get_verifier("my_reward.py:score")`."""
+    from minirl.verifiers.reward_function import RewardFunction, is_function_spec
+
+    if is_function_spec(name) and name not in _FACTORIES:
+        return RewardFunction(name, **kwargs)
+    if name not in _FACTORIES:
+        raise KeyError(f"unknown verifier {name!r}; registered: {', '.join(verifier_names())}")
+    return _FACTORIES[name](**kwargs)

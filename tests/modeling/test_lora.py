@@ -1,0 +1,286 @@
+"""LoRA (minirl/modeling/lora.py): the adapted dense by hand, step 0 is the base model bit for bit, the merge
+equals the unmerged forward, the knobs, and a LoRA run end to end (adapters trained, base frozen,
+the merged export). The trainer's side (adapters only, micro-batching, presets) is in
+tests/training/test_trainer.py; exact mode engine == trainer with adapters in tests/diagnose/test_mismatch.py."""
+
+import dataclasses
+import json
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from minirl.cli import main
+from minirl.configlib import ConfigError
+from minirl.modeling import lora
+from minirl.modeling.model import ModelConfig, init_model
+from minirl.run.presets import make_config
+from minirl.store.checkpoints import CheckpointManager
+
+CFG = ModelConfig(
+    vocab_size=64,
+    dim=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=96,
+    max_seq_len=64,
+)
+TOKENS = np.random.default_rng(0).integers(3, 64, (2, 9)).astype(np.int32)
+
+
+def _pure(model) -> dict:
+    return nnx.to_pure_dict(nnx.split(model)[1])
+
+
+def test_adapted_dense_by_hand():
+    # x = [1, 2]; W = I; A = [[1], [1]] (r = 1); B = [[1, -1]]; alpha = 2: scale 2
+    # x W = [1, 2]; x A = [3]; (x A) B = [3, -3]; y = [1, 2] + 2 * [3, -3] = [7, -4]
+    m = types.SimpleNamespace(
+        w_proj=jnp.eye(2), w_lora_a=jnp.ones((2, 1)), w_lora_b=jnp.array([[1.0, -1.0]])
+    )
+    x = jnp.array([[1.0, 2.0]])
+    for exact in (False, True):
+        np.testing.assert_array_equal(lora.project(m, "w", x, 2.0, exact), [[7.0, -4.0]])
+    plain = types.SimpleNamespace(w_proj=jnp.eye(2))  # no adapter: x W
+    np.testing.assert_array_equal(lora.project(plain, "w", x, 2.0, False), [[1.0, 2.0]])
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_rank_16_at_init_is_the_base_model_bitwise(exact):
+    base, adapted = init_model(CFG, seed=3), init_model(dataclasses.replace(CFG, lora_rank=16), 3)
+    adapters, rest = lora.partition(_pure(adapted), lora.is_adapter)
+    jax.tree.map(np.testing.assert_array_equal, rest, _pure(base))  # the same base weights
+    a = adapters["layers"][0]["attn"]["q_lora_a"]
+    assert a.shape == (64, 16) and a.dtype == jnp.float32 and float(jnp.abs(a).max()) > 0
+    assert 0 < float(jnp.abs(a).max()) <= 1 / 8  # Kaiming-uniform: |A| <= 1 / sqrt(fan_in)
+    assert all(
+        float(jnp.abs(b).max()) == 0
+        for b in lora.partition(adapters, lambda n: n.endswith("_b"))[0]["layers"][1][
+            "mlp"
+        ].values()
+    )
+    logits = [
+        jax.jit(lambda p, g=nnx.split(m)[0]: nnx.merge(g, p)(TOKENS, exact=exact))(_pure(m))
+        for m in (adapted, base)
+    ]
+    np.testing.assert_array_equal(*logits)
+
+
+def test_merge_equals_the_unmerged_forward():
+    cfg = dataclasses.replace(CFG, lora_rank=4, lora_alpha=8.0, lora_targets=("q", "o", "up"))
+    params = _pure(init_model(cfg, seed=1))
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map_with_path(  # nonzero B, so the adapters matter
+        lambda path, x: (
+            jnp.asarray(rng.normal(size=x.shape) * 0.1, x.dtype)
+            if str(path[-1].key).endswith("_lora_b")
+            else x
+        ),
+        params,
+    )
+    forward = jax.jit(lambda p: nnx.merge(nnx.split(init_model(cfg))[0], p)(TOKENS))
+    base_forward = jax.jit(lambda p: nnx.merge(nnx.split(init_model(CFG))[0], p)(TOKENS))
+    unmerged = forward(params)
+    merged_params = lora.merge(params, cfg)
+    assert not lora.partition(merged_params, lora.is_adapter)[0]  # a plain base model again
+    plain = base_forward(lora.partition(params, lora.is_adapter)[1])  # adapters dropped
+    assert float(jnp.abs(unmerged - plain).max()) > 1e-2  # the adapters changed the logits
+    merged = base_forward(merged_params)
+    np.testing.assert_allclose(merged, unmerged, rtol=0, atol=2e-5)
+
+
+def test_trainable_and_add_adapters():
+    cfg = dataclasses.replace(CFG, lora_rank=2, lora_targets=("v",))
+    base = _pure(init_model(CFG, seed=0))
+    assert lora.trainable(base, CFG) == (base, {})  # LoRA off: everything trains
+    params = lora.add_adapters(base, cfg, seed=5)
+    train, frozen = lora.trainable(params, cfg)
+    jax.tree.map(np.testing.assert_array_equal, frozen, base)
+    assert {k for layer in train["layers"].values() for k in layer["attn"]} == {
+        "v_lora_a",
+        "v_lora_b",
+    }
+    assert lora.add_adapters(params, cfg, seed=6) is params  # already there: unchanged
+    jax.tree.map(np.testing.assert_array_equal, lora.join(train, frozen), params)
+
+
+def test_lora_knobs_are_checked_and_parsed():
+    assert make_config("fixture", ["model.lora_targets=q,v"]).model.lora_targets == ("q", "v")
+    for bad in ("model.lora_targets=q,x", "model.lora_rank=-1", "model.lora_alpha=0"):
+        with pytest.raises((ConfigError, ValueError), match="lora"):
+            make_config("fixture", [bad])
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """`minirl train --preset fixture --set model.lora_rank=16`, 2 steps, exact mode."""
+    run = tmp_path_factory.mktemp("lora") / "run"
+    args = ["train", "--preset", "fixture", "--run-dir", str(run), "--quiet"]
+    assert main([*args, *(f"--set={s}" for s in RUN_SETS), "--set=rl.export_hf=true"]) == 0
+    return run
+
+
+RUN_SETS = ["eval.prompts=8", "eval.samples=2", "rl.steps=2", "model.lora_rank=16"]
+RUN_SETS += ["engine.exact=true"]
+
+
+def test_a_lora_run_trains_the_adapters_only_and_exports_the_merged_model(lora_run, tmp_path):
+    """`minirl train --set model.lora_rank=16`, 2 steps in exact mode: the checkpoint's base
+    weights are the warm start's bit for bit, its adapters moved, its optimizer state holds
+    adapters only; the export (rl.export_hf) is the merged model; the engine's log-probs equal
+    the trainer's bit for bit at both steps (~7 s: it is also the LoRA exact-mode test)."""
+    run, sets = lora_run, RUN_SETS
+    ckpt = CheckpointManager(run).restore()
+    assert ckpt.step == 2
+    cfg = make_config("fixture", sets)
+    adapters, base = lora.partition(ckpt.params, lora.is_adapter)
+    from minirl.run.runner import Run
+
+    r = Run(cfg, tmp_path / "probe", progress=False, log=lambda *a: None)
+    from minirl.run.warmstart import warm_start
+
+    start = warm_start(cfg, r.tokenizer, r.task, progress=False, log=lambda *a: None)[0]
+    start_adapters, start_base = lora.partition(start, lora.is_adapter)
+    jax.tree.map(np.testing.assert_array_equal, base, start_base)
+    b = adapters["layers"][0]["attn"]["q_lora_b"]
+    assert (
+        float(np.abs(b).max())
+        > 0
+        == float(np.abs(start_adapters["layers"][0]["attn"]["q_lora_b"]).max())
+    )
+    opt_paths = [
+        jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(ckpt.opt_state)
+    ]
+    assert any("lora" in p for p in opt_paths)
+    assert not [p for p in opt_paths if "_proj" in p or "embed" in p or "norm" in p]
+    from minirl.hf.model_files import load_hf
+
+    _, exported = load_hf(run / "hf")
+    merged = lora.merge(ckpt.params, cfg.model)
+    jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(x, y, rtol=0, atol=1e-6), _pure(exported), merged
+    )
+    assert json.loads((run / "summary.json").read_text())["stopped"] == "steps"
+    # the store holds the adapters alone per version
+    adapter_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(adapters))
+    assert adapter_bytes < sum(np.asarray(x).nbytes for x in jax.tree.leaves(base))
+    # exact mode: engine == trainer bitwise with adapters (step 2 rolls out with moved ones)
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        assert r["store/version_bytes"] == adapter_bytes
+        assert r["mismatch/tokens"] > 0 and r["mismatch/max_abs_dlogp"] == 0.0, r["step"]
+        assert r["train/dlogp_recompute/max_abs_dlogp"] == 0.0, r["step"]
+
+
+def test_an_async_lora_run_reloads_its_engine_from_adapter_versions(tmp_path, monkeypatch):
+    """rl.scheduler=async: the rollout thread reloads the engine from the store, whose versions
+    hold the adapters alone (Controller.engine_weights joins them with the frozen base)."""
+    from minirl.control.controller import Controller
+    from minirl.run.runner import Run
+
+    sets = ["eval.prompts=8", "eval.samples=2", "rl.steps=3", "model.lora_rank=16"]
+    cfg = make_config("fixture", [*sets, "rl.scheduler=async"], staleness="one_step_off")
+    loads = []
+    original = Controller.engine_weights
+
+    def spy(self, version=None):
+        got = original(self, version)
+        loads.append((lora.partition(self.store.get(version)[1], lora.is_adapter), got[1]))
+        return got
+
+    monkeypatch.setattr(Controller, "engine_weights", spy)
+    Run(cfg, tmp_path / "run", progress=False, log=lambda *a: None).train()
+    assert loads  # the engine did reload from the store
+    for (stored_adapters, stored_base), whole in loads:
+        assert stored_adapters and not stored_base  # the store held the adapters alone
+        assert lora.partition(whole, lora.is_adapter)[1]  # the engine got the base with them
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["store/version_bytes"] for r in records} == {
+        sum(np.asarray(x).nbytes for x in jax.tree.leaves(loads[0][0][0]))
+    }
+
+
+@pytest.mark.parametrize("exact", [False])
+def test_the_engine_samples_from_the_adapted_model(exact):
+    """Fast mode merges the adapters into the base once per load (the engine runs the plain
+    model; exact mode applies them unmerged, as the trainer does: bitwise in the run test
+    above, and `exact=True` here passes with atol 0 too, ~7 s); its behaviour log-probs are
+    the adapted model's forward to float rounding."""
+    from minirl.inference.engine import Engine, EngineConfig, Request
+    from minirl.modeling.model import token_logprobs
+    from minirl.modeling.sampling import Sampling
+    from minirl.types import Prompt
+
+    cfg = dataclasses.replace(CFG, lora_rank=4, lora_targets=("q", "v", "down"))
+    params = _pure(init_model(cfg, seed=2))
+    rng = np.random.default_rng(1)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: (
+            jnp.asarray(rng.normal(size=x.shape) * 0.3, x.dtype)
+            if str(path[-1].key).endswith("_lora_b")
+            else x
+        ),
+        params,
+    )
+    ecfg = EngineConfig(
+        slots=2, cache_len=32, prefill_buckets=(8,), prefill_rows=2, decode_chunk=4, exact=exact
+    )
+    engine = Engine(cfg, ecfg)
+    assert engine.model_config.lora_rank == (4 if exact else 0)  # fast: the merged plain model
+    engine.load_weights(0, params)
+    prompt = Prompt(0, "t", "", TOKENS[0, :5])
+    (out,) = engine.generate([Request(prompt, 0, 8)])
+    seq = np.r_[prompt.tokens, out.tokens][None, :].astype(np.int32)
+    logits = nnx.merge(nnx.split(init_model(cfg))[0], params)(seq, exact=exact)
+    want = token_logprobs(logits[:, 4:-1], seq[:, 5:], Sampling(exact=exact))[0]
+    base = _pure(init_model(CFG, seed=2))  # the same base without adapters: far from it
+    plain = token_logprobs(nnx.merge(nnx.split(init_model(CFG))[0], base)(seq)[:, 4:-1], seq[:, 5:])
+    assert float(np.abs(np.asarray(plain[0]) - want).max()) > 1e-2
+    np.testing.assert_allclose(out.logprobs, want, rtol=0, atol=0 if exact else 2e-5)
+
+
+@pytest.mark.reference
+def test_the_peft_adapter_loads_onto_the_base_with_equal_logits(lora_run, tmp_path):
+    """`minirl export RUN --out DIR --adapter`: peft loads DIR onto DIR/base (a built-in run's
+    frozen base) in transformers, and the logits equal minirl's adapted model's."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from minirl.run.run_dir import load_config
+
+    out = tmp_path / "adapter"
+    assert main(["export", str(lora_run), "--out", str(out), "--adapter"]) == 0
+    cfg, ckpt = load_config(lora_run).model, CheckpointManager(lora_run).restore()
+    tokens = np.random.default_rng(0).integers(3, cfg.vocab_size, (2, 9))
+    want = nnx.merge(nnx.split(init_model(cfg))[0], ckpt.params)(jnp.asarray(tokens, jnp.int32))
+    base = transformers.AutoModelForCausalLM.from_pretrained(out / "base", dtype=torch.float32)
+    with torch.no_grad():
+        plain = base(torch.tensor(tokens)).logits.numpy()
+        got = peft.PeftModel.from_pretrained(base, out)(torch.tensor(tokens)).logits.numpy()
+    off = float(np.abs(plain - np.asarray(want)).max())
+    assert off > 1e-4  # the adapters matter
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)  # measured 1.9e-6 (off: 0.30)
+
+
+def test_a_resumed_lora_run_equals_the_uninterrupted_one(tmp_path):
+    """3 steps at once, or 2 then a resume to 3 in the same run directory: the same adapters,
+    base and optimizer state, bit for bit."""
+    from minirl.run.runner import Run
+    from minirl.store.trees import assert_trees_equal
+
+    def run(path, steps):
+        sets = ["eval.prompts=8", "eval.samples=2", f"rl.steps={steps}", "model.lora_rank=16"]
+        Run(make_config("fixture", sets), path, progress=False, log=lambda *a: None).train()
+        return CheckpointManager(path).restore()
+
+    whole = run(tmp_path / "whole", 3)
+    run(tmp_path / "parts", 2)
+    parts = run(tmp_path / "parts", 3)
+    assert whole.step == parts.step == 3
+    assert_trees_equal(parts.params, whole.params)
+    assert_trees_equal(parts.opt_state, whole.opt_state)

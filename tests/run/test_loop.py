@@ -1,0 +1,141 @@
+"""The step loop every run uses (minirl/run/loop.py): however a run ends — its steps done, its
+time budget, Ctrl-C, an error — the weights it reports (summary.json's "after") are in a
+checkpoint that `minirl eval` reads, and a run resumed from it ends where an undisturbed one does.
+Also: the cosine schedule's length follows rl.steps unless set."""
+
+import json
+import os
+import signal
+
+import pytest
+
+from minirl.cli import main
+from minirl.control.controller import Controller
+from minirl.run import run_dir as run_dir_module
+from minirl.run.presets import make_config
+from minirl.run.runner import Run
+from minirl.store.checkpoints import CheckpointManager
+from minirl.store.trees import assert_trees_equal
+from minirl.training.optimizer import learning_rate
+
+SMALL = ["eval.prompts=8", "eval.samples=2", "rl.checkpoint_every=10"]
+
+
+def _run(path, *sets) -> Run:
+    return Run(make_config("fixture", [*SMALL, *sets]), path, progress=False, log=lambda *a: None)
+
+
+def _metrics(path) -> list[dict]:
+    return [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_stopped_by_its_time_budget_checkpoints_the_weights_it_reports(tmp_path, capsys):
+    """rl.time_budget stops after step 1 (no checkpoint was due before step 10): step 1 is
+    checkpointed, and `minirl eval RUN` scores exactly summary.json's "after"."""
+    run_dir = tmp_path / "run"
+    sets = [f"--set={s}" for s in (*SMALL, "rl.steps=4", "rl.time_budget=1e-9")]
+    assert main(["train", "--preset", "fixture", "--run-dir", str(run_dir), "--quiet", *sets]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped"] == "time_budget" and summary["counters"]["steps"] == 1
+    assert CheckpointManager(run_dir).all_steps() == [1]
+    capsys.readouterr()
+    assert main(["eval", str(run_dir)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"step": 1, **summary["after"]}
+    # the schedule's length the run used is recorded beside the config
+    assert json.loads((run_dir / "config.json").read_text())["resolved"] == {
+        "trainer.total_steps": 4
+    }
+
+
+def _interrupt_after_step_1(monkeypatch, raise_directly: bool):
+    step = run_dir_module.StepRecorder.step
+
+    def then_ctrl_c(self, metrics):
+        step(self, metrics)
+        if self.controller.counters.steps == 1:
+            if raise_directly:  # Ctrl-C where no handler defers it (not the main thread)
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(run_dir_module.StepRecorder, "step", then_ctrl_c)
+
+
+def test_ctrl_c_finishes_the_step_checkpoints_and_evaluates_it(tmp_path, monkeypatch):
+    """The first Ctrl-C stops the run after the step under way, as the time budget does."""
+    _interrupt_after_step_1(monkeypatch, raise_directly=False)
+    summary = _run(tmp_path, "rl.steps=3").train()
+    assert summary["stopped"] == "interrupted" and summary["counters"]["steps"] == 1
+    assert CheckpointManager(tmp_path).all_steps() == [1]
+    assert json.loads((tmp_path / "summary.json").read_text())["after"] == summary["after"]
+
+
+def test_a_keyboard_interrupt_between_steps_leaves_the_last_step_checkpointed(
+    tmp_path, monkeypatch
+):
+    _interrupt_after_step_1(monkeypatch, raise_directly=True)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, "rl.steps=3").train()
+    assert CheckpointManager(tmp_path).all_steps() == [1]
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """An undisturbed 3-step run (its only checkpoint: step 3)."""
+    path = tmp_path_factory.mktemp("whole")
+    _run(path, "rl.steps=3").train()
+    return path
+
+
+@pytest.mark.parametrize(
+    "where, kept",
+    [("_take_batch", [1]), ("_batch_metrics", [])],
+    ids=["before_training", "after_training"],
+)
+def test_an_error_inside_a_step_keeps_the_last_whole_step_and_resumes_exactly(
+    whole, tmp_path, monkeypatch, where, kept
+):
+    """An error inside step 2: before the trainer trained, step 1 is checkpointed from the state
+    the loop kept after it (the controller's own state is half-way into step 2), and the
+    resumed run ends bit for bit as the undisturbed one; after the trainer trained, its weights
+    are step 2's and nothing is written in step 1's name."""
+    original = getattr(Controller, where)
+
+    def fails_in_step_2(self, *args):
+        if self.counters.steps == 1:
+            raise RuntimeError("a bug in step 2")
+        return original(self, *args)
+
+    monkeypatch.setattr(Controller, where, fails_in_step_2)
+    with pytest.raises(RuntimeError, match="a bug in step 2"):
+        _run(tmp_path, "rl.steps=3").train()
+    assert CheckpointManager(tmp_path).all_steps() == kept
+    monkeypatch.undo()
+    _run(tmp_path, "rl.steps=3").train()
+    got, ref = CheckpointManager(tmp_path).restore(), CheckpointManager(whole).restore()
+    assert got.step == ref.step == 3
+    assert_trees_equal(got.params, ref.params)
+    assert_trees_equal(got.opt_state, ref.opt_state)
+    same = lambda r: {k: v for k, v in r.items() if "time" not in k and "per_s" not in k}  # noqa: E731
+    assert [same(r) for r in _metrics(tmp_path)] == [same(r) for r in _metrics(whole)]
+
+
+def test_the_cosine_schedule_follows_rl_steps_unless_set():
+    """trainer.total_steps = 0 (the default) is rl.steps, derived, so the config hash (what a
+    resume is checked against) does not move with rl.steps; set, it stays."""
+    from minirl.configlib import config_hash
+    from minirl.run.run_dir import RESUMABLE_CHANGES
+
+    cosine = ["trainer.schedule=cosine", "trainer.learning_rate=1.0", "trainer.min_lr_ratio=0.25"]
+    cfg = make_config("fixture", [*cosine, "rl.steps=7"])
+    assert cfg.trainer.total_steps == 0 and cfg.trainer_config().total_steps == 7
+    assert learning_rate(cfg.trainer_config(), 7) == 0.25  # the bottom of the decay at step 7
+    assert learning_rate(cfg.trainer_config(), 3) > 0.25
+    longer = make_config("fixture", [*cosine, "rl.steps=70"])
+    assert config_hash(cfg, ignore=RESUMABLE_CHANGES) == config_hash(
+        longer, ignore=RESUMABLE_CHANGES
+    )
+    fixed = make_config("fixture", [*cosine, "rl.steps=7", "trainer.total_steps=5"])
+    assert fixed.trainer_config().total_steps == 5
+    assert make_config("countdown", ["rl.steps=60"]).trainer_config().total_steps == 300
+    with pytest.raises(ValueError, match="cosine schedule needs its length"):
+        learning_rate(cfg.trainer, 3)  # a TrainerConfig alone must be given the length

@@ -1,0 +1,634 @@
+"""Trainer, micro-batch packing and make_batch: fast path == slow path, hand-checked layouts,
+guards that hold, and two tiny learning problems.
+
+Compiles are the cost here, so every trainer uses one tiny model and a batch whose micro-batch
+plans use only a few shapes: (8, 64) for the whole batch, (4, 64) + (4, 32) for two micro-batches
+and (2, 64) + (4, 32) for three; the jitted functions are shared between trainers with equal
+settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from minirl.losses import get_preset
+from minirl.measure.diagnostics import first_update_dlogp, mismatch_metrics
+from minirl.modeling import lora
+from minirl.modeling.model import KVCache, ModelConfig, init_model, token_logprobs
+from minirl.modeling.sampling import Sampling
+from minirl.store.serialization import from_bytes, to_bytes
+from minirl.training import microbatch as mbt
+from minirl.training.batching import bucket_length, make_batch
+from minirl.training.trainer import Trainer, TrainerConfig, learning_rate
+from minirl.types import Batch, Prompt, Rollout, Score
+
+CFG = ModelConfig(
+    vocab_size=32,
+    dim=32,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    mlp_dim=64,
+    max_seq_len=128,
+)
+BOS, EOS, PAD = 1, 2, 0
+# (prompt length, completion length) of the 8 rollouts; rows need P+C-1 positions: 4 rows > 32
+# (bucket 64), 4 rows <= 32 (bucket 32)
+SHAPES = [(5, 56), (9, 42), (4, 43), (12, 29), (6, 25), (3, 9), (7, 14), (4, 5)]
+
+
+def _rollout(uid, k, p, c, rng, reward):
+    prompt = Prompt(uid, "test", "", np.r_[BOS, rng.integers(3, 32, p - 1)].astype(np.int32))
+    tokens = rng.integers(3, 32, c).astype(np.int32)
+    logprobs = (-rng.exponential(1.0, c)).astype(np.float32)
+    return Rollout(
+        prompt, k, tokens, logprobs, np.full(c, 7, np.int32), "length", score=Score(reward)
+    )
+
+
+@pytest.fixture(scope="module")
+def params():
+    return nnx.to_pure_dict(nnx.split(init_model(CFG, seed=0))[1])
+
+
+@pytest.fixture(scope="module")
+def batch():
+    rng = np.random.default_rng(0)
+    rollouts = [
+        _rollout(100 + i // 4, i % 4, p, c, rng, float(rng.normal()))
+        for i, (p, c) in enumerate(SHAPES)
+    ]
+    return make_batch(rollouts[::-1], PAD)  # reversed: make_batch must restore the group order
+
+
+def _tree_max_diff(a, b):
+    return max(
+        float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def _bits(tree):
+    return [np.asarray(x).tobytes() for x in jax.tree.leaves(tree)]
+
+
+# ---- batching and packing (numpy only) --------------------------------------------------------
+
+
+def test_bucket_lengths():
+    assert [bucket_length(n) for n in (0, 1, 32, 33, 64, 200, 256, 257, 300, 513, 1000)] == [
+        32,
+        32,
+        32,
+        64,
+        64,
+        224,
+        256,
+        320,
+        320,
+        640,
+        1024,
+    ]
+    assert (
+        bucket_length(5, minimum=8) == 8
+        and bucket_length(64, minimum=8) == 64
+        and bucket_length(70, minimum=8) == 80
+    )
+
+
+def test_make_batch_alignment_by_hand():
+    a = Rollout(
+        Prompt(9, "t", "", np.array([1, 5, 6], np.int32)),
+        1,
+        np.array([7, 2], np.int32),
+        np.array([-0.5, -0.25], np.float32),
+        np.array([3, 4], np.int32),
+        "eos",
+        score=Score(1.0),
+    )
+    b = Rollout(
+        Prompt(4, "t", "", np.array([1, 8], np.int32)),
+        0,
+        np.array([10, 11, 2], np.int32),
+        np.array([-1.0, -2.0, -3.0], np.float32),
+        np.array([5, 5, 5], np.int32),
+        "eos",
+        score=Score(0.5),
+    )
+    batch = make_batch([a, b], pad_id=0, bucket_minimum=8)
+    # rows sorted by prompt uid: b (uid 4) first; sequences b = 1 8 10 11 2, a = 1 5 6 7 2
+    np.testing.assert_array_equal(
+        batch.tokens, [[1, 8, 10, 11, 0, 0, 0, 0], [1, 5, 6, 7, 0, 0, 0, 0]]
+    )
+    np.testing.assert_array_equal(
+        batch.targets, [[8, 10, 11, 2, 0, 0, 0, 0], [5, 6, 7, 2, 0, 0, 0, 0]]
+    )
+    np.testing.assert_array_equal(batch.mask, [[0, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(
+        batch.behaviour_logprobs, [[0, -1, -2, -3, 0, 0, 0, 0], [0, 0, -0.5, -0.25, 0, 0, 0, 0]]
+    )
+    np.testing.assert_array_equal(
+        batch.versions, [[-1, 5, 5, 5, -1, -1, -1, -1], [-1, -1, 3, 4, -1, -1, -1, -1]]
+    )
+    np.testing.assert_array_equal(batch.rewards, [0.5, 1.0])
+    np.testing.assert_array_equal(batch.group_ids, [0, 1])
+    np.testing.assert_array_equal(batch.prompt_uids, [4, 9])
+    # completion token c is the target at position P-1+c
+    assert batch.targets[1, 2 + 0] == 7 and batch.targets[0, 1 + 2] == 2
+
+
+def test_make_batch_rejects_bad_input():
+    r = Rollout(
+        Prompt(1, "t", "", np.array([1], np.int32)),
+        0,
+        np.array([3], np.int32),
+        np.array([-1.0], np.float32),
+        np.array([0], np.int32),
+        "eos",
+    )
+    with pytest.raises(ValueError, match="no score"):
+        make_batch([r], 0)
+    r.score = Score(float("nan"))
+    with pytest.raises(ValueError, match="non-finite reward"):
+        make_batch([r], 0)
+    r.score = Score(1.0)
+    r.logprobs = np.zeros(2, np.float32)
+    with pytest.raises(ValueError, match="equal lengths"):
+        make_batch([r], 0)
+
+
+def test_pack_rows_by_hand():
+    # lengths 40, 10, 33, 5 under 128 tokens: longest first -> 40 opens a [2, 64] micro-batch and
+    # 33 joins it; 10 opens a [4, 32] one (capacity 4) and 5 joins it, padded to 2 rows.
+    plan = mbt.pack_rows(np.array([40, 10, 33, 5]), 128)
+    assert [(mb.rows.tolist(), mb.shape) for mb in plan] == [([0, 2], (2, 64)), ([1, 3], (2, 32))]
+
+
+@pytest.mark.parametrize("budget", [64, 100, 256, 1000, 4096])
+def test_pack_rows_respects_budget_and_keeps_every_row_once(budget):
+    rng = np.random.default_rng(budget)
+    lengths = rng.integers(0, 60, 37)
+    rows = rng.permutation(37)[:29]  # a mini-batch's rows
+    plan = mbt.pack_rows(lengths, budget, rows=rows)
+    packed = np.concatenate([mb.rows for mb in plan])
+    assert sorted(packed.tolist()) == sorted(rows.tolist())  # each selected row exactly once
+    for mb in plan:
+        assert mb.padded_tokens <= budget
+        assert len(mb.rows) <= mb.num_rows and mb.num_rows & (mb.num_rows - 1) == 0  # power of two
+        assert lengths[mb.rows].max() <= mb.length
+    # first-fit decreasing: rows arrive longest first, so each micro-batch's first row is its longest
+    assert all(lengths[mb.rows[0]] == lengths[mb.rows].max() for mb in plan)
+
+
+def test_pack_rows_gives_an_overlong_row_its_own_micro_batch():
+    plan = mbt.pack_rows(np.array([100, 3]), 64)
+    assert [(mb.rows.tolist(), mb.shape) for mb in plan] == [([0], (1, 128)), ([1], (1, 32))]
+
+
+def test_gather_and_scatter_round_trip():
+    x = np.arange(4 * 6).reshape(4, 6)
+    mb = mbt.MicroBatch(np.array([2, 0]), num_rows=4, length=8)
+    g = mbt.gather(x, mb, fill=-1)
+    np.testing.assert_array_equal(g[:2, :6], x[[2, 0]])
+    assert (g[2:] == -1).all() and (g[:, 6:] == -1).all()
+    out = np.zeros_like(x)
+    mbt.scatter(g, mb, out)
+    np.testing.assert_array_equal(out[[2, 0]], x[[2, 0]])
+    assert (out[[1, 3]] == 0).all()
+
+
+def test_trainer_config_validation_and_schedule():
+    for bad in (
+        dict(learning_rate=0.0),
+        dict(schedule="linear"),
+        dict(remat="all"),
+        dict(schedule="cosine", warmup_steps=10, total_steps=10),
+        dict(micro_batch_tokens=0),
+        dict(num_minibatches=0),
+    ):
+        with pytest.raises(ValueError, match="TrainerConfig"):
+            TrainerConfig(**bad)
+    cfg = TrainerConfig(
+        learning_rate=1.0, schedule="cosine", warmup_steps=3, total_steps=13, min_lr_ratio=0.2
+    )
+    assert [learning_rate(cfg, s) for s in (0, 1, 2, 3)] == [0.25, 0.5, 0.75, 1.0]
+    assert learning_rate(cfg, 8) == pytest.approx(0.2 + 0.8 * 0.5)  # half-way through the decay
+    assert learning_rate(cfg, 13) == pytest.approx(0.2) and learning_rate(cfg, 99) == pytest.approx(
+        0.2
+    )
+    assert learning_rate(TrainerConfig(learning_rate=0.5), 7) == 0.5
+
+
+def test_trainer_scores_under_a_positive_temperature(params):
+    with pytest.raises(ValueError, match="temperature > 0"):
+        Trainer(CFG, params, None, sampling=Sampling(0.0))  # a greedy engine's spec, not .scoring
+    assert (
+        Trainer(CFG, params, None, sampling=Sampling(0.0).scoring)._spec.sampling.temperature == 1
+    )
+
+
+# ---- log-prob recomputation -------------------------------------------------------------------
+
+
+def test_recompute_logprobs_equals_the_model_forward(params, batch):
+    trainer = Trainer(
+        CFG,
+        params,
+        get_preset("grpo"),
+        TrainerConfig(micro_batch_tokens=512),
+        sampling=Sampling(0.7),
+    )
+    got = trainer.recompute_logprobs(batch)
+    model = nnx.merge(nnx.split(init_model(CFG))[0], params)
+    forward = jax.jit(lambda tokens, targets: token_logprobs(model(tokens), targets, Sampling(0.7)))
+    want = np.asarray(forward(jnp.asarray(batch.tokens), jnp.asarray(batch.targets)))
+    m = batch.mask > 0
+    np.testing.assert_allclose(got[m], want[m], rtol=1e-5, atol=1e-5)
+    assert (got[~m] == 0).all()
+
+
+def _engine_style_logprobs(params, batch, temperature):
+    """Prefill each row's prompt into a KV cache, then feed its completion one token at a time
+    (the rollout engine's computation), exact mode: the behaviour log-probs an exact engine
+    would report."""
+    graphdef = nnx.split(init_model(CFG))[0]
+    # Weights are jit ARGUMENTS, as in the engine: closed-over weights become constants that XLA
+    # folds differently, which changes the last bits.
+    prefill = jax.jit(
+        lambda p, tok, n: nnx.merge(graphdef, p)(
+            tok, cache=KVCache.zeros(CFG, 1, 128), num_new=n, exact=True
+        )
+    )
+    decode = jax.jit(lambda p, tok, cache: nnx.merge(graphdef, p)(tok, cache=cache, exact=True))
+    logp_fn = jax.jit(
+        lambda logits, tgt: token_logprobs(logits, tgt, Sampling(temperature, exact=True))
+    )
+    out = np.zeros(batch.mask.shape, np.float32)
+    for i in range(batch.num_rows):
+        pos = np.flatnonzero(batch.mask[i])
+        p = pos[0] + 1  # prompt length: the first completion target sits at P-1
+        prompt = np.zeros((1, 32), np.int32)
+        prompt[0, :p] = batch.tokens[i, :p]
+        logits, cache = prefill(params, jnp.asarray(prompt), jnp.array([p], jnp.int32))
+        last = logits[:, p - 1 : p]  # [1, 1, V]
+        for t in pos:
+            out[i, t] = float(logp_fn(last, jnp.asarray(batch.targets[i, t]).reshape(1, 1))[0, 0])
+            last, cache = decode(params, jnp.asarray(batch.targets[i, t]).reshape(1, 1), cache)
+    return out
+
+
+@pytest.fixture(scope="module")
+def exact_recompute(params, batch):
+    """(trainer's exact recompute, engine-style exact log-probs, mask) for a long and a short row,
+    which the trainer runs in different shapes ([1, 64] and [1, 32])."""
+    rows = [0, 5]
+    small = Batch(
+        *(
+            getattr(batch, f)[rows]
+            for f in (
+                "tokens",
+                "targets",
+                "mask",
+                "behaviour_logprobs",
+                "versions",
+                "rewards",
+                "group_ids",
+                "prompt_uids",
+            )
+        )
+    )
+    trainer = Trainer(
+        CFG,
+        params,
+        get_preset("grpo"),
+        TrainerConfig(micro_batch_tokens=64),
+        sampling=Sampling(0.7, exact=True),
+    )
+    assert [mb.shape for mb in trainer._plan(small)] == [(1, 64), (1, 32)]
+    m = small.mask > 0
+    return trainer.recompute_logprobs(small)[m], _engine_style_logprobs(params, small, 0.7)[m]
+
+
+def test_exact_recompute_matches_prefill_plus_decode(exact_recompute):
+    got, want = exact_recompute
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_exact_recompute_equals_prefill_plus_decode_bitwise(exact_recompute):
+    got, want = exact_recompute
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+# ---- the train step ---------------------------------------------------------------------------
+
+# eps = 1 makes Adam's first step ~ lr * g / (|g| + 1), a smooth function of the gradient, so
+# comparing the updated parameters compares the gradients (with eps = 1e-8 it would be ~ sign(g)).
+GRAD_CFG = dict(learning_rate=1e-2, eps=1.0, max_grad_norm=0.0)
+
+
+@pytest.fixture(scope="module")
+def full_step(params, batch):
+    trainer = Trainer(
+        CFG, params, get_preset("grpo"), TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    )
+    metrics = trainer.train_step(batch)
+    return trainer, metrics
+
+
+@pytest.mark.parametrize("budget, count", [(256, 2), (128, 3)])
+def test_micro_batched_step_equals_full_batch_step(params, batch, full_step, budget, count):
+    full, full_metrics = full_step
+    assert full_metrics["micro_batches"] == 1
+    trainer = Trainer(
+        CFG, params, get_preset("grpo"), TrainerConfig(micro_batch_tokens=budget, **GRAD_CFG)
+    )
+    plan = trainer._plan(batch)
+    assert len(plan) == count and len({mb.length for mb in plan}) == 2  # uneven lengths
+    metrics = trainer.train_step(batch)
+    moved = _tree_max_diff(full.params(), params)
+    assert moved > 1e-4  # the step did something
+    assert _tree_max_diff(trainer.params(), full.params()) < 1e-4 * moved
+    for key in (
+        "loss",
+        "grad_norm",
+        "ratio_mean",
+        "kl_behav_k3",
+        "tokens",
+        "sequences",
+        "clip_fraction",
+    ):
+        assert metrics[key] == pytest.approx(full_metrics[key], rel=1e-4, abs=1e-6), key
+
+
+def test_first_update_is_on_policy(full_step):
+    _, metrics = full_step
+    # the training forward sees log pi_prox: the ratio starts at 1 (up to forward/backward fusion)
+    assert abs(metrics["ratio_max"] - 1.0) < 1e-5 and abs(metrics["kl_prox_k1"]) < 1e-6
+
+
+def test_first_update_dlogp_by_hand():
+    train = np.array([[0.0, -1.0, -2.0]])
+    prox = np.array([[0.0, -1.5, -9.0]])
+    behav = np.array([[-1.0, -1.0, -9.0]])
+    m = first_update_dlogp(train, prox, behav, np.array([[1, 1, 0]]))
+    # with recomputation |train - prox| = (0, 0.5); without |train - mu| = (1, 0); the third
+    # token is not counted. p95 of two values interpolates: a + 0.95 (b - a).
+    assert m["dlogp_recompute/mean_abs_dlogp"] == 0.25 and m["dlogp_recompute/max_abs_dlogp"] == 0.5
+    assert m["dlogp_recompute/p95_abs_dlogp"] == pytest.approx(0.475)
+    assert m["dlogp_no_recompute/mean_abs_dlogp"] == 0.5
+    assert m["dlogp_no_recompute/p95_abs_dlogp"] == pytest.approx(0.95)
+    assert m["dlogp_no_recompute/max_abs_dlogp"] == 1.0
+
+
+def _fig5_reference(params, batch, rows):
+    """What the first update should report: the training forward equals the recompute up to
+    fusion (< 1e-5), so "without recomputation" is |prox - mu| over the rows it trained on."""
+    prox = Trainer(CFG, params, None, TrainerConfig(micro_batch_tokens=512)).recompute_logprobs(
+        batch
+    )
+    mask = np.zeros_like(batch.mask)
+    mask[rows] = batch.mask[rows]
+    return mismatch_metrics(batch.behaviour_logprobs, prox, mask)
+
+
+def _assert_fig5(metrics, want):
+    for stat in ("mean_abs_dlogp", "p95_abs_dlogp", "max_abs_dlogp"):
+        assert metrics[f"dlogp_no_recompute/{stat}"] == pytest.approx(want[stat], abs=1e-5), stat
+    assert 0.0 <= metrics["dlogp_recompute/mean_abs_dlogp"] <= 1e-5
+    assert metrics["dlogp_recompute/max_abs_dlogp"] <= 1e-5
+    assert want["mean_abs_dlogp"] > 0.1  # the fixture's mu is random: far from the recompute
+
+
+def test_first_update_logs_rlax_fig5_with_and_without_recompute(params, batch, full_step):
+    _assert_fig5(full_step[1], _fig5_reference(params, batch, np.arange(batch.num_rows)))
+
+
+@pytest.mark.parametrize("remat", ["dots", "nothing"])
+def test_remat_policies_give_the_same_step(params, batch, full_step, remat):
+    full, _ = full_step
+    trainer = Trainer(
+        CFG,
+        params,
+        get_preset("grpo"),
+        TrainerConfig(micro_batch_tokens=512, remat=remat, **GRAD_CFG),
+    )
+    trainer.train_step(batch)
+    moved = _tree_max_diff(full.params(), params)
+    assert _tree_max_diff(trainer.params(), full.params()) < 1e-4 * moved
+
+
+@dataclasses.dataclass(frozen=True)
+class _RawRewards:
+    """A local objective on the two-phase contract: `inner`, except that a reward reaches the
+    advantage as is (the real advantages map a non-finite reward to 0), so a nan reward gives a
+    nan loss."""
+
+    inner: Any
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prepare(self, inputs):
+        prepared = self.inner.prepare(inputs)
+        return prepared.replace(adv=prepared.adv + 0.0 * inputs.rewards[:, None])
+
+
+def test_nonfinite_loss_skips_the_update_and_keeps_params_bitwise(params, batch):
+    objective = _RawRewards(get_preset("grpo"))
+    trainer = Trainer(CFG, params, objective, TrainerConfig(micro_batch_tokens=512, **GRAD_CFG))
+    trainer.train_step(batch)  # a real first update, so the optimizer state is not all zeros
+    before, state_before = _bits(trainer.params()), _bits(trainer.state_dict()["opt_state"])
+    poisoned = Batch(
+        **{
+            **batch.__dict__,
+            "rewards": np.where(np.arange(8) == 3, np.nan, batch.rewards).astype(np.float32),
+        }
+    )
+    metrics = trainer.train_step(poisoned)
+    assert np.isnan(metrics["loss"])
+    assert metrics["skipped_nonfinite"] == 1 and metrics["updates"] == 0
+    assert not trainer.last_step_ok and trainer.skipped_nonfinite == 1
+    assert (
+        _bits(trainer.params()) == before
+        and _bits(trainer.state_dict()["opt_state"]) == state_before
+    )
+    trainer.train_step(batch)  # a good batch afterwards trains again
+    assert trainer.last_step_ok and _bits(trainer.params()) != before
+
+
+def test_nonfinite_gradient_skips_the_update(params, batch):
+    # an inf weight makes the forward produce nan logits: the losses' clamps keep the loss finite
+    # where they can, but the gradient is nan and the guard must catch it
+    bad = jax.tree.map(np.array, params)
+    bad["layers"][1]["mlp"]["down_proj"][0, 0] = np.inf
+    trainer = Trainer(
+        CFG, bad, get_preset("grpo"), TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    )
+    before = _bits(trainer.params())
+    metrics = trainer.train_step(batch)
+    assert metrics["skipped_nonfinite"] == 1 and _bits(trainer.params()) == before
+
+
+def test_ppo_epochs_and_minibatches(params, batch):
+    cfg = TrainerConfig(micro_batch_tokens=512, ppo_epochs=2, num_minibatches=2, **GRAD_CFG)
+    trainer = Trainer(CFG, params, get_preset("grpo"), cfg)
+    metrics = trainer.train_step(batch)
+    assert metrics["updates"] == 4 and trainer.last_step_ok
+    # prox stays the step's start: after the first update the policy has moved away from it
+    assert metrics["kl_prox_k3"] > 1e-7 and metrics["ratio_max"] > 1.0 + 1e-4
+    again = Trainer(CFG, params, get_preset("grpo"), cfg)
+    first_rows = again._minibatches(batch.num_rows, epoch=0)[0]  # step 0's first mini-batch
+    again.train_step(batch)
+    assert _bits(again.params()) == _bits(trainer.params())  # shuffles are keyed, not drawn
+    # RLAX Fig. 5 metrics: the first update only (the step's start weights, its rows)
+    assert len(first_rows) == batch.num_rows // 2
+    _assert_fig5(metrics, _fig5_reference(params, batch, first_rows))
+
+
+def test_state_dict_round_trip_resumes_bitwise(params, batch):
+    cfg = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    a = Trainer(CFG, params, get_preset("grpo"), cfg)
+    a.train_step(batch)
+    state = from_bytes(to_bytes(a.state_dict()), copy=True)
+    b = Trainer(CFG, params, get_preset("grpo"), cfg)
+    b.load_state_dict(state)
+    assert b.step == 1
+    a.train_step(batch)
+    b.train_step(batch)
+    assert _bits(a.params()) == _bits(b.params())
+    host = a.params(host=True)
+    assert isinstance(jax.tree.leaves(host)[0], np.ndarray)
+
+
+def test_bad_params_and_objectives_are_refused(params):
+    broken = jax.tree.map(np.array, params)
+    broken["embed"] = np.zeros((3, 3), np.float32)
+    with pytest.raises(ValueError, match="embed"):
+        Trainer(CFG, broken, get_preset("grpo"))
+    with pytest.raises(ValueError, match="no objective"):
+        Trainer(CFG, params).train_step(None)
+
+
+# ---- learning -------------------------------------------------------------------------------
+
+
+def test_sft_step_decreases_the_loss(params, batch):
+    trainer = Trainer(CFG, params, None, TrainerConfig(micro_batch_tokens=512, learning_rate=1e-2))
+    losses = [trainer.sft_step(batch)["loss"] for _ in range(8)]
+    assert losses[-1] < 0.7 * losses[0] and all(
+        b < a for a, b in zip(losses, losses[1:], strict=False)
+    )
+
+
+def test_reinforce_raises_the_logprob_of_rewarded_completions(params):
+    # one prompt, G = 4 samples: completions "7 EOS" are rewarded, "9 EOS" are not
+    prompt = Prompt(1, "t", "", np.array([BOS, 5], np.int32))
+    comps = [([7, EOS], 1.0), ([9, EOS], 0.0), ([7, EOS], 1.0), ([9, EOS], 0.0)]
+    rollouts = [
+        Rollout(
+            prompt,
+            k,
+            np.array(c, np.int32),
+            np.zeros(2, np.float32),
+            np.zeros(2, np.int32),
+            "eos",
+            score=Score(r),
+        )
+        for k, (c, r) in enumerate(comps)
+    ]
+    batch = make_batch(rollouts, PAD)
+    trainer = Trainer(CFG, params, get_preset("reinforce"), TrainerConfig(learning_rate=3e-3))
+    good, bad = batch.rewards > 0, batch.rewards == 0
+    start = trainer.recompute_logprobs(batch)[:, 1]  # log pi(first completion token | prompt)
+    for _ in range(5):
+        prox = trainer.recompute_logprobs(batch)
+        on_policy = Batch(**{**batch.__dict__, "behaviour_logprobs": prox})
+        trainer.train_step(on_policy, prox_logp=prox)
+    end = trainer.recompute_logprobs(batch)[:, 1]
+    assert (end[good] > start[good] + 0.5).all() and (end[bad] < start[bad] - 0.5).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("remat", ["none", "dots"])
+def test_training_forward_logprobs_equal_the_recompute_in_exact_mode(params, batch, remat):
+    """The training step's forward (under the gradient, with remat) computes the same numbers
+    as the recompute when every reduction has a fixed order: minirl diagnose relies on it."""
+    trainer = Trainer(
+        CFG,
+        params,
+        None,
+        TrainerConfig(micro_batch_tokens=512, remat=remat),
+        sampling=Sampling(0.7, exact=True),
+    )
+    got = trainer.training_forward_logprobs(batch)
+    np.testing.assert_array_equal(got, trainer.recompute_logprobs(batch))
+    assert np.count_nonzero(got) == np.count_nonzero(batch.mask)
+
+
+# ---- LoRA: the trainer differentiates and updates the adapters alone ---------------------------
+
+LORA_CFG = dataclasses.replace(CFG, lora_rank=4)
+
+
+@pytest.fixture(scope="module")
+def lora_params(params):
+    return lora.add_adapters(params, LORA_CFG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def lora_step(lora_params, batch):
+    cfg = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    trainer = Trainer(LORA_CFG, lora_params, get_preset("grpo"), cfg)  # grpo: a KL term too
+    return trainer, trainer.train_step(batch)
+
+
+def test_lora_step_updates_the_adapters_only(lora_params, lora_step):
+    trainer, metrics = lora_step
+    assert trainer.last_step_ok and metrics["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    adapters, base = lora.partition(trainer.params(), lora.is_adapter)
+    start, start_base = lora.partition(lora_params, lora.is_adapter)
+    assert _bits(base) == _bits(start_base)  # the base weights: bitwise unchanged
+    assert _tree_max_diff(adapters, start) > 1e-4  # the adapters moved (B from 0, A too)
+    # AdamW's moments exist for the adapters alone: same tree, same shapes
+    _, adam, _ = trainer.state_dict()["opt_state"]
+    for moments in (adam.mu, adam.nu):
+        assert jax.tree.structure(moments) == jax.tree.structure(start)
+        assert [x.shape for x in jax.tree.leaves(moments)] == [
+            x.shape for x in jax.tree.leaves(start)
+        ]
+
+
+def test_lora_micro_batched_step_equals_full_batch_step(lora_params, batch, lora_step):
+    full, full_metrics = lora_step
+    cfg = TrainerConfig(micro_batch_tokens=256, **GRAD_CFG)
+    trainer = Trainer(LORA_CFG, lora_params, get_preset("grpo"), cfg)
+    assert len(trainer._plan(batch)) == 2
+    metrics = trainer.train_step(batch)
+    moved = _tree_max_diff(full.params(), lora_params)
+    assert _tree_max_diff(trainer.params(), full.params()) < 1e-4 * moved
+    for key in ("loss", "grad_norm", "kl_behav_k3", "tokens"):
+        assert metrics[key] == pytest.approx(full_metrics[key], rel=1e-4, abs=1e-6), key
+
+
+def test_lora_state_dict_round_trip_resumes_bitwise(lora_params, batch):
+    cfg = TrainerConfig(micro_batch_tokens=512, ppo_epochs=2, num_minibatches=2, **GRAD_CFG)
+    a = Trainer(LORA_CFG, lora_params, get_preset("cispo"), cfg)
+    a.train_step(batch)
+    state = from_bytes(to_bytes(a.state_dict()), copy=True)
+    b = Trainer(LORA_CFG, lora_params, get_preset("cispo"), cfg)
+    b.load_state_dict(state)
+    a.train_step(batch)
+    b.train_step(batch)
+    assert _bits(a.params()) == _bits(b.params())
+    assert _bits(lora.partition(a.params(), lora.is_adapter)[1]) == _bits(
+        lora.partition(lora_params, lora.is_adapter)[1]
+    )
