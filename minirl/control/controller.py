@@ -376,7 +376,9 @@ class Controller:
         version = lora.published(params, self.cfg.model)  # LoRA: the adapters alone
         self.store.put(c.version + 1, version)
         if isinstance(version, dict):  # the bytes one version holds (Ray: a handle)
-            metrics["store/version_bytes"] = float(sum(x.nbytes for x in jax.tree.leaves(version)))
+            metrics["store/version_bytes"] = float(
+                sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(version))
+            )
         c.version += 1
         if reload_engine and self.reload_due():
             self._call_engine("load_weights", c.version, params)

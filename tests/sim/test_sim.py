@@ -372,7 +372,7 @@ def test_verifier_unsolved_prompts_and_latency():
 
 # ---- a device measured by the accelerator check (benchmarks/accelerator_check.py) -------------
 
-CPU_CHECK = Path(__file__).parent / "data" / "accelerator_check_cpu.json"
+CPU_CHECK = Path(__file__).parents[1] / "data" / "accelerator_check_cpu.json"
 
 
 def test_decode_efficiency_between_measured_slot_counts_is_linear_in_log_slots():
