@@ -28,7 +28,12 @@ from minirl.configlib import ConfigError
 from minirl.engine import EngineConfig
 from minirl.hf_config import read_model_config
 from minirl.losses import Objective, get_preset
-from minirl.losses.presets import BEHAVIOUR_CAP, has_behaviour_cap, with_behaviour_cap
+from minirl.losses.presets import (
+    BEHAVIOUR_CAP,
+    has_behaviour_cap,
+    with_behaviour_cap,
+    with_kl_coef,
+)
 from minirl.model import ModelConfig
 from minirl.tokenizer import CharTokenizer
 from minirl.trainer import TrainerConfig
@@ -92,6 +97,9 @@ class RLConfig:
     """The controller's knobs (RLAX §3; AReaL §5; LOSSES.md for the loss presets)."""
 
     loss: str = "grpo"  # loss preset (minirl.losses.list_presets()), e.g. grpo, dapo, decoupled_ppo
+    kl_coef: float | None = (
+        None  # beta of the loss's KL term (grpo 0.04, reinforce_pp 1e-3); 0 = no KL term, no reference model and no reference forward; None = the preset's
+    )
     behaviour_cap: float = 5.0  # decoupled_ppo: tokens with c = pi_prox/mu above this leave the loss (AReaL's bound); 0 = uncapped (the paper's Eq. 5)
     steps: int = 200  # train steps (weight versions) to run
     time_budget: float = 0.0  # stop RL after this many seconds (0 = no limit)
@@ -130,6 +138,11 @@ class RLConfig:
         if self.max_lag < 0 or self.eta < 0 or self.time_budget < 0 or self.seed < 0:
             raise ValueError("rl.max_lag, rl.eta, rl.time_budget and rl.seed must be >= 0")
         get_preset(self.loss)  # an unknown name fails here, before any work starts
+        if self.kl_coef is not None:
+            try:  # < 0, or > 0 for a loss without a KL term
+                with_kl_coef(get_preset(self.loss), self.kl_coef)
+            except ValueError as e:
+                raise ValueError(f"rl.kl_coef={self.kl_coef}: {e}") from None
         if not (self.behaviour_cap == 0 or self.behaviour_cap >= 1):
             raise ValueError(
                 f"rl.behaviour_cap must be 0 (uncapped) or >= 1, got {self.behaviour_cap}"
@@ -153,8 +166,11 @@ class RLConfig:
             )
 
     def objective(self) -> Objective:
-        """The loss this run trains with: the preset `loss`, its bound on c set by `behaviour_cap`."""
+        """The loss this run trains with: the preset `loss`, its KL coefficient set by `kl_coef`,
+        its bound on c by `behaviour_cap`."""
         objective = get_preset(self.loss)
+        if self.kl_coef is not None:
+            objective = with_kl_coef(objective, self.kl_coef)
         if not has_behaviour_cap(objective):
             return objective
         return with_behaviour_cap(objective, self.behaviour_cap or None)

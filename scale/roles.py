@@ -88,6 +88,11 @@ class TrainerRole:
         self._dirty |= self.trainer.last_step_ok
         return metrics
 
+    def train_step_with_prox(self, batch, prox_logp=None, on_policy=False):
+        metrics, prox = self.trainer.train_step_with_prox(batch, prox_logp, on_policy)
+        self._dirty |= self.trainer.last_step_ok
+        return metrics, prox
+
     def params(self, host: bool = True) -> StoredWeights:
         """Publish the current weights (if new) and return a reference to them."""
         from scale import mesh as M

@@ -34,7 +34,14 @@ from minirl.losses.importance import (
 from minirl.losses.inputs import Context, LossInputs, Prepared, take_rows, validate_inputs
 from minirl.losses.metrics import batch_statistics, finalize_metrics, merge_metrics
 from minirl.losses.objective import Objective
-from minirl.losses.presets import PRESETS, get_preset, list_presets, with_rejection, with_tis
+from minirl.losses.presets import (
+    PRESETS,
+    get_preset,
+    list_presets,
+    with_kl_coef,
+    with_rejection,
+    with_tis,
+)
 from minirl.losses.regularizers import K1KL, K2KL, K3KL, Entropy
 from minirl.losses.rejection import SequenceReject, TokenReject, apply_rejection
 from minirl.losses.terms import ClippedRatio, GSPOClipped, LogProb, SequenceLogProb, clip_mask
@@ -55,6 +62,7 @@ __all__ = [
     "list_presets",
     "with_tis",
     "with_rejection",
+    "with_kl_coef",
     # parts: aggregation
     "SequenceMean",
     "TokenMean",
