@@ -79,8 +79,11 @@ def corpus(n: int = 400) -> list[str]:
     return out
 
 
-def make_tokenizer_dir(path, style: str = "qwen", vocab_size: int = 320) -> Path:
-    """Train a byte-level BPE and write tokenizer.json + tokenizer_config.json into `path`."""
+def make_tokenizer_dir(
+    path, style: str = "qwen", vocab_size: int = 320, extra_text: tuple[str, ...] = ()
+) -> Path:
+    """Train a byte-level BPE and write tokenizer.json + tokenizer_config.json into `path`
+    (`extra_text`: lines trained on besides the word problems)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     specials, config, _, template = STYLES[style]
@@ -92,7 +95,7 @@ def make_tokenizer_dir(path, style: str = "qwen", vocab_size: int = 320) -> Path
         special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(corpus(), trainer)
+    tok.train_from_iterator(corpus() + list(extra_text), trainer)
     if style == "llama":
         bos = config["bos_token"]
         tok.post_processor = processors.TemplateProcessing(
@@ -111,13 +114,23 @@ def make_tokenizer_dir(path, style: str = "qwen", vocab_size: int = 320) -> Path
     return path
 
 
-def make_model_dir(path, arch: str = "qwen2", style: str = "qwen", seed: int = 0) -> Path:
-    """A random tiny transformers model of `arch` saved beside a `style` tokenizer in `path`."""
+def make_model_dir(
+    path,
+    arch: str = "qwen2",
+    style: str = "qwen",
+    seed: int = 0,
+    dims: dict | None = None,
+    vocab_size: int = 320,
+    extra_text: tuple[str, ...] = (),
+) -> Path:
+    """A random tiny transformers model of `arch` saved beside a `style` tokenizer in `path`.
+    `dims` replaces the config's sizes (hidden_size, num_hidden_layers, ...); `vocab_size` and
+    `extra_text` go to the tokenizer's training."""
     import torch
     import transformers
     from tokenizers import Tokenizer
 
-    path = make_tokenizer_dir(path, style)
+    path = make_tokenizer_dir(path, style, vocab_size, extra_text)
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
     _, config, extra_eos, _ = STYLES[style]
     eos = [tok.token_to_id(config["eos_token"]), tok.token_to_id(extra_eos)]
@@ -138,7 +151,7 @@ def make_model_dir(path, arch: str = "qwen2", style: str = "qwen", seed: int = 0
         bos_token_id=bos,
         eos_token_id=eos[0],
         pad_token_id=pad,
-    )
+    ) | (dims or {})
     if arch == "qwen2":
         model_cfg = transformers.Qwen2Config(**sizes)
         model_cls = transformers.Qwen2ForCausalLM

@@ -187,6 +187,35 @@ def test_pack_rows_respects_budget_and_keeps_every_row_once(budget):
     assert all(lengths[mb.rows[0]] == lengths[mb.rows].max() for mb in plan)
 
 
+def _padding_share(lengths, trainer_cfg) -> tuple[float, set]:
+    plan = mbt.pack_rows(lengths, trainer_cfg.micro_batch_tokens, trainer_cfg.bucket_minimum)
+    return 1 - lengths.sum() / sum(mb.padded_tokens for mb in plan), {mb.shape for mb in plan}
+
+
+def test_a_user_models_padding_stays_under_ten_percent_in_few_shapes():
+    """Issue #40's work: 8 prompts of 37-46 tokens x 8 samples of 64 new tokens, so rows of
+    100-109 positions. With 32-position steps every micro-batch was 128 long (19% of the
+    trained positions padding); the `custom` preset's finer buckets (16 above 64 positions)
+    pad to 112: under 10%, and 20 batches of the work still use only two micro-batch shapes
+    (two compiles, not one per step)."""
+    from minirl.run_presets import make_config
+
+    prompts = np.array([37, 41, 46, 39, 44, 38, 42, 40])
+    lengths = np.repeat(prompts, 8) + 63  # [64] completion targets end at P + 64 - 1
+    share, shapes = _padding_share(lengths, TrainerConfig())
+    assert share == pytest.approx(1 - lengths.mean() / 128) and share > 0.18
+    assert shapes == {(32, 128)}
+    custom = make_config("custom", ["data.train=x.jsonl"]).trainer
+    share, shapes = _padding_share(lengths, custom)
+    assert share == pytest.approx(1 - lengths.mean() / 112) and share < 0.08
+    rng, seen = np.random.default_rng(0), set()
+    for _ in range(20):
+        share, shapes = _padding_share(np.repeat(rng.integers(37, 47, 8), 8) + 63, custom)
+        assert share < 0.10
+        seen |= shapes
+    assert seen == {(32, 112)}
+
+
 def test_pack_rows_gives_an_overlong_row_its_own_micro_batch():
     plan = mbt.pack_rows(np.array([100, 3]), 64)
     assert [(mb.rows.tolist(), mb.shape) for mb in plan] == [([0], (1, 128)), ([1], (1, 32))]
