@@ -709,3 +709,30 @@ def test_kl_coef_zero_drops_the_reference_model(params, batch, monkeypatch):
     manual = Trainer(CFG, params, by_hand, cfg)
     manual.train_step(batch)
     assert _bits(trainer.params()) == _bits(manual.params())
+
+
+def test_new_lengths_within_the_buckets_compile_nothing(params, batch, full_step):
+    """Steps on batches of other row lengths, in the same buckets, reuse every compiled
+    function: the step's cost does not include a compile per new length mix."""
+    from minirl import optimizer
+    from minirl.forward import accumulate_fn, forward_fn
+
+    trainer, _ = full_step
+    rng = np.random.default_rng(1)
+    shorter = [(p, c - 1 - i % 3) for i, (p, c) in enumerate(SHAPES)]  # same buckets: 64 and 32
+    other = make_batch(
+        [
+            _rollout(200 + i // 4, i % 4, p, c, rng, float(i % 2))
+            for i, (p, c) in enumerate(shorter)
+        ],
+        PAD,
+    )
+    assert [mb.shape for mb in trainer._plan(other)] == [mb.shape for mb in trainer._plan(batch)]
+    fns = (
+        accumulate_fn(trainer._spec, trainer.objective),
+        forward_fn(trainer._spec),
+        optimizer.compiled(trainer._opt)[1],
+    )
+    sizes = [f._cache_size() for f in fns]
+    trainer.train_step(other)
+    assert [f._cache_size() for f in fns] == sizes
