@@ -373,6 +373,9 @@ def main(argv=None) -> int:
         p.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     directory = Path(args.dir or tempfile.mkdtemp(prefix="side-by-side-"))
     make_workload(directory, args.size)
+    if args.rounds == 0:  # the workload files only (benchmarks/profile_train_phase.py reads them)
+        print(directory)
+        return 0
     work = dict(WORK, steps=args.steps)
     results = side_by_side(directory, variants, args.rounds, work, args.minirl)
     print(table(results))
