@@ -65,6 +65,7 @@ SIZES = {  # transformers Qwen2Config sizes
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=128,
+        max_position_embeddings=2048,  # room for minirl's default 512-position cache
     ),
     "25m": dict(
         hidden_size=512,
@@ -72,6 +73,7 @@ SIZES = {  # transformers Qwen2Config sizes
         num_attention_heads=8,
         num_key_value_heads=4,
         intermediate_size=1536,
+        max_position_embeddings=2048,
     ),
 }
 VARIANTS = ("minirl", "trl", "minirl-defaults", "trl-defaults")
