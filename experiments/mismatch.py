@@ -88,7 +88,7 @@ def run_arm(arm: str, cfg, base, evaluator: Run, run_dir: Path, steps: int) -> d
     warm start: every arm starts from the same weights), then the held-out evaluation."""
     run = Run(cfg, run_dir, progress=False, log=lambda *a: None)
     engine = run.engine(0, base)
-    loss = make_objective(cfg.rl.loss, cfg.rl.behaviour_cap)
+    loss = make_objective(cfg.rl.loss, cfg.rl.behaviour_cap, cfg.rl.kl_coef)
     trainer = Trainer(
         cfg.model, base, loss, cfg.trainer_config(), sampling=cfg.engine.sampling.scoring
     )

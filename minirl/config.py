@@ -31,7 +31,7 @@ import dataclasses
 
 from minirl.configlib import ConfigError
 from minirl.inference.engine_config import EngineConfig
-from minirl.losses.presets import BEHAVIOUR_CAP, get_preset, has_behaviour_cap
+from minirl.losses.presets import BEHAVIOUR_CAP, get_preset, has_behaviour_cap, with_kl_coef
 from minirl.modeling.hf_config import read_model_config
 from minirl.modeling.model import ModelConfig
 from minirl.modeling.tokenizer import CharTokenizer
@@ -107,6 +107,9 @@ class RLConfig:
     """The controller's knobs (RLAX §3; AReaL §5; docs/losses.md for the loss presets)."""
 
     loss: str = "grpo"  # loss preset (minirl.losses.list_presets()), e.g. grpo, dapo, decoupled_ppo
+    kl_coef: float | None = (
+        None  # beta of the loss's KL term (grpo 0.04, reinforce_pp 1e-3); 0 = no KL term, no reference model and no reference forward; None = the preset's
+    )
     behaviour_cap: float = 5.0  # decoupled_ppo: tokens with c = pi_prox/mu above this leave the loss (AReaL's bound); 0 = uncapped (the paper's Eq. 5)
     steps: int = 200  # train steps (weight versions) to run
     time_budget: float = 0.0  # stop RL after this many seconds (0 = no limit)
@@ -145,6 +148,11 @@ class RLConfig:
         if self.max_lag < 0 or self.eta < 0 or self.time_budget < 0 or self.seed < 0:
             raise ValueError("rl.max_lag, rl.eta, rl.time_budget and rl.seed must be >= 0")
         get_preset(self.loss)  # an unknown name fails here, before any work starts
+        if self.kl_coef is not None:
+            try:  # < 0, or > 0 for a loss without a KL term
+                with_kl_coef(get_preset(self.loss), self.kl_coef)
+            except ValueError as e:
+                raise ValueError(f"rl.kl_coef={self.kl_coef}: {e}") from None
         if not (self.behaviour_cap == 0 or self.behaviour_cap >= 1):
             raise ValueError(
                 f"rl.behaviour_cap must be 0 (uncapped) or >= 1, got {self.behaviour_cap}"

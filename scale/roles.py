@@ -88,6 +88,11 @@ class TrainerRole:
         self._dirty |= self.trainer.last_step_ok
         return metrics
 
+    def train_step_with_prox(self, batch, prox_logp=None, on_policy=False):
+        metrics, prox = self.trainer.train_step_with_prox(batch, prox_logp, on_policy)
+        self._dirty |= self.trainer.last_step_ok
+        return metrics, prox
+
     def params(self, host: bool = True) -> StoredWeights:
         """Publish the current weights (if new) and return a reference to them."""
         from scale import mesh as mesh_lib
@@ -216,7 +221,7 @@ def trainer_role(args) -> TrainerRole:
         return Trainer(
             cfg.model,
             start,
-            make_objective(cfg.rl.loss, cfg.rl.behaviour_cap),
+            make_objective(cfg.rl.loss, cfg.rl.behaviour_cap, cfg.rl.kl_coef),
             cfg.trainer_config(),
             row_layout=mesh_lib.MeshRows(mesh, mesh_lib.fsdp()),
             sampling=cfg.engine.sampling.scoring,

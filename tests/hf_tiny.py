@@ -84,10 +84,15 @@ def corpus(n: int = 400) -> list[str]:
 
 
 def make_tokenizer_dir(
-    path, style: str = "qwen", vocab_size: int = 320, vocab_tokens: int = 0
+    path,
+    style: str = "qwen",
+    vocab_size: int = 320,
+    vocab_tokens: int = 0,
+    extra_text: tuple[str, ...] = (),
 ) -> Path:
     """Train a byte-level BPE and write tokenizer.json + tokenizer_config.json into `path`; with
-    `vocab_tokens`, its vocabulary padded to that many tokens that nothing encodes to."""
+    `vocab_tokens`, its vocabulary padded to that many tokens that nothing encodes to
+    (`extra_text`: lines trained on besides the word problems)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     specials, config, _, template = STYLES[style]
@@ -99,7 +104,7 @@ def make_tokenizer_dir(
         special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(corpus(), trainer)
+    tok.train_from_iterator(corpus() + list(extra_text), trainer)
     if style == "llama":
         bos = config["bos_token"]
         tok.post_processor = processors.TemplateProcessing(
@@ -135,14 +140,19 @@ def make_model_dir(
     seed: int = 0,
     vocab_tokens: int = 0,
     max_positions: int = 256,
+    dims: dict | None = None,
+    vocab_size: int = 320,
+    extra_text: tuple[str, ...] = (),
 ) -> Path:
     """A random tiny transformers model of `arch` saved beside a `style` tokenizer in `path`
-    (`vocab_tokens`: a tokenizer padded to that size; `max_positions`: the model's positions)."""
+    (`vocab_tokens`: a tokenizer padded to that size; `max_positions`: the model's positions).
+    `dims` replaces the config's sizes (hidden_size, num_hidden_layers, ...); `vocab_size` and
+    `extra_text` go to the tokenizer's training."""
     import torch
     import transformers
     from tokenizers import Tokenizer
 
-    path = make_tokenizer_dir(path, style, vocab_tokens=vocab_tokens)
+    path = make_tokenizer_dir(path, style, vocab_size, vocab_tokens, extra_text)
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
     _, config, extra_eos, _ = STYLES[style]
     eos = [tok.token_to_id(config["eos_token"]), tok.token_to_id(extra_eos)]
@@ -163,7 +173,7 @@ def make_model_dir(
         bos_token_id=bos,
         eos_token_id=eos[0],
         pad_token_id=pad,
-    )
+    ) | (dims or {})
     if arch == "qwen2":
         model_cfg = transformers.Qwen2Config(**sizes)
         model_cls = transformers.Qwen2ForCausalLM

@@ -24,6 +24,7 @@ def test_config_lists_every_knob_with_its_meaning(capsys):
         ("rl.loss=grpoo", "unknown loss preset 'grpoo'"),
         ("rl.behaviour_cap=0.5", "rl.behaviour_cap must be 0 (uncapped) or >= 1"),
         ("rl.behaviour_cap=3", "rl.behaviour_cap=3.0 does nothing with rl.loss=grpo"),
+        ("rl.kl_coef=-1", "rl.kl_coef=-1.0: KL coefficient must be >= 0"),
         ("task.tools=calc,shell", "task.tools: each of ('calc', 'py') at most once"),
         ("task.tools=calc,calc", "task.tools: each of ('calc', 'py') at most once"),
         ("task.max_turns=3", "task.max_turns does nothing without task.tools"),

@@ -109,7 +109,7 @@ class Controller:
         # `rl.loss=dapo` filters without also setting rl.dynamic_filter.
         self.dynamic_filter = (
             cfg.rl.dynamic_filter
-            or make_objective(cfg.rl.loss, cfg.rl.behaviour_cap).dynamic_filtering
+            or make_objective(cfg.rl.loss, cfg.rl.behaviour_cap, cfg.rl.kl_coef).dynamic_filtering
         )
         self.engine, self.trainer, self.verifier, self.store = engine, trainer, verifier, store
         self.mixture, self.tokenizer, self.max_new_tokens = mixture, tokenizer, max_new_tokens
@@ -182,14 +182,16 @@ class Controller:
         return out
 
     def _train(self, groups: list[Group]):
-        """One trainer step on `groups`: batch, recompute log pi_prox, update."""
+        """One trainer step on `groups`: batch, log pi_prox (recomputed unless on-policy), update."""
         batch = make_batch(
             [r for g in groups for r in g.rollouts],
             self.tokenizer.pad_id,
             self.cfg.trainer.bucket_minimum,
         )
-        prox = self.trainer.call("recompute_logprobs", batch).result()
-        metrics = self.trainer.call("train_step", batch, prox).result()
+        # every counted token sampled under the weights the trainer holds: the trainer may skip
+        # its log pi_prox recompute (Trainer.skips_recompute) and hands back what it used
+        on_policy = bool(np.all(batch.versions[batch.mask > 0] == self.counters.version))
+        metrics, prox = self.trainer.call("train_step_with_prox", batch, None, on_policy).result()
         return {f"train/{k}": v for k, v in metrics.items()}, batch, prox
 
     def _count_trained(self, groups: list[Group]) -> None:

@@ -39,6 +39,7 @@ from minirl.losses.presets import (
     get_preset,
     list_presets,
     make_objective,
+    with_kl_coef,
     with_rejection,
     with_tis,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "make_objective",
     "with_tis",
     "with_rejection",
+    "with_kl_coef",
     # parts: aggregation
     "SequenceMean",
     "TokenMean",

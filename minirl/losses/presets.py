@@ -17,6 +17,8 @@
 Variants, for any preset, by function or by name suffix (applied left to right):
     with_tis(p, cap=2.0)                    `<name>_tis`: IS *= min(c, cap) (replaces c if present)
     with_behaviour_cap(p, cap)              decoupled PPO's bound on c (None: the paper's uncapped c)
+    with_kl_coef(p, beta)                   the KL term's coefficient; 0 drops the term (and with it
+                                            the trainer's reference model and its forward)
     with_rejection(p, token=(lo, hi),       `<name>_mis`: token rejection (0.5, 5.0) then sequence
                    sequence=(stat, U))      rejection ("mean_k1", 0.01)
 e.g. `get_preset("grpo_tis")`, `get_preset("decoupled_ppo_tis_mis", log_ratio_clamp=5.0)`.
@@ -46,7 +48,7 @@ from minirl.losses.importance import (
     TruncatedCorrection,
 )
 from minirl.losses.objective import Objective
-from minirl.losses.regularizers import K2KL, K3KL
+from minirl.losses.regularizers import K1KL, K2KL, K3KL
 from minirl.losses.rejection import SequenceReject, TokenReject
 from minirl.losses.terms import ClippedRatio, GSPOClipped, LogProb, SequenceLogProb
 
@@ -232,10 +234,30 @@ def with_behaviour_cap(objective: Objective, cap: float | None) -> Objective:
     return dataclasses.replace(objective, importance=parts)
 
 
-def make_objective(name: str, behaviour_cap: float) -> Objective:
-    """The loss a run trains with (`rl.loss`, `rl.behaviour_cap`): the preset `name`, its bound
-    on c set to `behaviour_cap` (0 = uncapped) if it has one."""
+def with_kl_coef(objective: Objective, beta: float) -> Objective:
+    """The objective with every KL regulariser's coefficient set to `beta`; `beta` = 0 removes
+    them, so `needs_ref` turns False and the trainer keeps no reference model and runs no
+    reference forward. Objectives without a KL term raise ValueError unless `beta` is 0."""
+    if beta < 0:
+        raise ValueError(f"KL coefficient must be >= 0, got {beta}")
+    kl = lambda r: isinstance(r, (K1KL, K2KL, K3KL))
+    if beta > 0 and not any(kl(r) for r in objective.regularizers):
+        raise ValueError(f"loss {objective.name!r} has no KL term to set a coefficient on")
+    parts = tuple(
+        dataclasses.replace(r, beta=beta) if kl(r) else r
+        for r in objective.regularizers
+        if beta > 0 or not kl(r)
+    )
+    return dataclasses.replace(objective, regularizers=parts)
+
+
+def make_objective(name: str, behaviour_cap: float, kl_coef: float | None = None) -> Objective:
+    """The loss a run trains with (`rl.loss`, `rl.behaviour_cap`, `rl.kl_coef`): the preset
+    `name`, its KL coefficient set to `kl_coef` (None = the preset's), its bound on c set to
+    `behaviour_cap` (0 = uncapped) if it has one."""
     objective = get_preset(name)
+    if kl_coef is not None:
+        objective = with_kl_coef(objective, kl_coef)
     if not has_behaviour_cap(objective):
         return objective
     return with_behaviour_cap(objective, behaviour_cap or None)

@@ -121,7 +121,10 @@ def _custom() -> RunConfig:
         engine=EngineConfig(
             slots=32, cache_len=512, prefill_buckets=(64, 128, 256), prefill_rows=8, decode_chunk=8
         ),
-        trainer=TrainerConfig(learning_rate=1e-5, schedule="cosine", total_steps=200),
+        # bucket_minimum 8: rows of 65-128 positions pad to a multiple of 16, not 32 (issue #40)
+        trainer=TrainerConfig(
+            learning_rate=1e-5, schedule="cosine", total_steps=200, bucket_minimum=8
+        ),
         rl=RLConfig(steps=200, prompts_per_step=16, checkpoint_every=10, export_hf=True),
         sft=SFTConfig(steps=0),
         eval=EvalConfig(prompts=128, samples=8),

@@ -14,7 +14,10 @@ One `train_step`: plan micro-batches (minirl/training/microbatch.py) -> recomput
 engine's sampling spec, in the training shapes -> phase 1 of the loss on the whole batch ->
 `ppo_epochs` x `num_minibatches` updates, each phase 2 per micro-batch with the gradients summed
 (minirl/training/forward.py) and one guarded AdamW update (minirl/training/optimizer.py). `sft_step` is the same
-machinery on the token NLL; `recompute_logprobs` is the recompute alone.
+machinery on the token NLL; `recompute_logprobs` is the recompute alone. The recompute is
+skipped where it cannot change the loss (`skips_recompute`: on-policy, one update, not exact
+mode: log pi_prox is then the stop-gradient of the training forward), and log pi_ref is computed
+only with a KL term (`rl.kl_coef=0` drops grpo's); docs/trainer.md "One train step".
 
 Why two phases: the loss's batch-level normalisers are fixed before any micro-batch runs, so any
 row partition gives the full-batch gradient (tests/training/test_trainer.py checks it).
@@ -39,6 +42,7 @@ import numpy as np
 from flax import nnx
 
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
+from minirl.losses.inputs import clamped_difference
 from minirl.measure.diagnostics import first_update_dlogp
 from minirl.modeling import lora
 from minirl.modeling.model import ModelConfig, abstract_model
@@ -85,6 +89,32 @@ class _TokenNLL:
 
 
 _NLL = _TokenNLL()
+
+
+@dataclasses.dataclass(frozen=True)
+class _SelfProx:
+    """`objective` with log pi_prox taken from the training forward itself (the skipped
+    recompute, `Trainer.skips_recompute`): phase 1 runs with log mu in pi_prox's place (nothing
+    it keeps depends on pi_prox without rejection) and hands log mu on; phase 2 sets log pi_prox
+    = stop_gradient(log pi_theta) and log c = clamp(log pi_prox - log mu), exactly as phase 1
+    would have from a recompute that equals the training forward."""
+
+    objective: Any
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.objective.needs_entropy
+
+    def prepare(self, inputs: LossInputs):
+        prepared = self.objective.prepare(inputs)
+        return prepared, prepared.prox_logp  # [B, T] log mu, 0 off the mask
+
+    def loss(self, logp, part, entropy=None):
+        prepared, behav = part
+        prox = jnp.where(prepared.valid > 0, jax.lax.stop_gradient(logp), 0.0)  # [b, T]
+        log_c = clamped_difference(prox, behav, self.objective.log_ratio_clamp)
+        prepared = prepared.replace(prox_logp=prox, log_c=log_c)
+        return self.objective.loss(logp, prepared, entropy=entropy)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,9 +178,38 @@ class Trainer:
         self._check_batch(batch)
         return self._logprobs(self._params, batch, self._plan(batch))
 
-    def train_step(self, batch: Batch, prox_logp: np.ndarray | None = None) -> dict[str, float]:
+    def train_step(
+        self, batch: Batch, prox_logp: np.ndarray | None = None, on_policy: bool = False
+    ) -> dict[str, float]:
         """One RL step (module docstring). `prox_logp` [B, T]: the caller's own
-        `recompute_logprobs(batch)` under the current weights, to avoid recomputing it."""
+        `recompute_logprobs(batch)` under the current weights, to avoid recomputing it.
+        `on_policy`: the caller's word that every counted token was sampled under the weights
+        the trainer holds now; then the recompute is skipped where it cannot change the loss
+        (`skips_recompute`)."""
+        return self.train_step_with_prox(batch, prox_logp, on_policy)[0]
+
+    def skips_recompute(self, on_policy: bool) -> bool:
+        """Whether a step on a batch sampled under the current weights (`on_policy`) skips the
+        log pi_prox recompute: one update per step (1 epoch, 1 mini-batch), so the training
+        forward of that update runs under the very weights pi_prox means and its log-probs ARE
+        log pi_prox (ratio 1 by construction); no rejection (its masks, and the batch
+        normalisers after them, are needed before that forward); not exact mode (there the
+        recompute is the zero-mismatch check itself)."""
+        o, c = self.objective, self.cfg
+        return bool(
+            on_policy
+            and c.ppo_epochs == 1
+            and c.num_minibatches == 1
+            and not self._spec.exact
+            and o.token_reject is None
+            and o.sequence_reject is None
+        )
+
+    def train_step_with_prox(
+        self, batch: Batch, prox_logp: np.ndarray | None = None, on_policy: bool = False
+    ) -> tuple[dict[str, float], np.ndarray]:
+        """`train_step`, also returning the log pi_prox [B, T] it trained with: the recompute,
+        or (skipped) the update's own training-forward log-probs, 0 off the mask."""
         if self.objective is None:
             raise ValueError(
                 "this Trainer has no objective: construct it with one to call train_step"
@@ -158,7 +217,11 @@ class Trainer:
         t0 = time.perf_counter()
         self._check_batch(batch)
         plan = self._plan(batch)
-        if prox_logp is None:
+        skip = prox_logp is None and self.skips_recompute(on_policy)
+        objective = _SelfProx(self.objective) if skip else self.objective
+        if skip:  # phase 1 reads log mu in its place (module docstring, step 2)
+            prox_logp = batch.behaviour_logprobs
+        elif prox_logp is None:
             prox_logp = self._logprobs(self._params, batch, plan)
         elif np.shape(prox_logp) != batch.mask.shape:
             raise ValueError(
@@ -169,16 +232,25 @@ class Trainer:
         )
         inputs = LossInputs.from_batch(batch, prox_logp, ref_logp=ref)
         validate_inputs(inputs)
-        prepared = jax.device_get(_prepare_fn(self.objective)(inputs))
+        prepared = jax.device_get(_prepare_fn(objective)(inputs))
         t_recompute = time.perf_counter() - t0
+        metrics, stats, first = self._updates(objective, batch, plan, prepared)
+        if skip:
+            prox_logp = self._masked(self._scatter(first[2], plan, batch.mask.shape), batch)
+        metrics |= self._fig5(batch, prox_logp, *first)
+        metrics = {k: float(v) for k, v in metrics.items()}
+        return self._finish(metrics, stats, plan, t0, t_recompute), prox_logp
 
+    def _updates(self, objective, batch: Batch, plan, prepared):
+        """The step's `ppo_epochs` x `num_minibatches` updates: (metrics averaged over epochs,
+        update statistics, the first update's (plan, rows, training-forward log-probs))."""
         epochs, stats, first = [], [], None
         for epoch in range(self.cfg.ppo_epochs):
             parts = []
             for rows in self._minibatches(batch.num_rows, epoch):
                 sub = plan if len(rows) == batch.num_rows else self._plan(batch, rows)
                 m, s, logp = self._update(
-                    self.objective, batch, prepared, sub, scale=batch.num_rows / len(rows)
+                    objective, batch, prepared, sub, scale=batch.num_rows / len(rows)
                 )
                 first = first or (sub, rows, logp)  # the first update: the start weights
                 parts += m
@@ -187,9 +259,7 @@ class Trainer:
         metrics = {
             k: (max if k.endswith("_max") else np.mean)([e[k] for e in epochs]) for k in epochs[0]
         }
-        metrics |= self._fig5(batch, prox_logp, *first)
-        metrics = {k: float(v) for k, v in metrics.items()}
-        return self._finish(metrics, stats, plan, t0, t_recompute)
+        return metrics, stats, first
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One supervised update: mean token negative log-likelihood of `targets` over `mask`."""
@@ -263,8 +333,11 @@ class Trainer:
         results = [
             fn(params, self._rows(batch.tokens, mb), self._rows(batch.targets, mb)) for mb in plan
         ]
-        out = self._scatter(results, plan, batch.mask.shape)  # [B, T]
-        return np.where(batch.mask > 0, out, 0.0).astype(np.float32)
+        return self._masked(self._scatter(results, plan, batch.mask.shape), batch)  # [B, T]
+
+    @staticmethod
+    def _masked(logp: np.ndarray, batch: Batch) -> np.ndarray:
+        return np.where(batch.mask > 0, logp, 0.0).astype(np.float32)
 
     def _fig5(self, batch: Batch, prox_logp, plan, rows, logps) -> dict[str, float]:
         """The first update's |log pi_theta - log pi_old| with and without recomputation, over

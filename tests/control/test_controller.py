@@ -142,17 +142,17 @@ def test_nonfinite_step_publishes_nothing(tmp_path, monkeypatch):
 
     cfg = fixture_cfg(steps=1)
     run = quiet_run(cfg, tmp_path)
-    original = trainer_mod.Trainer.train_step
+    original = trainer_mod.Trainer.train_step_with_prox
 
-    def poisoned(self, batch, prox_logp=None):
+    def poisoned(self, batch, prox_logp=None, on_policy=False):
         # A weight that went non-finite (an overflow in the forward) makes the gradient nan; the
         # losses themselves map nan log-ratios to 0, so the weights are the way to inject it.
         import jax
 
         self._params = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(np.nan), self._params)
-        return original(self, batch, prox_logp)
+        return original(self, batch, prox_logp, on_policy)
 
-    monkeypatch.setattr(trainer_mod.Trainer, "train_step", poisoned)
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step_with_prox", poisoned)
     summary = run.train()
     rec = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert rec["published"] == 0.0 and rec["version"] == 0
@@ -225,21 +225,21 @@ def test_a_skipped_step_does_not_starve_the_next(tmp_path, monkeypatch):
     generates a fresh one (the skipped groups do not count as still waiting)."""
     from minirl.training import trainer as trainer_mod
 
-    original, calls = trainer_mod.Trainer.train_step, []
+    original, calls = trainer_mod.Trainer.train_step_with_prox, []
 
-    def poisoned_once(self, batch, prox_logp=None):
+    def poisoned_once(self, batch, prox_logp=None, on_policy=False):
         calls.append(1)
         if len(calls) > 1:
-            return original(self, batch, prox_logp)
+            return original(self, batch, prox_logp, on_policy)
         saved = self._params
         import jax
 
         self._params = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(np.nan), self._params)
-        metrics = original(self, batch, prox_logp)
+        out = original(self, batch, prox_logp, on_policy)
         self._params = saved  # the guard kept the poisoned weights; restore the good ones
-        return metrics
+        return out
 
-    monkeypatch.setattr(trainer_mod.Trainer, "train_step", poisoned_once)
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step_with_prox", poisoned_once)
     summary = quiet_run(fixture_cfg(steps=3), tmp_path).train()
     records = read_metrics(tmp_path)
     assert [r["published"] for r in records] == [0.0, 1.0, 1.0]

@@ -188,6 +188,35 @@ def test_pack_rows_respects_budget_and_keeps_every_row_once(budget):
     assert all(lengths[mb.rows[0]] == lengths[mb.rows].max() for mb in plan)
 
 
+def _padding_share(lengths, trainer_cfg) -> tuple[float, set]:
+    plan = mbt.pack_rows(lengths, trainer_cfg.micro_batch_tokens, trainer_cfg.bucket_minimum)
+    return 1 - lengths.sum() / sum(mb.padded_tokens for mb in plan), {mb.shape for mb in plan}
+
+
+def test_a_user_models_padding_stays_under_ten_percent_in_few_shapes():
+    """Issue #40's work: 8 prompts of 37-46 tokens x 8 samples of 64 new tokens, so rows of
+    100-109 positions. With 32-position steps every micro-batch was 128 long (19% of the
+    trained positions padding); the `custom` preset's finer buckets (16 above 64 positions)
+    pad to 112: under 10%, and 20 batches of the work still use only two micro-batch shapes
+    (two compiles, not one per step)."""
+    from minirl.run.presets import make_config
+
+    prompts = np.array([37, 41, 46, 39, 44, 38, 42, 40])
+    lengths = np.repeat(prompts, 8) + 63  # [64] completion targets end at P + 64 - 1
+    share, shapes = _padding_share(lengths, TrainerConfig())
+    assert share == pytest.approx(1 - lengths.mean() / 128) and share > 0.18
+    assert shapes == {(32, 128)}
+    custom = make_config("custom", ["data.train=x.jsonl"]).trainer
+    share, shapes = _padding_share(lengths, custom)
+    assert share == pytest.approx(1 - lengths.mean() / 112) and share < 0.08
+    rng, seen = np.random.default_rng(0), set()
+    for _ in range(20):
+        share, shapes = _padding_share(np.repeat(rng.integers(37, 47, 8), 8) + 63, custom)
+        assert share < 0.10
+        seen |= shapes
+    assert seen == {(32, 112)}
+
+
 def test_pack_rows_gives_an_overlong_row_its_own_micro_batch():
     plan = mbt.pack_rows(np.array([100, 3]), 64)
     assert [(mb.rows.tolist(), mb.shape) for mb in plan] == [([0], (1, 128)), ([1], (1, 32))]
@@ -632,3 +661,141 @@ def test_lora_state_dict_round_trip_resumes_bitwise(lora_params, batch):
     assert _bits(lora.partition(a.params(), lora.is_adapter)[1]) == _bits(
         lora.partition(lora_params, lora.is_adapter)[1]
     )
+
+
+# ---- work the step does not need: the on-policy recompute, the reference forward -----------------
+
+
+def _count_forwards(monkeypatch) -> list:
+    """Record every log-prob forward outside the update (the recompute and the reference one)."""
+    calls, original = [], Trainer._logprobs
+
+    def counted(self, params, *args, **kwargs):
+        calls.append("ref" if params is self._ref_params else "prox")  # grpo: the same at step 0
+        return original(self, params, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_logprobs", counted)
+    return calls
+
+
+class _AlwaysSkips(Trainer):
+    """Skips the recompute in exact mode too, where the training forward equals the recompute
+    bitwise (test_training_forward_logprobs_equal_the_recompute_in_exact_mode)."""
+
+    def skips_recompute(self, on_policy):
+        return on_policy
+
+
+def test_on_policy_skip_gives_the_recompute_path_update_bitwise(params, batch, monkeypatch):
+    """Where the training forward and the recompute agree bitwise (exact mode), the skipped path
+    IS the recompute path: same parameters and optimizer state bit for bit, same metrics; and it
+    ran no log-prob forward besides the update (kl_coef=0: no reference forward either)."""
+    from minirl.losses import with_kl_coef
+
+    calls = _count_forwards(monkeypatch)
+    objective = with_kl_coef(get_preset("grpo"), 0.0)
+    make = lambda cls: cls(
+        CFG, params, objective, TrainerConfig(micro_batch_tokens=512, **GRAD_CFG),
+        sampling=Sampling(0.7, exact=True),
+    )  # fmt: skip
+    recomputed, skipped = make(Trainer), make(_AlwaysSkips)
+    start = recomputed._logprobs(recomputed.params(), batch, recomputed._plan(batch))
+    calls.clear()
+    want = recomputed.train_step(batch, on_policy=True)  # exact mode: Trainer recomputes
+    assert calls == ["prox"]
+    got, prox = skipped.train_step_with_prox(batch, on_policy=True)
+    assert calls == ["prox"]  # no forward of its own
+    assert _bits(skipped.state_dict()) == _bits(recomputed.state_dict())
+    np.testing.assert_array_equal(prox, start)
+    timing = ("time_recompute_s", "time_step_s")
+    assert {k: v for k, v in got.items() if k not in timing} == {
+        k: v for k, v in want.items() if k not in timing
+    }
+    assert got["ratio_max"] == 1.0 and got["dlogp_recompute/max_abs_dlogp"] == 0.0
+
+
+def test_skip_only_on_policy_with_one_update(params, batch, full_step, monkeypatch):
+    """Off-policy batches, several updates, rejection and exact mode keep the recompute. The
+    skip itself (float32 fusion: the training forward is the recompute within 1e-5) makes the
+    full step's update within rounding, with the ratio exactly 1 instead of 1 +- 1e-6."""
+    base = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    make = lambda loss="grpo", cfg=base, sampling=Sampling(): Trainer(
+        CFG, params, get_preset(loss), cfg, sampling=sampling
+    )
+    assert make().skips_recompute(True) and not make().skips_recompute(False)
+    assert not make(cfg=dataclasses.replace(base, ppo_epochs=2)).skips_recompute(True)
+    assert not make(cfg=dataclasses.replace(base, num_minibatches=2)).skips_recompute(True)
+    assert not make("grpo_mis").skips_recompute(True)
+    assert not make(sampling=Sampling(exact=True)).skips_recompute(True)
+    assert make("grpo_tis").skips_recompute(True)  # c = pi_prox/mu comes from the forward itself
+
+    calls = _count_forwards(monkeypatch)
+    trainer = make()
+    metrics, prox = trainer.train_step_with_prox(batch, on_policy=True)
+    assert len(calls) == 1  # grpo's KL term: the reference forward only
+    full, full_metrics = full_step
+    moved = _tree_max_diff(full.params(), params)
+    assert _tree_max_diff(trainer.params(), full.params()) < 1e-4 * moved
+    assert metrics["ratio_max"] == 1.0 and metrics["kl_prox_k1"] == 0.0
+    assert metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-4, abs=1e-6)
+    assert metrics["kl_behav_k3"] == pytest.approx(full_metrics["kl_behav_k3"], rel=1e-4)
+    np.testing.assert_allclose(prox, make().recompute_logprobs(batch), rtol=0, atol=1e-5)
+    calls.clear()
+    make().train_step(batch, on_policy=False)
+    assert len(calls) == 2  # the recompute and the reference forward
+
+
+def test_kl_coef_zero_drops_the_reference_model(params, batch, monkeypatch):
+    """rl.kl_coef = 0: grpo without its KL term, no reference model, no reference forward, the
+    same update as the preset with the term removed by hand; other values set beta."""
+    from minirl.config import RLConfig
+    from minirl.losses import make_objective, with_kl_coef
+
+    grpo = get_preset("grpo")
+    assert make_objective("grpo", 0) == grpo  # unset: the preset's 0.04
+    (kl,) = make_objective("grpo", 0, 0.01).regularizers
+    assert kl.beta == 0.01 and grpo.regularizers[0].beta == 0.04
+    by_hand = dataclasses.replace(grpo, regularizers=())
+    assert make_objective("grpo", 0, 0.0) == by_hand
+    assert make_objective("dr_grpo", 0, 0.0) == get_preset("dr_grpo")
+    with pytest.raises(ValueError, match="rl.kl_coef=0.1: loss 'dr_grpo' has no KL term"):
+        RLConfig(loss="dr_grpo", kl_coef=0.1)
+    with pytest.raises(ValueError, match="KL coefficient must be >= 0"):
+        with_kl_coef(grpo, -1.0)
+
+    calls = _count_forwards(monkeypatch)
+    cfg = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    trainer = Trainer(CFG, params, make_objective("grpo", 0, 0.0), cfg)
+    assert trainer._ref_params is None
+    trainer.train_step(batch)
+    assert calls == ["prox"]
+    manual = Trainer(CFG, params, by_hand, cfg)
+    manual.train_step(batch)
+    assert _bits(trainer.params()) == _bits(manual.params())
+
+
+def test_new_lengths_within_the_buckets_compile_nothing(params, batch, full_step):
+    """Steps on batches of other row lengths, in the same buckets, reuse every compiled
+    function: the step's cost does not include a compile per new length mix."""
+    from minirl.training import optimizer
+    from minirl.training.forward import accumulate_fn, forward_fn
+
+    trainer, _ = full_step
+    rng = np.random.default_rng(1)
+    shorter = [(p, c - 1 - i % 3) for i, (p, c) in enumerate(SHAPES)]  # same buckets: 64 and 32
+    other = make_batch(
+        [
+            _rollout(200 + i // 4, i % 4, p, c, rng, float(i % 2))
+            for i, (p, c) in enumerate(shorter)
+        ],
+        PAD,
+    )
+    assert [mb.shape for mb in trainer._plan(other)] == [mb.shape for mb in trainer._plan(batch)]
+    fns = (
+        accumulate_fn(trainer._spec, trainer.objective),
+        forward_fn(trainer._spec),
+        optimizer.compiled(trainer._opt)[1],
+    )
+    sizes = [f._cache_size() for f in fns]
+    trainer.train_step(other)
+    assert [f._cache_size() for f in fns] == sizes
