@@ -17,7 +17,7 @@ engine's sampling spec, in the training shapes -> phase 1 of the loss on the who
 machinery on the token NLL; `recompute_logprobs` is the recompute alone. The recompute is
 skipped where it cannot change the loss (`skips_recompute`: on-policy, one update, not exact
 mode: log pi_prox is then the stop-gradient of the training forward), and log pi_ref is computed
-only with a KL term (`rl.kl_coef=0` drops grpo's); docs/trainer.md "One train step".
+only with a KL term (`rl.kl_coef=0` drops grpo's); docs/trainer.md, "One train step".
 
 Why two phases: the loss's batch-level normalisers are fixed before any micro-batch runs, so any
 row partition gives the full-batch gradient (tests/training/test_trainer.py checks it).
