@@ -35,10 +35,9 @@ from minirl.configlib import ConfigError, describe, override, to_dict
 from minirl.run.config_args import (
     add_config_arguments,
     config_from_args,
-    default_run_dir,
     input_overrides,
+    train_config_and_dir,
 )
-from minirl.run.derived import keep_recorded
 from minirl.run.run_dir import load_config
 
 
@@ -60,10 +59,7 @@ def cmd_train(args) -> int:
         for item in args.overrides:
             cfg = override(cfg, item)
     else:
-        cfg = config_from_args(args)
-        run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
-        if (run_dir / "config.json").exists():  # the same command again: what was derived stays
-            cfg = keep_recorded(cfg, load_config(run_dir), args.overrides)
+        cfg, run_dir = train_config_and_dir(args)  # the same command again: derived values stay
     summary = Run(cfg, run_dir, progress=not args.quiet).train(resume=True, force=args.force)
     print(summary_json(run_dir, summary))
     print(f"dashboard: {_plot(run_dir)}")

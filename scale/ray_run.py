@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -189,16 +188,10 @@ def run(args) -> None:
 
     import ray
 
-    from minirl.run.config_args import config_from_args, default_run_dir
+    from minirl.run.config_args import train_config_and_dir
     from minirl.run.runner import Run, summary_json
 
-    cfg = config_from_args(args)
-    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
-    if (run_dir / "config.json").exists():  # as `minirl train`: what was derived stays
-        from minirl.run.derived import keep_recorded
-        from minirl.run.run_dir import load_config
-
-        cfg = keep_recorded(cfg, load_config(run_dir), args.overrides)
+    cfg, run_dir = train_config_and_dir(args)  # as `minirl train`: derived values stay
     # the tokenizer and the dataset file read and checked before Ray starts: a user's mistake
     # there is one line, not a cluster brought up and down. Built once: the driver's task
     # serves the verifier service's uploads, the warm start and the evaluation

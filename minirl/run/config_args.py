@@ -94,6 +94,20 @@ def config_from_args(args, default_preset: str | None = None, extra: list[str] =
     return make_config(preset, [*extra, *inputs, *args.overrides], getattr(args, "staleness", None))
 
 
+def train_config_and_dir(args):
+    """(RunConfig, run directory) of a training command (`minirl train`, `scale.launch ray`):
+    run again on a directory that has a config.json, the values derived when it started stay
+    (minirl/run/derived.py `keep_recorded`)."""
+    cfg = config_from_args(args)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
+    if (run_dir / "config.json").exists():
+        from minirl.run.derived import keep_recorded
+        from minirl.run.run_dir import load_config  # the run directory's module is heavier
+
+        cfg = keep_recorded(cfg, load_config(run_dir), args.overrides)
+    return cfg, run_dir
+
+
 def default_run_dir(cfg) -> Path:
     """runs/<task>, or runs/<dataset file's stem> for your own data."""
     if cfg.task.name == FILE_TASK:
