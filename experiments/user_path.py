@@ -2,6 +2,8 @@
 `minirl train --model ... --data ... --verifier math` for each seed, a table out.
 
     python experiments/user_path.py --seeds 0 1 2      # ~12 min a seed on 2 cores
+    python experiments/user_path.py --out runs/user_path_lora --set model.lora_rank=16 \\
+        --set trainer.learning_rate=3e-3                   # the same with LoRA adapters
 
 Builds (or reuses) the base with experiments/make_base_model.py, then runs the command a user
 runs, once per seed, in a fresh process each:
@@ -37,6 +39,14 @@ def main(argv=None) -> list[dict]:
     )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", type=Path, default=Path("runs/user_path"))
+    p.add_argument(
+        "--set",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more overrides after lesson 12's, e.g. --set model.lora_rank=16 (repeatable)",
+    )
     args = p.parse_args(argv)
     base = make_base_model.build(args.out / "base", make_base_model.Build())
     rows = []
@@ -59,7 +69,7 @@ def main(argv=None) -> list[dict]:
             "--set",
             f"rl.seed={seed}",
         ]
-        for item in lesson.COMMON + lesson.FULL["overrides"]:
+        for item in lesson.COMMON + lesson.FULL["overrides"] + args.extra:
             cmd += ["--set", item]
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
