@@ -31,11 +31,10 @@ import re
 import sys
 from pathlib import Path
 
-from minirl.configlib import ConfigError, describe, override, to_dict
+from minirl.configlib import ConfigError, describe, to_dict
 from minirl.run.config_args import (
     add_config_arguments,
     config_from_args,
-    input_overrides,
     train_config_and_dir,
 )
 from minirl.run.run_dir import load_config
@@ -44,22 +43,7 @@ from minirl.run.run_dir import load_config
 def cmd_train(args) -> int:
     from minirl.run.runner import Run, summary_json
 
-    if args.resume:
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.json").exists():
-            raise ConfigError(
-                f"--resume {run_dir}: no config.json there (not a minirl run directory)"
-            )
-        if args.staleness or args.preset or input_overrides(args):
-            raise ConfigError(
-                "--resume continues with the run's own config.json; use --set for changes "
-                "(e.g. --set rl.steps=400)"
-            )
-        cfg = load_config(run_dir)
-        for item in args.overrides:
-            cfg = override(cfg, item)
-    else:
-        cfg, run_dir = train_config_and_dir(args)  # the same command again: derived values stay
+    cfg, run_dir = train_config_and_dir(args)  # a new run, or --resume RUN_DIR
     summary = Run(cfg, run_dir, progress=not args.quiet).train(resume=True, force=args.force)
     print(summary_json(run_dir, summary))
     print(f"dashboard: {_plot(run_dir)}")

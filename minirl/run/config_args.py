@@ -12,6 +12,8 @@ import argparse
 from pathlib import Path
 
 from minirl.config import DEFAULT_PRESET, FILE_TASK
+from minirl.configlib import ConfigError, override
+from minirl.run.derived import keep_recorded
 from minirl.run.presets import PRESETS, STALENESS, make_config
 
 
@@ -95,16 +97,30 @@ def config_from_args(args, default_preset: str | None = None, extra: list[str] =
 
 
 def train_config_and_dir(args):
-    """(RunConfig, run directory) of a training command (`minirl train`, `scale.launch ray`):
-    run again on a directory that has a config.json, the values derived when it started stay
-    (minirl/run/derived.py `keep_recorded`)."""
-    cfg = config_from_args(args)
-    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
-    if (run_dir / "config.json").exists():
-        from minirl.run.derived import keep_recorded
-        from minirl.run.run_dir import load_config  # the run directory's module is heavier
+    """(RunConfig, run directory) of a training command (`minirl train`, `scale.launch ray`),
+    every run-level decision made before anything is built. A new run: `config_from_args`, in
+    --run-dir or `default_run_dir`; run again on a directory that has a config.json, the values
+    derived when it started stay (minirl/run/derived.py `keep_recorded`). With --resume DIR: the
+    run directory's own config.json, changed only by --set."""
+    from minirl.run.run_dir import load_config  # the run directory's module is heavier
 
-        cfg = keep_recorded(cfg, load_config(run_dir), args.overrides)
+    if not getattr(args, "resume", None):
+        cfg = config_from_args(args)
+        run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg)
+        if (run_dir / "config.json").exists():
+            cfg = keep_recorded(cfg, load_config(run_dir), args.overrides)
+        return cfg, run_dir
+    run_dir = Path(args.resume)
+    if not (run_dir / "config.json").exists():
+        raise ConfigError(f"--resume {run_dir}: no config.json there (not a minirl run directory)")
+    if args.staleness or args.preset or input_overrides(args):
+        raise ConfigError(
+            "--resume continues with the run's own config.json; use --set for changes "
+            "(e.g. --set rl.steps=400)"
+        )
+    cfg = load_config(run_dir)
+    for item in args.overrides:
+        cfg = override(cfg, item)
     return cfg, run_dir
 
 

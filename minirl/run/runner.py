@@ -21,6 +21,7 @@ from minirl.control.controller import Controller
 from minirl.control.evaluation import evaluate, heldout_prompts
 from minirl.control.workers import LocalPlacement
 from minirl.data.mixture import Mixture
+from minirl.envs.episodes import EpisodeScores
 from minirl.inference.engine import Engine
 from minirl.losses import make_objective
 from minirl.run.loop import Parts, train
@@ -46,7 +47,8 @@ class Run:
 
     def __init__(self, cfg: RunConfig, run_dir, log=print, progress: bool = True, placement=None):
         self.cfg, self.run_dir, self.log, self.progress = cfg, Path(run_dir), log, progress
-        self.placement = placement if placement is not None else LocalPlacement(cfg.rl.workers)
+        check_available(cfg)  # a tracker asked for and not installed: before any work
+        self.placement = placement  # None: rl.workers' LocalPlacement, made with the loop
         self.tokenizer = load_tokenizer(cfg)
         if cfg.model.vocab_size < self.tokenizer.vocab_size:
             raise ConfigError(
@@ -54,9 +56,8 @@ class Run:
                 f"{self.tokenizer.vocab_size}"
             )
         self.task = make_task(cfg, self.tokenizer)
-        # with task.tools the episodes arrive scored by their environments (EpisodeScores)
-        self.verifier = make_verifier(cfg) if cfg.task.tools else self.task.verifier
-        check_available(cfg)  # a tracker asked for and not installed: before any work
+        # with task.tools the episodes arrive scored by their environments (as make_verifier)
+        self.verifier = EpisodeScores() if cfg.task.tools else self.task.verifier
 
     def engine(self, version: int, params):
         """A rollout engine holding `params` (with task.tools: an EpisodeRunner over one)."""
@@ -81,7 +82,7 @@ class Run:
         parts = Parts(
             build=self._build,
             start_engine=start_engine,
-            evaluate=lambda version, params: self.evaluate(self.engine(version, params)),
+            evaluate=self._evaluate_weights,
             fresh_store=self._store,
         )
         summary, controller = train(
@@ -107,6 +108,9 @@ class Run:
             summary["before"] = self.evaluate(engine)
             self.log(f"held-out before RL: {_fmt(summary['before'])}")
         return self.build_loop(base, engine)  # the trainer holds `base` from here on
+
+    def _evaluate_weights(self, version: int, params) -> dict[str, float]:
+        return self.evaluate(self.engine(version, params))
 
     def _export(self, controller: Controller) -> None:
         from minirl.run.export import export_params
@@ -134,7 +138,7 @@ class Run:
         model_cfg, tokenizer = cfg.model, self.tokenizer
         loss = make_objective(rl.loss, rl.behaviour_cap, rl.kl_coef)
         trainer_cfg, scoring = cfg.trainer_config(), cfg.engine.sampling.scoring
-        place = self.placement
+        place = self.placement if self.placement is not None else LocalPlacement(rl.workers)
         make_trainer = lambda: Trainer(model_cfg, base, loss, trainer_cfg, sampling=scoring)  # noqa: E731
         controller = Controller(
             cfg,

@@ -86,31 +86,9 @@ def make_verifier(cfg: RunConfig):
         from minirl.tasks import get_task
 
         return get_task(cfg.task.name, **cfg.task.args).verifier
-    from minirl.verifiers import get_verifier, verifier_names
-    from minirl.verifiers.reward_function import is_function_spec
+    from minirl.verifiers.registry import dataset_verifier
 
-    name = cfg.data.verifier
-    if is_function_spec(name):
-        return get_verifier(name)  # your reward function; a missing file or name: ValueError
-    if name not in verifier_names():
-        raise ConfigError(
-            f"data.verifier={name!r}: one of {verifier_names()} or path/to/file.py:function"
-        )
-    if name == "code":  # the rows' own tests, judged in sandboxes forked by pool workers
-        from minirl.verifiers import PoolConfig, VerifierPool
-
-        return VerifierPool(get_verifier("code"), PoolConfig(workers=2))
-    shaping = {"format_reward": cfg.data.format_reward} if cfg.data.format_reward else {}
-    return get_verifier(name, **shaping)
-
-
-def row_targets(verifier_name: str) -> str:
-    """What a dataset row must hold for `data.verifier` (tasks/files.py FileFormat.targets)."""
-    from minirl.verifiers.reward_function import is_function_spec
-
-    if verifier_name == "code":
-        return "tests"
-    return "row" if is_function_spec(verifier_name) else "answer"
+    return dataset_verifier(cfg.data.verifier, cfg.data.format_reward)
 
 
 def make_task(cfg: RunConfig, tokenizer):
@@ -120,12 +98,13 @@ def make_task(cfg: RunConfig, tokenizer):
 
         return get_task(cfg.task.name, tokenizer=tokenizer, **cfg.task.args)
     from minirl.tasks.files import FileTask
+    from minirl.verifiers.registry import dataset_verifier, row_targets
 
     d = cfg.data
     return FileTask.load(
         d.train,
         tokenizer,
-        make_verifier(cfg),
+        dataset_verifier(d.verifier, d.format_reward),
         eval_path=d.eval or None,
         test_fraction=d.test_fraction,
         max_new_tokens=d.max_new_tokens,
@@ -181,6 +160,8 @@ def checked_params(cfg: RunConfig, loaded, params: dict) -> dict:
 
 def describe_inputs(cfg: RunConfig) -> dict:
     """For meta.json: what the model directory and dataset files were, by content."""
+    from minirl.verifiers.registry import row_targets
+
     out = {}
     if cfg.model.path:
         config = Path(cfg.model.path) / "config.json"

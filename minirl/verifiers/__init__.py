@@ -2,7 +2,8 @@
 
 Map of this package (each file says more in its docstring):
   (the Verifier protocol and CallableVerifier are the core's: minirl/data/verifier_api.py)
-  registry.py       verifiers by name (get_verifier, register_verifier)
+  registry.py       verifiers by name (get_verifier, register_verifier); a dataset's
+                    (dataset_verifier, row_targets)
   math_extract.py   extract_answer(text, mode), normalize_answer(s)
   math_parse.py     LaTeX -> whitelisted AST -> exact/float value (never eval)
   math_equal.py     math_equal(candidate, reference): exact/rational/tolerant/symbolic
@@ -42,7 +43,13 @@ from minirl.verifiers.math_equal import math_equal
 from minirl.verifiers.math_extract import extract_answer, normalize_answer
 from minirl.verifiers.math_verifier import MathVerifier, MathVerifierConfig, score_math
 from minirl.verifiers.pool import PoolConfig, VerifierPool
-from minirl.verifiers.registry import get_verifier, register_verifier, verifier_names
+from minirl.verifiers.registry import (
+    dataset_verifier,
+    get_verifier,
+    register_verifier,
+    row_targets,
+    verifier_names,
+)
 from minirl.verifiers.repository import (
     CorruptObjectError,
     ObjectNotFoundError,
@@ -76,6 +83,7 @@ __all__ = [
     "VerifierPool",
     "as_score",
     "available_languages",
+    "dataset_verifier",
     "extract_answer",
     "extract_code",
     "get_verifier",
@@ -87,6 +95,7 @@ __all__ = [
     "put_checker",
     "put_tests",
     "register_verifier",
+    "row_targets",
     "run_sandboxed",
     "run_tests",
     "score_math",

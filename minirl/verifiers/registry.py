@@ -2,7 +2,8 @@
 
 The built-ins ("math", "math_verify", "code") are imported when first built: the code verifier
 pulls in the sandbox, math-verify is an optional extra. A name "path/to/file.py:function" is
-your own reward function in that file (reward_function.py).
+your own reward function in that file (reward_function.py). `dataset_verifier(name)` is the one
+a dataset file's rows are scored by (`data.verifier`), `row_targets(name)` what those rows hold.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from minirl.configlib import ConfigError
 from minirl.data.verifier_api import Verifier
 
 
@@ -68,3 +70,34 @@ def get_verifier(name: str, **kwargs: Any) -> Verifier:
     if name not in _FACTORIES:
         raise KeyError(f"unknown verifier {name!r}; registered: {', '.join(verifier_names())}")
     return _FACTORIES[name](**kwargs)
+
+
+def dataset_verifier(name: str, format_reward: float = 0.0) -> Verifier:
+    """The verifier that scores a dataset file's rows (`data.verifier`): a registered one (the
+    code verifier judges in sandboxes forked by a pool of 2 workers; `format_reward` shapes the
+    others) or your reward function "path/to/file.py:function" (a missing file or name:
+    ValueError); an unknown name is a ConfigError."""
+    from minirl.verifiers.reward_function import is_function_spec
+
+    if is_function_spec(name):
+        return get_verifier(name)
+    if name not in _FACTORIES:
+        raise ConfigError(
+            f"data.verifier={name!r}: one of {verifier_names()} or path/to/file.py:function"
+        )
+    if name == "code":
+        from minirl.verifiers.pool import PoolConfig, VerifierPool
+
+        return VerifierPool(get_verifier("code"), PoolConfig(workers=2))
+    return get_verifier(name, **({"format_reward": format_reward} if format_reward else {}))
+
+
+def row_targets(name: str) -> str:
+    """What a dataset row must hold for the verifier `name` (minirl/tasks/files.py
+    FileFormat.targets): "tests" for code, the whole "row" for your reward function, else
+    the "answer"."""
+    from minirl.verifiers.reward_function import is_function_spec
+
+    if name == "code":
+        return "tests"
+    return "row" if is_function_spec(name) else "answer"
