@@ -2,15 +2,19 @@
 
 import pytest
 
+from minirl.configlib import ConfigError
 from minirl.types import Score
 from minirl.verifiers import (
     CallableVerifier,
     CodeVerifier,
     MathVerifier,
+    RewardFunction,
     Verifier,
     as_score,
+    dataset_verifier,
     get_verifier,
     register_verifier,
+    row_targets,
     verifier_names,
 )
 
@@ -62,3 +66,22 @@ def test_registry(tmp_path):
         get_verifier("chess")
     with pytest.raises(ValueError, match="already registered"):
         register_verifier("math", lambda: None)
+
+
+def test_dataset_verifier_and_row_targets(tmp_path, make_rollout):
+    # data.verifier as `minirl train --data FILE --verifier NAME` builds it, and what rows need
+    shaped = dataset_verifier("math", format_reward=0.25)
+    assert isinstance(shaped, MathVerifier) and shaped.config.format_reward == 0.25
+    assert dataset_verifier("math").config.format_reward == 0.0
+    (tmp_path / "mine.py").write_text("def score(text, row):\n    return len(text) / 4\n")
+    spec = f"{tmp_path / 'mine.py'}:score"
+    mine = dataset_verifier(spec)
+    assert isinstance(mine, RewardFunction) and mine.score([make_rollout("abc")])[0].reward == 0.75
+    with pytest.raises(ConfigError, match="data.verifier='chess'"):
+        dataset_verifier("chess")
+    assert [row_targets(n) for n in ("code", spec, "math", "math_verify")] == [
+        "tests",
+        "row",
+        "answer",
+        "answer",
+    ]
