@@ -2,8 +2,10 @@
 experiments: `--preset NAME`, `--set KEY=VALUE` (repeatable), `--staleness NAME`, and `--model
 DIR` / `--data FILE` / `--eval-data FILE` / `--verifier NAME` for your own model and data.
 
-    add_config_arguments(parser)        # the flags
-    cfg = config_from_args(args)        # preset -> staleness -> your files -> --set, checked
+    add_config_arguments(parser)                # the flags
+    cfg = config_from_args(args)                # preset -> staleness -> your files -> --set
+    cfg, run_dir = train_config_and_dir(args)   # a training command's, with its run directory
+                                                # (or --resume RUN_DIR's own config)
 """
 
 from __future__ import annotations

@@ -39,8 +39,9 @@ from minirl.training.trainer import Trainer
 
 
 class Run:
-    """The parts of one run, built from its config: the tokenizer and the task (a dataset file is
-    read and checked here, so a bad file fails before any model work); no weights are loaded
+    """The parts of one run, built from its config once each, in order: the tokenizer, the task
+    (a dataset file is read and checked here, so a bad file fails before any model work) and
+    the verifier (docs/design.md, "How minirl train assembles a run"); no weights are loaded
     and nothing is compiled until `train` / `evaluate`. `placement` decides where engine, trainer
     and verifier live (default: `rl.workers`, minirl.control.workers.LocalPlacement; Ray actors:
     scale/ray_workers.py's RayPlacement); evaluation and the warm start run in this process."""
