@@ -50,6 +50,21 @@ def test_adapted_dense_by_hand():
     np.testing.assert_array_equal(lora.project(plain, "w", x, 2.0, False), [[1.0, 2.0]])
 
 
+def test_adapter_dropout_by_hand():
+    """set_dropout drops the adapter's input x (never the base product x W), scaling survivors
+    by 1 / (1 - p), with the mask `project` draws from the module's key and the target's index."""
+    m = types.SimpleNamespace(
+        up_proj=jnp.eye(4), up_lora_a=jnp.ones((4, 1)), up_lora_b=jnp.array([[1.0, 0.0, 0.0, 0.0]])
+    )
+    x = jnp.array([[1.0, 2.0, 3.0, 4.0]])
+    key = jax.random.key(7)
+    m.lora_dropout, m.lora_dropout_rate = lora.DropoutKey(jax.random.key_data(key)), 0.5
+    keep = jax.random.bernoulli(jax.random.fold_in(key, lora._INDEX["up"]), 0.5, x.shape)
+    assert 0 < int(keep.sum()) < 4  # this key keeps some inputs and drops others
+    want = x + float((x * keep).sum()) * 2.0 * 2.0 * jnp.array([[1.0, 0, 0, 0]])  # 1/(1-p) = 2
+    np.testing.assert_array_equal(lora.project(m, "up", x, 2.0, False), want)
+
+
 @pytest.mark.parametrize("exact", [False, True])
 def test_rank_16_at_init_is_the_base_model_bitwise(exact):
     base, adapted = init_model(CFG, seed=3), init_model(dataclasses.replace(CFG, lora_rank=16), 3)

@@ -663,6 +663,32 @@ def test_lora_state_dict_round_trip_resumes_bitwise(lora_params, batch):
     )
 
 
+def test_lora_dropout_changes_the_step_by_its_keys_alone(lora_params, batch, lora_step):
+    """model.lora_dropout: 0 is the step without dropout bit for bit; 0.25 changes the
+    update, and two trainers give the same result (keys from (seed, step, update, micro-batch),
+    not time); the recompute (log pi_prox) has no dropout: it equals the plain trainer's."""
+    plain, _ = lora_step
+    cfg = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    zero = Trainer(
+        dataclasses.replace(LORA_CFG, lora_dropout=0.0), lora_params, get_preset("grpo"), cfg
+    )
+    zero.train_step(batch)
+    assert _bits(zero.params()) == _bits(plain.params())
+    drop_cfg = dataclasses.replace(LORA_CFG, lora_dropout=0.25)
+    a, b = (Trainer(drop_cfg, lora_params, get_preset("grpo"), cfg) for _ in range(2))
+    np.testing.assert_array_equal(a.recompute_logprobs(batch), zero_recompute(lora_params, batch))
+    a.train_step(batch)
+    b.train_step(batch)
+    assert _bits(a.params()) == _bits(b.params())
+    moved = _tree_max_diff(plain.params(), lora_params)
+    assert _tree_max_diff(a.params(), plain.params()) > 0.05 * moved
+
+
+def zero_recompute(params, batch):
+    cfg = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    return Trainer(LORA_CFG, params, get_preset("grpo"), cfg).recompute_logprobs(batch)
+
+
 # ---- work the step does not need: the on-policy recompute, the reference forward -----------------
 
 
