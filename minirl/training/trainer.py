@@ -166,11 +166,13 @@ class Trainer:
 
     # ---- the interface -----------------------------------------------------------------------
 
-    def params(self, host: bool = False) -> dict:
+    def params(self, host: bool = False, published: bool = False) -> dict:
         """The current parameters as a pure dict (what `Engine.load_weights` and
         `WeightStore.put` accept). JAX arrays, never mutated or donated afterwards; `host=True`
-        returns numpy copies."""
-        return self._row_layout.host(self._params) if host else self._params
+        returns numpy copies; `published=True` what a new version holds (with LoRA the
+        adapters alone: minirl/modeling/lora.py `published`)."""
+        params = lora.published(self._params, self.model_cfg) if published else self._params
+        return self._row_layout.host(params) if host else params
 
     def recompute_logprobs(self, batch: Batch) -> np.ndarray:
         """log pi(targets) under the current weights, with the engine's settings.  [B, T] float32,

@@ -124,6 +124,23 @@ def test_trainable_and_add_adapters():
     jax.tree.map(np.testing.assert_array_equal, lora.join(train, frozen), params)
 
 
+def test_the_engine_side_joins_adapters_only_versions_to_the_base_it_was_sent():
+    cfg = dataclasses.replace(CFG, lora_rank=2, lora_targets=("v",))
+    params = _pure(init_model(cfg, seed=0))
+    adapters, base = lora.partition(params, lora.is_adapter)
+    keeper = lora.EngineBase()
+    with pytest.raises(ValueError, match="no base to join"):
+        keeper.whole(adapters)
+    assert keeper.whole(params) is params  # a whole load: kept as it is, its base remembered
+    moved = jax.tree.map(lambda x: x + 1.0, adapters)
+    joined = keeper.whole(moved)
+    assert (
+        lora.partition(joined, lora.is_adapter)[1]["layers"][0]["attn"]["v_proj"]
+        is (base["layers"][0]["attn"]["v_proj"])
+    )  # the very base arrays: nothing copied
+    jax.tree.map(np.testing.assert_array_equal, joined, lora.join(moved, base))
+
+
 def test_lora_knobs_are_checked_and_parsed():
     assert make_config("fixture", ["model.lora_targets=q,v"]).model.lora_targets == ("q", "v")
     for bad in ("model.lora_targets=q,x", "model.lora_rank=-1", "model.lora_alpha=0"):
@@ -187,14 +204,14 @@ def test_a_lora_run_trains_the_adapters_only_and_exports_the_merged_model(lora_r
     # exact mode: engine == trainer bitwise with adapters (step 2 rolls out with moved ones)
     for line in (run / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
-        assert r["store/version_bytes"] == adapter_bytes
+        assert r["store/version_bytes"] == adapter_bytes == ADAPTER_BYTES
         assert r["mismatch/tokens"] > 0 and r["mismatch/max_abs_dlogp"] == 0.0, r["step"]
         assert r["train/dlogp_recompute/max_abs_dlogp"] == 0.0, r["step"]
 
 
 def test_an_async_lora_run_reloads_its_engine_from_adapter_versions(tmp_path, monkeypatch):
     """rl.scheduler=async: the rollout thread reloads the engine from the store, whose versions
-    hold the adapters alone (Controller.engine_weights joins them with the frozen base)."""
+    hold the adapters alone, and the engine gets them alone (it joins them to its own base)."""
     from minirl.control.controller import Controller
     from minirl.run.runner import Run
 
@@ -211,13 +228,62 @@ def test_an_async_lora_run_reloads_its_engine_from_adapter_versions(tmp_path, mo
     monkeypatch.setattr(Controller, "engine_weights", spy)
     Run(cfg, tmp_path / "run", progress=False, log=lambda *a: None).train()
     assert loads  # the engine did reload from the store
-    for (stored_adapters, stored_base), whole in loads:
+    for (stored_adapters, stored_base), sent in loads:
         assert stored_adapters and not stored_base  # the store held the adapters alone
-        assert lora.partition(whole, lora.is_adapter)[1]  # the engine got the base with them
+        assert not lora.partition(sent, lora.is_adapter)[1]  # and the engine got them alone
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {r["store/version_bytes"] for r in records} == {
         sum(np.asarray(x).nbytes for x in jax.tree.leaves(loads[0][0][0]))
     }
+
+
+# The fixture model's adapters at rank 16 on all 7 projections, by hand: per layer
+# q (64 + 64) 16 + k (64 + 32) 16 + v (64 + 32) 16 + o (64 + 64) 16 + 3 x (64 + 128) 16 = 16384
+# parameters; 2 layers, float32: 131072 bytes. The base: 78336 parameters, 313344 bytes.
+ADAPTER_BYTES, BASE_BYTES = 2 * 16384 * 4, 78336 * 4
+
+
+def spy_load_weights(monkeypatch, module) -> list[int]:
+    """The size of every load_weights message `module`'s workers encode for their process."""
+    sizes, encode = [], module.encode
+
+    def spy(message):
+        data = encode(message)
+        if "load_weights" in message[:2]:
+            sizes.append(len(data))
+        return data
+
+    monkeypatch.setattr(module, "encode", spy)
+    return sizes
+
+
+def assert_adapters_only_transport(sizes: list[int], steps: int) -> None:
+    """The engine process got the whole weights once, then each version's adapters alone."""
+    assert len(sizes) == 1 + steps
+    assert sizes[0] > ADAPTER_BYTES + BASE_BYTES
+    for size in sizes[1:]:
+        assert ADAPTER_BYTES < size < ADAPTER_BYTES + 4096  # the adapters and a message's header
+
+
+@pytest.mark.slow
+def test_a_lora_run_with_its_engine_in_a_process_sends_adapters_only(
+    lora_run, tmp_path, monkeypatch
+):
+    """rl.workers=process: the engine process gets the base once, then each new version's
+    adapters alone (131 KB here, not 444 KB), and the run ends with the in-process run's weights
+    bit for bit (~30 s: the engine and verifier processes start and compile)."""
+    from minirl.control import workers
+    from minirl.run.runner import Run
+    from minirl.store.trees import assert_trees_equal
+
+    sizes = spy_load_weights(monkeypatch, workers)
+    cfg = make_config("fixture", [*RUN_SETS, "rl.workers=process"])
+    Run(cfg, tmp_path / "run", progress=False, log=lambda *a: None).train()
+    assert_adapters_only_transport(sizes, steps=2)
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["store/version_bytes"] for r in records] == [ADAPTER_BYTES] * 2
+    got, want = (CheckpointManager(d).restore() for d in (tmp_path / "run", lora_run))
+    assert_trees_equal(got.params, want.params)
 
 
 @pytest.mark.parametrize("exact", [False])
