@@ -684,6 +684,29 @@ def test_lora_dropout_changes_the_step_by_its_keys_alone(lora_params, batch, lor
     assert _tree_max_diff(a.params(), plain.params()) > 0.05 * moved
 
 
+def test_lora_on_a_bfloat16_base_keeps_float32_adapters_and_learns(lora_params, batch):
+    """model.param_dtype=bfloat16 with LoRA: the frozen base is stored in bf16 (half its float32
+    bytes), the adapters and AdamW's moments stay float32, the base does not move and five
+    supervised steps on one batch lower its loss."""
+    cfg = dataclasses.replace(LORA_CFG, param_dtype="bfloat16")
+    params = nnx.to_pure_dict(nnx.split(init_model(cfg, seed=0))[1])
+    adapters, base = lora.partition(params, lora.is_adapter)
+    assert {x.dtype for x in jax.tree.leaves(base)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(adapters)} == {jnp.dtype(jnp.float32)}
+    fp32_base = lora.partition(lora_params, lora.is_adapter)[1]
+    nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))  # noqa: E731
+    assert 2 * nbytes(base) == nbytes(fp32_base)
+    trainer = Trainer(cfg, params, None, TrainerConfig(micro_batch_tokens=512, **GRAD_CFG))
+    losses = [trainer.sft_step(batch)["loss"] for _ in range(5)]
+    assert losses == sorted(losses, reverse=True) and losses[-1] < 0.95 * losses[0], losses
+    now, now_base = lora.partition(trainer.params(), lora.is_adapter)
+    assert _bits(now_base) == _bits(base)  # frozen, still bf16
+    assert {x.dtype for x in jax.tree.leaves(now)} == {jnp.dtype(jnp.float32)}
+    _, adam, _ = trainer.state_dict()["opt_state"]
+    assert {x.dtype for x in jax.tree.leaves((adam.mu, adam.nu))} == {jnp.dtype(jnp.float32)}
+    assert jax.tree.structure(adam.mu) == jax.tree.structure(adapters)
+
+
 def zero_recompute(params, batch):
     cfg = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
     return Trainer(LORA_CFG, params, get_preset("grpo"), cfg).recompute_logprobs(batch)
