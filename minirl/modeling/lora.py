@@ -254,7 +254,8 @@ class EngineBase:
     """An engine's side of adapters-only versions (a LoRA run's weight store holds the adapters
     alone): the first load brings the whole parameter set and its frozen base is kept; a later
     version that brings the adapters alone is joined to that base. So the base crosses a process
-    (or Ray) boundary once per engine process, and each version after it only its adapters."""
+    (or Ray) boundary once per engine process, and each version after it only its adapters; the
+    engine holds the base beside the weights it decodes with (fast mode: the merged ones)."""
 
     def __init__(self):
         self.base = None
@@ -264,9 +265,9 @@ class EngineBase:
         if not isinstance(params, dict):
             params = nnx.to_pure_dict(params)
         adapters, base = partition(params, is_adapter)
-        if base:
-            self.base = base
-            return params
+        if base:  # kept as device arrays: a reload neither copies nor re-uploads it
+            self.base = jax.tree.map(jnp.asarray, base)
+            return join(adapters, self.base)
         if self.base is None:
             raise ValueError("adapters-only weights before any whole load: no base to join")
         return join(adapters, self.base)
