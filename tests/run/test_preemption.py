@@ -166,10 +166,12 @@ def test_async_resume_loses_and_repeats_no_prompt(tmp_path):
 
 
 @pytest.mark.slow
-def test_dead_engine_process_is_restarted_and_its_work_reissued(tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra", [[], ["model.lora_rank=8"]], ids=["full", "lora"])
+def test_dead_engine_process_is_restarted_and_its_work_reissued(tmp_path, monkeypatch, extra):
     """rl.workers=process: kill the engine's process mid-run; the controller restarts it, reloads
     its weights, re-issues the requests, and (counter-based RNG) ends bitwise where an
-    undisturbed run ends."""
+    undisturbed run ends. With LoRA the fresh process gets the whole weights (base and current
+    adapters), then adapters-only versions again."""
     import dataclasses
     import threading
 
@@ -177,7 +179,8 @@ def test_dead_engine_process_is_restarted_and_its_work_reissued(tmp_path, monkey
     from minirl.run.presets import make_config
     from minirl.run.runner import Run
 
-    cfg = make_config("fixture", ["rl.steps=4", "rl.checkpoint_every=1", "rl.workers=process"])
+    sets = ["rl.steps=4", "rl.checkpoint_every=1", "rl.workers=process", *extra]
+    cfg = make_config("fixture", sets)
     Run(cfg, tmp_path / "ref", log=lambda *a: None, progress=False).train()
 
     started = []
