@@ -296,6 +296,12 @@ def test_the_engine_samples_from_the_adapted_model(exact):
     plain = token_logprobs(nnx.merge(nnx.split(init_model(CFG))[0], base)(seq)[:, 4:-1], seq[:, 5:])
     assert float(np.abs(np.asarray(plain[0]) - want).max()) > 1e-2
     np.testing.assert_allclose(out.logprobs, want, rtol=0, atol=0 if exact else 2e-5)
+    # model.lora_dropout is the training forward's alone: the engine samples the same, bitwise
+    dropping = Engine(dataclasses.replace(cfg, lora_dropout=0.5), ecfg)
+    dropping.load_weights(0, params)
+    (same,) = dropping.generate([Request(prompt, 0, 8)])
+    np.testing.assert_array_equal(same.tokens, out.tokens)
+    np.testing.assert_array_equal(same.logprobs, out.logprobs)
 
 
 @pytest.mark.reference

@@ -666,7 +666,8 @@ def test_lora_state_dict_round_trip_resumes_bitwise(lora_params, batch):
 def test_lora_dropout_changes_the_step_by_its_keys_alone(lora_params, batch, lora_step):
     """model.lora_dropout: 0 is the step without dropout bit for bit; 0.25 changes the
     update, and two trainers give the same result (keys from (seed, step, update, micro-batch),
-    not time); the recompute (log pi_prox) has no dropout: it equals the plain trainer's."""
+    not time); the recompute (log pi_prox) has no dropout: it equals the plain trainer's, and
+    it is never skipped in favour of the (dropped-out) training forward."""
     plain, _ = lora_step
     cfg = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
     zero = Trainer(
@@ -676,6 +677,8 @@ def test_lora_dropout_changes_the_step_by_its_keys_alone(lora_params, batch, lor
     assert _bits(zero.params()) == _bits(plain.params())
     drop_cfg = dataclasses.replace(LORA_CFG, lora_dropout=0.25)
     a, b = (Trainer(drop_cfg, lora_params, get_preset("grpo"), cfg) for _ in range(2))
+    # an on-policy step takes log pi_prox from its training forward only without dropout
+    assert plain.skips_recompute(on_policy=True) and not a.skips_recompute(on_policy=True)
     np.testing.assert_array_equal(a.recompute_logprobs(batch), zero_recompute(lora_params, batch))
     a.train_step(batch)
     b.train_step(batch)
