@@ -51,11 +51,12 @@ _INDEX = {t: i for i, t in enumerate(TARGETS)}
 
 
 def check(rank: int, alpha: float, targets: tuple, dropout: float = 0.0) -> None:
-    """ValueError unless rank >= 0, alpha > 0, 0 <= dropout < 1 and targets a non-empty subset
-    of TARGETS."""
-    if rank < 0 or not alpha > 0 or not 0 <= dropout < 1:
+    """ValueError unless rank >= 0, alpha > 0, 0 <= dropout < 1 (0 without adapters) and targets
+    a non-empty subset of TARGETS."""
+    if rank < 0 or not alpha > 0 or not 0 <= dropout < 1 or (dropout and not rank):
         raise ValueError(
-            f"lora_rank must be >= 0, lora_alpha > 0 and lora_dropout in [0, 1), "
+            f"lora_rank must be >= 0, lora_alpha > 0 and lora_dropout in [0, 1) (> 0: needs "
+            "lora_rank > 0), "
             f"got {rank}, {alpha}, {dropout}"
         )
     unknown = [t for t in targets if t not in TARGETS]

@@ -144,9 +144,12 @@ def test_the_engine_side_joins_adapters_only_versions_to_the_base_it_was_sent():
 
 def test_lora_knobs_are_checked_and_parsed():
     assert make_config("fixture", ["model.lora_targets=q,v"]).model.lora_targets == ("q", "v")
-    for bad in ("model.lora_targets=q,x", "model.lora_rank=-1", "model.lora_alpha=0"):
+    bad_values = ("model.lora_targets=q,x", "model.lora_rank=-1", "model.lora_alpha=0")
+    for bad in (*bad_values, "model.lora_dropout=1.0", "model.lora_dropout=-0.1"):
         with pytest.raises((ConfigError, ValueError), match="lora"):
-            make_config("fixture", [bad])
+            make_config("fixture", ["model.lora_rank=4", bad])
+    with pytest.raises(ConfigError, match="needs lora_rank > 0"):  # dropout of no adapters
+        make_config("fixture", ["model.lora_dropout=0.1"])
 
 
 @pytest.fixture(scope="module")
