@@ -319,7 +319,10 @@ def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
             f"model.path needs the 'hf' extra (pip install 'minirl[hf]'): {e}"
         ) from None
     shapes = read_model_config(cfg.model.path, dtype=cfg.model.dtype)
-    lora = {f: getattr(cfg.model, f) for f in ("lora_rank", "lora_alpha", "lora_targets")}
+    lora = {
+        f: getattr(cfg.model, f)
+        for f in ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
+    }
     model = dataclasses.replace(
         shapes, path=cfg.model.path, param_dtype=cfg.model.param_dtype, **lora
     )

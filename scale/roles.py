@@ -93,8 +93,9 @@ class TrainerRole:
         self._dirty |= self.trainer.last_step_ok
         return metrics, prox
 
-    def params(self, host: bool = True) -> StoredWeights:
-        """Publish the current weights (if new) and return a reference to them."""
+    def params(self, host: bool = True, published: bool = False) -> StoredWeights:
+        """Publish the current weights (if new) and return a reference to them (whole: a LoRA
+        run's TensorStore versions hold the whole parameter set)."""
         from scale import mesh as mesh_lib
 
         if self._dirty:

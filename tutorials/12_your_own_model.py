@@ -54,6 +54,28 @@ WHAT THE SCRIPT DOES
 5. Exports the last checkpoint (`minirl export`) and, if `transformers` is installed, loads it
    and compares its logits with minirl's; plots pass@1 / pass@8 before and after.
 
+LORA: TRAINING ADAPTERS INSTEAD OF EVERY WEIGHT
+-----------------------------------------------
+The same run can train low-rank adapters (docs/lora.md) instead of the whole model: add
+
+    python tutorials/12_your_own_model.py --set model.lora_rank=16 --set trainer.learning_rate=3e-3
+    minirl train --model base --data ... --set model.lora_rank=16      # the same on the CLI
+
+What changes: every projection of the decoder (q, k, v, o, gate, up, down; `model.lora_targets`
+picks fewer) gets a pair A [in, 16], B [16, out] beside its weight, B starting at zero, so the
+run starts from exactly the base model's behaviour. Only A and B train: gradients and AdamW's
+moments exist for them alone, the weight store's versions and what reaches the engine are the
+adapters alone (`store/version_bytes` in metrics.jsonl), and `--set model.param_dtype=bfloat16`
+stores the frozen base at half its bytes while the adapters stay float32. The export is the
+merged model, a plain Hugging Face directory as above (`minirl export run --out DIR --adapter`
+writes a PEFT adapter instead). What to expect: adapters have far fewer parameters to move
+than the full model (on this 0.85M-parameter base, rank 16 everywhere is a large share; on a
+real 0.5B model it is 1.8%), so they usually want a larger learning rate than a full fine-tune,
+and how close they come to it in the same 10 minutes is what the comparison below measures
+(`python experiments/user_path.py` with the same --set, 3 seeds):
+
+    LORA_RESULTS
+
 Expected output (full mode, measured)
 -------------------------------------
 Measured on 2026-11-25 with `python tutorials/12_your_own_model.py --out /tmp/l12` (the base
@@ -156,8 +178,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description="Lesson 12: your own model and data")
     p.add_argument("--fast", action="store_true", help="a small base and 3 RL steps (CI)")
     p.add_argument("--out", type=Path, default=Path("runs/tutorials/12_your_own_model"))
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more config overrides, after the lesson's (e.g. model.lora_rank=16: LoRA)",
+    )
     args = p.parse_args()
-    mode = FAST if args.fast else FULL
+    mode = dict(FAST if args.fast else FULL)
+    mode["overrides"] = mode["overrides"] + args.set
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

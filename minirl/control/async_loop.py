@@ -113,7 +113,7 @@ class RolloutThread(threading.Thread):
                 prompts = [entry["prompt"] for entry in self.in_flight.values()]
                 for entry in self.in_flight.values():
                     entry["rollouts"] = []
-            self.engine.call("load_weights", *self.ctl.engine_weights(version)).result()
+            self.engine.call("load_weights", *self.ctl.engine_weights(version, True)).result()
             self._submit(prompts)
             return method == "submit"  # what it submitted is in flight: just re-submitted
 

@@ -292,8 +292,8 @@ class Controller:
         """Call the engine; if its process died, restart it, reload its weights and call again
         (requests are keyed by counter-based RNG, so the retry produces the same rollouts)."""
 
-        def reload() -> None:
-            version, params = self.engine_weights(self.counters.engine_version)
+        def reload() -> None:  # a fresh engine process: the whole weights
+            version, params = self.engine_weights(self.counters.engine_version, whole=True)
             self.engine.call("load_weights", version, params).result()
 
         restarted = self._restarted("engine", "re-issuing its requests")
@@ -373,9 +373,9 @@ class Controller:
             c.skipped_steps += 1
             return False
         # The trainer's JAX arrays, never mutated or donated: the store makes the one host copy
-        # and an in-process engine uses them as they are (no copy back to the device).
-        params = self.trainer.call("params").result()
-        version = lora.published(params, self.cfg.model)  # LoRA: the adapters alone
+        # and an in-process engine uses them as they are (no copy back to the device). LoRA: a
+        # version is the adapters alone, and so is what reaches the engine (it keeps its base).
+        version = self.trainer.call("params", False, True).result()
         self.store.put(c.version + 1, version)
         if isinstance(version, dict):  # the bytes one version holds (Ray: a handle)
             metrics["store/version_bytes"] = float(
@@ -383,16 +383,18 @@ class Controller:
             )
         c.version += 1
         if reload_engine and self.reload_due():
-            self._call_engine("load_weights", c.version, params)
+            self._call_engine("load_weights", c.version, version)
             c.engine_version = c.version
             self.store.release(c.engine_version)
         return True
 
-    def engine_weights(self, version: int | None = None):
-        """(version, whole params) from the store: a LoRA run's versions hold the adapters
-        alone, joined here with the frozen base (the trainer's arrays, read once)."""
+    def engine_weights(self, version: int | None = None, whole: bool = False):
+        """(version, params) from the store for the engine. A LoRA run's versions hold the
+        adapters alone: an engine that holds its base joins them itself (lora.EngineBase);
+        `whole=True` (a fresh engine process) joins them here with the frozen base (the
+        trainer's arrays, read once)."""
         version, params = self.store.get(version)
-        if self.cfg.model.lora_rank and isinstance(params, dict):
+        if whole and self.cfg.model.lora_rank and isinstance(params, dict):
             if self._frozen is None:
                 self._frozen = lora.partition(self.params(host=False), lora.is_adapter)[1]
             params = lora.join(params, self._frozen)

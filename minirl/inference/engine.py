@@ -77,6 +77,7 @@ class Engine:
         # model decodes ~1.2x faster: docs/lora.md); exact mode applies them unmerged, as the
         # trainer does, so their log-probs stay bitwise equal.
         self._merge = model_config if model_config.lora_rank and not config.exact else None
+        self._lora = lora.EngineBase() if model_config.lora_rank else None  # adapters-only loads
         model_config = lora.base_config(model_config) if self._merge else model_config
         dtype = config.dtype or model_config.dtype
         self.config = config
@@ -109,7 +110,10 @@ class Engine:
     def load_weights(self, version: int, params: Any) -> None:
         """Use `params` (`nnx.split(model)[1]`, or `nnx.to_pure_dict` of it, with numpy or JAX
         leaves) from now on; tokens sampled from now on carry `version`. A LoRA model's
-        params hold its adapters (merged here in fast mode)."""
+        params hold its adapters (merged here in fast mode), or after a first whole load may
+        be its adapters alone (joined to the base that load brought)."""
+        if self._lora is not None:
+            params = self._lora.whole(params)
         if self._merge is not None:
             params = lora.merged(params, self._merge)
         self._params = prepare_params(params, self.model_config)

@@ -12,11 +12,17 @@ for bit (the adapter term is an exact zero added to x W).
     params = add_adapters(base_params, cfg, seed)    # fresh adapters beside loaded base weights
     trainable, frozen = partition(params, cfg)       # what the trainer differentiates and updates
     merged = merge(params, cfg)                       # W + A B alpha / r: a plain base model again
+    base = EngineBase(); whole = base.whole(version)  # an engine's side of adapters-only versions
 
 Where the adapters live: beside their projection, `{target}_lora_a` / `{target}_lora_b` in the
 same module (layers/i/attn/q_lora_a, layers/i/mlp/up_lora_b, ...), stored in float32 whatever
 the base's storage dtype. The model calls `project`; exact mode sends both adapter products
 through `minirl.modeling.exact.dense`, so a decode step and a training forward stay bitwise equal.
+
+Dropout (`lora_dropout` p > 0) drops the adapter's input, x -> dropout(x) A B, in the training
+forward only: the trainer calls `set_dropout` on the model it differentiates, with a key folded
+from (seed, step, update, micro-batch), so a resumed run draws the same masks. The engine and
+the log pi_prox recompute never call it: they see the adapters without dropout.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from minirl.modeling import exact as exact_ops
 
@@ -40,12 +47,18 @@ TARGETS = {
     "down": "mlp",
 }
 _SUFFIXES = ("_lora_a", "_lora_b")
+_INDEX = {t: i for i, t in enumerate(TARGETS)}
 
 
-def check(rank: int, alpha: float, targets: tuple) -> None:
-    """ValueError unless rank >= 0, alpha > 0 and targets a non-empty subset of TARGETS."""
-    if rank < 0 or not alpha > 0:
-        raise ValueError(f"lora_rank must be >= 0 and lora_alpha > 0, got {rank}, {alpha}")
+def check(rank: int, alpha: float, targets: tuple, dropout: float = 0.0) -> None:
+    """ValueError unless rank >= 0, alpha > 0, 0 <= dropout < 1 (0 without adapters) and targets
+    a non-empty subset of TARGETS."""
+    if rank < 0 or not alpha > 0 or not 0 <= dropout < 1 or (dropout and not rank):
+        raise ValueError(
+            f"lora_rank must be >= 0, lora_alpha > 0 and lora_dropout in [0, 1) (> 0: needs "
+            "lora_rank > 0), "
+            f"got {rank}, {alpha}, {dropout}"
+        )
     unknown = [t for t in targets if t not in TARGETS]
     if unknown or not targets or len(set(targets)) != len(targets):
         raise ValueError(
@@ -65,12 +78,42 @@ def project(module, name: str, x: jax.Array, lora_scale: float, exact: bool) -> 
     a = getattr(module, f"{name}_lora_a", None)
     if a is None:
         return y
+    drop = getattr(module, "lora_dropout", None)  # set_dropout's key: a training forward
+    if drop is not None:
+        rate = module.lora_dropout_rate
+        key = jax.random.fold_in(jax.random.wrap_key_data(drop[...]), _INDEX[name])
+        keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+        x = jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
     low = exact_ops.dense(x, a[...].astype(x.dtype), exact)  # [..., r]
     delta = exact_ops.dense(low, getattr(module, f"{name}_lora_b")[...].astype(x.dtype), exact)
     delta = delta * jnp.asarray(lora_scale, x.dtype)
     if exact:  # round the product before the add in every shape (no fused multiply-add)
         delta = exact_ops.fusion_barrier(delta)
     return y + delta
+
+
+class DropoutKey(nnx.Variable):
+    """A training forward's LoRA dropout key (raw key data), held by an attention or MLP module;
+    never a parameter, never saved."""
+
+
+def set_dropout(model, rate: float, key: jax.Array) -> None:
+    """Make `project` drop the adapters' inputs of `model` (a Transformer, built inside the
+    traced training forward) with probability `rate` (surviving inputs scaled 1 / (1 - rate)).
+    Layer i's attention draws from fold_in(key, 2 i), its MLP from fold_in(key, 2 i + 1), each
+    target from a further fold of its index."""
+    for i, block in enumerate(model.layers):
+        for j, part in enumerate((block.attn, block.mlp)):
+            part.lora_dropout = DropoutKey(jax.random.key_data(jax.random.fold_in(key, 2 * i + j)))
+            part.lora_dropout_rate = float(rate)
+
+
+def dropout_key(seed: int, step: int, update: int, micro_batch: int) -> jax.Array:
+    """The dropout key of one micro-batch of one update of one step: counters, never time."""
+    key = jax.random.key(seed)
+    for counter in (step, update, micro_batch):
+        key = jax.random.fold_in(key, counter)
+    return key
 
 
 def _shapes(cfg) -> dict[str, tuple[int, int]]:
@@ -204,7 +247,28 @@ def merged(params, cfg) -> dict:
     """`merge` jitted (one compile per config), for an engine that merges at every reload;
     `params` a pure dict or an nnx.State."""
     if not isinstance(params, dict):
-        from flax import nnx
-
         params = nnx.to_pure_dict(params)
     return _merge_fn(cfg)(params)
+
+
+class EngineBase:
+    """An engine's side of adapters-only versions (a LoRA run's weight store holds the adapters
+    alone): the first load brings the whole parameter set and its frozen base is kept; a later
+    version that brings the adapters alone is joined to that base. So the base crosses a process
+    (or Ray) boundary once per engine process, and each version after it only its adapters; the
+    engine holds the base beside the weights it decodes with (fast mode: the merged ones)."""
+
+    def __init__(self):
+        self.base = None
+
+    def whole(self, params) -> dict:
+        """`params` (an nnx.State or pure dict: whole, or adapters alone) as the whole set."""
+        if not isinstance(params, dict):
+            params = nnx.to_pure_dict(params)
+        adapters, base = partition(params, is_adapter)
+        if base:  # kept as device arrays: a reload neither copies nor re-uploads it
+            self.base = jax.tree.map(jnp.asarray, base)
+            return join(adapters, self.base)
+        if self.base is None:
+            raise ValueError("adapters-only weights before any whole load: no base to join")
+        return join(adapters, self.base)

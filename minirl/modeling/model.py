@@ -80,6 +80,7 @@ class ModelConfig:
         "up",
         "down",
     )
+    lora_dropout: float = 0.0  # LoRA: drop adapter inputs w.p. p in the training forward; 0 = off
 
     def __post_init__(self):
         for name in (
@@ -116,7 +117,7 @@ class ModelConfig:
                 )
         if self.head_dim % 2:
             raise ValueError("head_dim must be even (RoPE rotates pairs)")
-        lora.check(self.lora_rank, self.lora_alpha, tuple(self.lora_targets))
+        lora.check(self.lora_rank, self.lora_alpha, tuple(self.lora_targets), self.lora_dropout)
 
     @property
     def compute_dtype(self):

@@ -198,7 +198,7 @@ def export_adapter(params, cfg: RunConfig, tokenizer, out, force=False, source=N
         "base_model_name_or_path": base_path,
         "r": m.lora_rank,
         "lora_alpha": m.lora_alpha,
-        "lora_dropout": 0.0,
+        "lora_dropout": m.lora_dropout,
         "target_modules": [f"{t}_proj" for t in m.lora_targets],
         "bias": "none",
         "fan_in_fan_out": False,

@@ -278,7 +278,7 @@ class SimTrainer:
         self.version += 1
         return {"loss": 0.0, "tokens": float(tokens)}
 
-    def params(self, host: bool = True) -> dict:
+    def params(self, host: bool = True, published: bool = False) -> dict:
         return {"version": self.version}
 
 

@@ -82,26 +82,31 @@ class _Checkpointed(nnx.Module):
         return jax.checkpoint(run, policy=self.policy)(state, x, positions, inv_freq, starts), None
 
 
-def logprobs_and_logits(s: ForwardSpec, params, tokens, targets, remat: bool):
+def logprobs_and_logits(s: ForwardSpec, params, tokens, targets, remat: bool, dropout=None):
     """tokens, targets [R, Tb] -> (log-probs [R, Tb], logits [R, Tb, V]): the model's forward
-    and the engine's `token_logprobs` with the engine's settings; `remat` applies s.remat."""
+    and the engine's `token_logprobs` with the engine's settings; `remat` applies s.remat;
+    `dropout` (a key: the training forward of a run with model.lora_dropout) drops adapter inputs."""
     model = nnx.merge(abstract_model(s.model)[0], params)
+    if dropout is not None:
+        lora.set_dropout(model, s.model.lora_dropout, dropout)
     if remat and REMAT_POLICIES[s.remat] is not None:
         model.layers = nnx.List([_Checkpointed(b, REMAT_POLICIES[s.remat]) for b in model.layers])
     logits = model(tokens, exact=s.exact)  # [R, Tb, V]
     return token_logprobs(logits, targets, s.sampling), logits
 
 
-def accumulate(s: ForwardSpec, loss, params, acc, tokens, targets, part, frozen=None):
+def accumulate(s: ForwardSpec, loss, params, acc, tokens, targets, part, frozen=None, dropout=None):
     """Phase 2 of `loss` on one micro-batch: add its gradient and loss value to the accumulator
     `acc` = (gradients, loss), or start one if `acc` is None (no zeros to write and add on the
     first micro-batch). The gradient is with respect to `params` only; `frozen` (a LoRA run's
-    base weights: minirl/modeling/lora.py `trainable`) joins them in the forward without a gradient.
+    base weights: minirl/modeling/lora.py `trainable`) joins them in the forward without a gradient;
+    `dropout`, the micro-batch's LoRA dropout key (None: no dropout).
     Returns (accumulator, the micro-batch's metrics, the training forward's log-probs [R, Tb],
     for the RLAX Fig. 5 metrics)."""
 
     def micro_loss(p):
-        logp, logits = logprobs_and_logits(s, lora.join(p, frozen), tokens, targets, remat=True)
+        joined = lora.join(p, frozen)
+        logp, logits = logprobs_and_logits(s, joined, tokens, targets, True, dropout)
         entropy = token_entropy(logits, s.sampling.temperature) if loss.needs_entropy else None
         value, metrics = loss.loss(logp, part, entropy=entropy)
         return value, (metrics, jax.lax.stop_gradient(logp))

@@ -166,11 +166,13 @@ class Trainer:
 
     # ---- the interface -----------------------------------------------------------------------
 
-    def params(self, host: bool = False) -> dict:
+    def params(self, host: bool = False, published: bool = False) -> dict:
         """The current parameters as a pure dict (what `Engine.load_weights` and
         `WeightStore.put` accept). JAX arrays, never mutated or donated afterwards; `host=True`
-        returns numpy copies."""
-        return self._row_layout.host(self._params) if host else self._params
+        returns numpy copies; `published=True` what a new version holds (with LoRA the
+        adapters alone: minirl/modeling/lora.py `published`)."""
+        params = lora.published(self._params, self.model_cfg) if published else self._params
+        return self._row_layout.host(params) if host else params
 
     def recompute_logprobs(self, batch: Batch) -> np.ndarray:
         """log pi(targets) under the current weights, with the engine's settings.  [B, T] float32,
@@ -201,6 +203,7 @@ class Trainer:
             and c.ppo_epochs == 1
             and c.num_minibatches == 1
             and not self._spec.exact
+            and not (self.model_cfg.lora_rank and self.model_cfg.lora_dropout)  # not pi_prox
             and o.token_reject is None
             and o.sequence_reject is None
         )
@@ -250,7 +253,7 @@ class Trainer:
             for rows in self._minibatches(batch.num_rows, epoch):
                 sub = plan if len(rows) == batch.num_rows else self._plan(batch, rows)
                 m, s, logp = self._update(
-                    objective, batch, prepared, sub, scale=batch.num_rows / len(rows)
+                    objective, batch, prepared, sub, batch.num_rows / len(rows), len(stats)
                 )
                 first = first or (sub, rows, logp)  # the first update: the start weights
                 parts += m
@@ -358,7 +361,7 @@ class Trainer:
         perm = np.random.default_rng([self.cfg.seed, self.step, epoch]).permutation(num_rows)
         return [np.sort(part) for part in np.array_split(perm, k)]
 
-    def _update(self, loss, batch: Batch, prepared, plan, scale: float):
+    def _update(self, loss, batch: Batch, prepared, plan, scale: float, update: int = 0):
         """Accumulate the gradient over `plan`'s micro-batches, then one guarded optimizer update.
         Returns (per-micro-batch metrics, update statistics, per-micro-batch training-forward
         log-probs on device)."""
@@ -366,10 +369,12 @@ class Trainer:
         apply = optimizer.compiled(self._opt)[1]
         acc, metrics, logps = None, [], []
         train, frozen = lora.trainable(self._params, self.model_cfg)  # LoRA: the adapters only
-        for mb in plan:
+        drop = self.model_cfg.lora_rank and self.model_cfg.lora_dropout  # LoRA dropout: keyed
+        for i, mb in enumerate(plan):
             part = jax.tree.map(lambda x, mb=mb: self._rows(x, mb), prepared)
             tokens, targets = self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
-            acc, m, logp = accumulate(train, acc, tokens, targets, part, frozen)
+            key = lora.dropout_key(self.cfg.seed, self.step, update, i) if drop else None
+            acc, m, logp = accumulate(train, acc, tokens, targets, part, frozen, key)
             metrics.append(m)
             logps.append(logp)
         lr = learning_rate(self.cfg, self.step)

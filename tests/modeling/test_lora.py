@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from lora_transport import ADAPTER_BYTES, assert_adapters_only_transport, spy_load_weights
 
 from minirl.cli import main
 from minirl.configlib import ConfigError
@@ -48,6 +49,21 @@ def test_adapted_dense_by_hand():
         np.testing.assert_array_equal(lora.project(m, "w", x, 2.0, exact), [[7.0, -4.0]])
     plain = types.SimpleNamespace(w_proj=jnp.eye(2))  # no adapter: x W
     np.testing.assert_array_equal(lora.project(plain, "w", x, 2.0, False), [[1.0, 2.0]])
+
+
+def test_adapter_dropout_by_hand():
+    """set_dropout drops the adapter's input x (never the base product x W), scaling survivors
+    by 1 / (1 - p), with the mask `project` draws from the module's key and the target's index."""
+    m = types.SimpleNamespace(
+        up_proj=jnp.eye(4), up_lora_a=jnp.ones((4, 1)), up_lora_b=jnp.array([[1.0, 0.0, 0.0, 0.0]])
+    )
+    x = jnp.array([[1.0, 2.0, 3.0, 4.0]])
+    key = jax.random.key(7)
+    m.lora_dropout, m.lora_dropout_rate = lora.DropoutKey(jax.random.key_data(key)), 0.5
+    keep = jax.random.bernoulli(jax.random.fold_in(key, lora._INDEX["up"]), 0.5, x.shape)
+    assert 0 < int(keep.sum()) < 4  # this key keeps some inputs and drops others
+    want = x + float((x * keep).sum()) * 2.0 * 2.0 * jnp.array([[1.0, 0, 0, 0]])  # 1/(1-p) = 2
+    np.testing.assert_array_equal(lora.project(m, "up", x, 2.0, False), want)
 
 
 @pytest.mark.parametrize("exact", [False, True])
@@ -109,11 +125,31 @@ def test_trainable_and_add_adapters():
     jax.tree.map(np.testing.assert_array_equal, lora.join(train, frozen), params)
 
 
+def test_the_engine_side_joins_adapters_only_versions_to_the_base_it_was_sent():
+    cfg = dataclasses.replace(CFG, lora_rank=2, lora_targets=("v",))
+    params = _pure(init_model(cfg, seed=0))
+    adapters, base = lora.partition(params, lora.is_adapter)
+    keeper = lora.EngineBase()
+    with pytest.raises(ValueError, match="no base to join"):
+        keeper.whole(adapters)
+    jax.tree.map(np.testing.assert_array_equal, keeper.whole(params), params)  # a whole load
+    moved = jax.tree.map(lambda x: x + 1.0, adapters)
+    joined = keeper.whole(moved)
+    assert (
+        lora.partition(joined, lora.is_adapter)[1]["layers"][0]["attn"]["v_proj"]
+        is (base["layers"][0]["attn"]["v_proj"])
+    )  # the very base arrays: nothing copied
+    jax.tree.map(np.testing.assert_array_equal, joined, lora.join(moved, base))
+
+
 def test_lora_knobs_are_checked_and_parsed():
     assert make_config("fixture", ["model.lora_targets=q,v"]).model.lora_targets == ("q", "v")
-    for bad in ("model.lora_targets=q,x", "model.lora_rank=-1", "model.lora_alpha=0"):
+    bad_values = ("model.lora_targets=q,x", "model.lora_rank=-1", "model.lora_alpha=0")
+    for bad in (*bad_values, "model.lora_dropout=1.0", "model.lora_dropout=-0.1"):
         with pytest.raises((ConfigError, ValueError), match="lora"):
-            make_config("fixture", [bad])
+            make_config("fixture", ["model.lora_rank=4", bad])
+    with pytest.raises(ConfigError, match="needs lora_rank > 0"):  # dropout of no adapters
+        make_config("fixture", ["model.lora_dropout=0.1"])
 
 
 @pytest.fixture(scope="module")
@@ -172,14 +208,14 @@ def test_a_lora_run_trains_the_adapters_only_and_exports_the_merged_model(lora_r
     # exact mode: engine == trainer bitwise with adapters (step 2 rolls out with moved ones)
     for line in (run / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
-        assert r["store/version_bytes"] == adapter_bytes
+        assert r["store/version_bytes"] == adapter_bytes == ADAPTER_BYTES
         assert r["mismatch/tokens"] > 0 and r["mismatch/max_abs_dlogp"] == 0.0, r["step"]
         assert r["train/dlogp_recompute/max_abs_dlogp"] == 0.0, r["step"]
 
 
 def test_an_async_lora_run_reloads_its_engine_from_adapter_versions(tmp_path, monkeypatch):
     """rl.scheduler=async: the rollout thread reloads the engine from the store, whose versions
-    hold the adapters alone (Controller.engine_weights joins them with the frozen base)."""
+    hold the adapters alone, and the engine gets them alone (it joins them to its own base)."""
     from minirl.control.controller import Controller
     from minirl.run.runner import Run
 
@@ -196,13 +232,34 @@ def test_an_async_lora_run_reloads_its_engine_from_adapter_versions(tmp_path, mo
     monkeypatch.setattr(Controller, "engine_weights", spy)
     Run(cfg, tmp_path / "run", progress=False, log=lambda *a: None).train()
     assert loads  # the engine did reload from the store
-    for (stored_adapters, stored_base), whole in loads:
+    for (stored_adapters, stored_base), sent in loads:
         assert stored_adapters and not stored_base  # the store held the adapters alone
-        assert lora.partition(whole, lora.is_adapter)[1]  # the engine got the base with them
+        assert not lora.partition(sent, lora.is_adapter)[1]  # and the engine got them alone
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {r["store/version_bytes"] for r in records} == {
         sum(np.asarray(x).nbytes for x in jax.tree.leaves(loads[0][0][0]))
     }
+
+
+@pytest.mark.slow
+def test_a_lora_run_with_its_engine_in_a_process_sends_adapters_only(
+    lora_run, tmp_path, monkeypatch
+):
+    """rl.workers=process: the engine process gets the base once, then each new version's
+    adapters alone (131 KB here, not 444 KB), and the run ends with the in-process run's weights
+    bit for bit (~30 s: the engine and verifier processes start and compile)."""
+    from minirl.control import workers
+    from minirl.run.runner import Run
+    from minirl.store.trees import assert_trees_equal
+
+    sizes = spy_load_weights(monkeypatch, workers)
+    cfg = make_config("fixture", [*RUN_SETS, "rl.workers=process"])
+    Run(cfg, tmp_path / "run", progress=False, log=lambda *a: None).train()
+    assert_adapters_only_transport(sizes, steps=2)
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["store/version_bytes"] for r in records] == [ADAPTER_BYTES] * 2
+    got, want = (CheckpointManager(d).restore() for d in (tmp_path / "run", lora_run))
+    assert_trees_equal(got.params, want.params)
 
 
 @pytest.mark.parametrize("exact", [False])
@@ -242,6 +299,12 @@ def test_the_engine_samples_from_the_adapted_model(exact):
     plain = token_logprobs(nnx.merge(nnx.split(init_model(CFG))[0], base)(seq)[:, 4:-1], seq[:, 5:])
     assert float(np.abs(np.asarray(plain[0]) - want).max()) > 1e-2
     np.testing.assert_allclose(out.logprobs, want, rtol=0, atol=0 if exact else 2e-5)
+    # model.lora_dropout is the training forward's alone: the engine samples the same, bitwise
+    dropping = Engine(dataclasses.replace(cfg, lora_dropout=0.5), ecfg)
+    dropping.load_weights(0, params)
+    (same,) = dropping.generate([Request(prompt, 0, 8)])
+    np.testing.assert_array_equal(same.tokens, out.tokens)
+    np.testing.assert_array_equal(same.logprobs, out.logprobs)
 
 
 @pytest.mark.reference

@@ -107,6 +107,20 @@ def test_lockstep_resume_after_sigkill_is_bitwise_exact(tmp_path, staleness):
     _assert_same_run(tmp_path / "ref", tmp_path / "killed", "mismatch/mean_abs_dlogp")
 
 
+@pytest.mark.slow
+def test_a_lora_run_with_dropout_resumes_bitwise_after_sigkill(tmp_path):
+    """Issue #39: kill -9 a LoRA run (rank 8, adapter dropout 0.1, keys from counters) and
+    resume it: the adapters, the frozen base and the adapters' optimizer state end bitwise equal
+    to the uninterrupted run's."""
+    extra = ["--set", "model.lora_rank=8", "--set", "model.lora_dropout=0.1"]
+    _run(tmp_path / "ref", extra)
+    killed = _run_with_kills(tmp_path / "killed", extra, kills=2, seed=39)
+    assert killed >= 1
+    _assert_same_run(tmp_path / "ref", tmp_path / "killed", "mismatch/mean_abs_dlogp")
+    params = CheckpointManager(tmp_path / "killed").restore().params
+    assert params["layers"][0]["attn"]["q_lora_a"].shape[1] == 8  # a LoRA run indeed
+
+
 # Multi-turn episodes with a calculator (task.tools, docs/multiturn.md) on the fixture model: a
 # short warm start on calculator demonstrations makes most episodes call the tool (turns > 1).
 TOOL_RUN = [
@@ -152,10 +166,12 @@ def test_async_resume_loses_and_repeats_no_prompt(tmp_path):
 
 
 @pytest.mark.slow
-def test_dead_engine_process_is_restarted_and_its_work_reissued(tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra", [[], ["model.lora_rank=8"]], ids=["full", "lora"])
+def test_dead_engine_process_is_restarted_and_its_work_reissued(tmp_path, monkeypatch, extra):
     """rl.workers=process: kill the engine's process mid-run; the controller restarts it, reloads
     its weights, re-issues the requests, and (counter-based RNG) ends bitwise where an
-    undisturbed run ends."""
+    undisturbed run ends. With LoRA the fresh process gets the whole weights (base and current
+    adapters), then adapters-only versions again."""
     import dataclasses
     import threading
 
@@ -163,7 +179,8 @@ def test_dead_engine_process_is_restarted_and_its_work_reissued(tmp_path, monkey
     from minirl.run.presets import make_config
     from minirl.run.runner import Run
 
-    cfg = make_config("fixture", ["rl.steps=4", "rl.checkpoint_every=1", "rl.workers=process"])
+    sets = ["rl.steps=4", "rl.checkpoint_every=1", "rl.workers=process", *extra]
+    cfg = make_config("fixture", sets)
     Run(cfg, tmp_path / "ref", log=lambda *a: None, progress=False).train()
 
     started = []

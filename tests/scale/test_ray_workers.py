@@ -194,6 +194,34 @@ def test_a_killed_actor_is_replaced_and_the_run_ends_where_an_undisturbed_one_do
 
 
 @pytest.mark.slow
+def test_a_lora_run_on_ray_actors_sends_adapters_only_and_equals_the_in_process_run(
+    cluster, tmp_path, monkeypatch
+):
+    """model.lora_rank=16 with engine, trainer and verifier in actors: the trainer actor returns
+    each version's adapters alone (store/version_bytes: 131072, by hand in
+    tests/modeling/test_lora.py), the engine actor gets the base once and then the adapters
+    alone, and the final weights equal the in-process LoRA run's bit for bit."""
+    import json
+
+    from lora_transport import ADAPTER_BYTES, assert_adapters_only_transport, spy_load_weights
+
+    import scale.ray_workers
+
+    sets = ["rl.steps=2", "model.lora_rank=16", "eval.prompts=8", "eval.samples=2"]
+    Run(make_config("fixture", sets), tmp_path / "ref", log=lambda *a: None, progress=False).train()
+    sizes = spy_load_weights(monkeypatch, scale.ray_workers)
+    placement = RayPlacement(engines=1)
+    cfg = make_config("fixture", sets)
+    Run(cfg, tmp_path / "ray", log=lambda *a: None, progress=False, placement=placement).train()
+    placement.close()
+    assert_adapters_only_transport(sizes, steps=2)
+    records = [json.loads(line) for line in open(tmp_path / "ray" / "metrics.jsonl")]
+    assert [r["store/version_bytes"] for r in records] == [ADAPTER_BYTES] * 2
+    assert _rewards(tmp_path / "ray") == _rewards(tmp_path / "ref")
+    _assert_same_params(_params(tmp_path / "ray"), _params(tmp_path / "ref"))
+
+
+@pytest.mark.slow
 def test_an_async_run_on_ray_actors_keeps_its_bounds_and_loses_nothing(cluster, tmp_path):
     """The async scheduler over Ray: the rollout thread drives two engine actors while the
     trainer actor trains; eta and k hold on every step, every issued prompt is accounted for

@@ -663,6 +663,58 @@ def test_lora_state_dict_round_trip_resumes_bitwise(lora_params, batch):
     )
 
 
+def test_lora_dropout_changes_the_step_by_its_keys_alone(lora_params, batch, lora_step):
+    """model.lora_dropout: 0 is the step without dropout bit for bit; 0.25 changes the
+    update, and two trainers give the same result (keys from (seed, step, update, micro-batch),
+    not time); the recompute (log pi_prox) has no dropout: it equals the plain trainer's, and
+    it is never skipped in favour of the (dropped-out) training forward."""
+    plain, _ = lora_step
+    cfg = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    zero = Trainer(
+        dataclasses.replace(LORA_CFG, lora_dropout=0.0), lora_params, get_preset("grpo"), cfg
+    )
+    zero.train_step(batch)
+    assert _bits(zero.params()) == _bits(plain.params())
+    drop_cfg = dataclasses.replace(LORA_CFG, lora_dropout=0.25)
+    a, b = (Trainer(drop_cfg, lora_params, get_preset("grpo"), cfg) for _ in range(2))
+    # an on-policy step takes log pi_prox from its training forward only without dropout
+    assert plain.skips_recompute(on_policy=True) and not a.skips_recompute(on_policy=True)
+    np.testing.assert_array_equal(a.recompute_logprobs(batch), zero_recompute(lora_params, batch))
+    a.train_step(batch)
+    b.train_step(batch)
+    assert _bits(a.params()) == _bits(b.params())
+    moved = _tree_max_diff(plain.params(), lora_params)
+    assert _tree_max_diff(a.params(), plain.params()) > 0.05 * moved
+
+
+def test_lora_on_a_bfloat16_base_keeps_float32_adapters_and_learns(lora_params, batch):
+    """model.param_dtype=bfloat16 with LoRA: the frozen base is stored in bf16 (half its float32
+    bytes), the adapters and AdamW's moments stay float32, the base does not move and five
+    supervised steps on one batch lower its loss."""
+    cfg = dataclasses.replace(LORA_CFG, param_dtype="bfloat16")
+    params = nnx.to_pure_dict(nnx.split(init_model(cfg, seed=0))[1])
+    adapters, base = lora.partition(params, lora.is_adapter)
+    assert {x.dtype for x in jax.tree.leaves(base)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(adapters)} == {jnp.dtype(jnp.float32)}
+    fp32_base = lora.partition(lora_params, lora.is_adapter)[1]
+    nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))  # noqa: E731
+    assert 2 * nbytes(base) == nbytes(fp32_base)
+    trainer = Trainer(cfg, params, None, TrainerConfig(micro_batch_tokens=512, **GRAD_CFG))
+    losses = [trainer.sft_step(batch)["loss"] for _ in range(5)]
+    assert losses == sorted(losses, reverse=True) and losses[-1] < 0.95 * losses[0], losses
+    now, now_base = lora.partition(trainer.params(), lora.is_adapter)
+    assert _bits(now_base) == _bits(base)  # frozen, still bf16
+    assert {x.dtype for x in jax.tree.leaves(now)} == {jnp.dtype(jnp.float32)}
+    _, adam, _ = trainer.state_dict()["opt_state"]
+    assert {x.dtype for x in jax.tree.leaves((adam.mu, adam.nu))} == {jnp.dtype(jnp.float32)}
+    assert jax.tree.structure(adam.mu) == jax.tree.structure(adapters)
+
+
+def zero_recompute(params, batch):
+    cfg = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    return Trainer(LORA_CFG, params, get_preset("grpo"), cfg).recompute_logprobs(batch)
+
+
 # ---- work the step does not need: the on-policy recompute, the reference forward -----------------
 
 
