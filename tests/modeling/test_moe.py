@@ -240,3 +240,34 @@ def test_collect_before_a_call_is_a_clear_error():
     model = Transformer(dataclasses.replace(CFG, num_layers=1), nnx.Rngs(params=0))
     with pytest.raises(ValueError, match="no routing record: call the model before collect"):
         moe.collect(model)
+
+
+def test_a_model_called_inside_a_loop_it_was_not_merged_in_records_nothing():
+    """The engine's decode loop merges outside jax.lax.fori_loop: the model still runs (no
+    record); merged inside the loop body, it records."""
+    cfg = dataclasses.replace(CFG, num_layers=1)
+    graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(params=0)))
+    tokens = jnp.ones((1, 2), jnp.int32)
+
+    @jax.jit
+    def outside(params):
+        model = nnx.merge(graphdef, params)
+        logits = jax.lax.fori_loop(0, 2, lambda i, acc: acc + model(tokens), jnp.zeros((1, 2, 64)))
+        with pytest.raises(ValueError, match="records nothing inside it"):
+            moe.collect(model)
+        return logits
+
+    @jax.jit
+    def inside(params):
+        def body(i, acc):
+            model = nnx.merge(graphdef, params)
+            logits = model(tokens)
+            assert logits.shape == (1, 2, 64)
+            return acc + moe.collect(model)[0].sum()
+
+        return jax.lax.fori_loop(0, 2, body, jnp.zeros((), jnp.int32))
+
+    assert outside(params).shape == (1, 2, 64)
+    model = nnx.merge(graphdef, params)
+    model(tokens)
+    assert int(inside(params)) == 2 * int(moe.collect(model)[0].sum())
