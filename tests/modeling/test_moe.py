@@ -223,9 +223,9 @@ def test_which_layers_are_sparse_and_the_counts():
     cfg = ModelConfig.preset("tiny-moe", num_layers=4, moe_every=2, dense_layers=(3,))
     assert cfg.moe_layers == (1,)  # (i + 1) % 2 == 0 -> 1, 3; 3 kept dense
     assert ModelConfig(num_experts=0).moe_layers == ()
-    # tiny-moe by hand: embedding 64 * 64; per layer attention 64*64*2 + 64*32*2 = 12288, two
-    # norms 128; the MoE: router 64 * 8, experts 3 * 8 * 64 * 64; the final norm 64.
-    layer = 12288 + 128 + 64 * 8
+    # tiny-moe by hand: embedding 64 * 64; per layer attention 64*64*2 + 64*32*2 = 12288, q/k
+    # norms 2 * 16, two norms 128; the MoE: router 64 * 8, experts 3 * 8 * 64 * 64; final norm 64.
+    layer = 12288 + 32 + 128 + 64 * 8
     total = 64 * 64 + 2 * (layer + 3 * 8 * 64 * 64) + 64
     active = 64 * 64 + 2 * (layer + 3 * 2 * 64 * 64) + 64
     tiny = ModelConfig.preset("tiny-moe")
