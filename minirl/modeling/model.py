@@ -86,7 +86,7 @@ class ModelConfig:
     # Mixture of experts (minirl/modeling/moe.py, docs/moe.md); num_experts = 0: dense model.
     num_experts: int = 0  # E routed experts per MoE layer; 0 = a dense MLP in every layer
     experts_per_token: int = 2  # k: each token goes to the top-k experts of the router's softmax
-    expert_dim: int = 0  # each expert's SwiGLU width (HF moe_intermediate_size)
+    expert_dim: int = 0  # each expert's SwiGLU width (HF moe_intermediate_size); 0 = mlp_dim
     shared_expert_dim: int = 0  # a sigmoid-gated shared expert's width (Qwen2-MoE); 0 = none
     norm_topk_prob: bool = True  # renormalise the k chosen probabilities to sum 1 (Qwen3-MoE)
     moe_every: int = 1  # layer i is MoE when (i + 1) % moe_every == 0 (HF decoder_sparse_step)
@@ -131,6 +131,8 @@ class ModelConfig:
             raise ValueError("head_dim must be even (RoPE rotates pairs)")
         lora.check(self.lora_rank, self.lora_alpha, tuple(self.lora_targets))
         if self.num_experts:
+            if not self.expert_dim:  # resolved here, so overrides may come in any order
+                object.__setattr__(self, "expert_dim", self.mlp_dim)
             moe.check(self)
 
     @property

@@ -43,10 +43,10 @@ def check(cfg) -> None:
     e, k = cfg.num_experts, cfg.experts_per_token
     if not 1 <= k <= e:
         raise ValueError(f"experts_per_token must be in 1..num_experts={e}, got {k}")
-    if cfg.expert_dim < 1 or cfg.shared_expert_dim < 0 or cfg.moe_every < 1:
+    if cfg.expert_dim < 0 or cfg.shared_expert_dim < 0 or cfg.moe_every < 1:
         raise ValueError(
-            "expert_dim and moe_every must be >= 1 and shared_expert_dim >= 0, got "
-            f"{cfg.expert_dim}, {cfg.moe_every}, {cfg.shared_expert_dim}"
+            "moe_every must be >= 1 and expert_dim, shared_expert_dim >= 0, got "
+            f"{cfg.moe_every}, {cfg.expert_dim}, {cfg.shared_expert_dim}"
         )
     if any(not 0 <= i < cfg.num_layers for i in cfg.dense_layers):
         raise ValueError(f"dense_layers must be layer indices < {cfg.num_layers}")
