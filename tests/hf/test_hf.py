@@ -645,3 +645,19 @@ def test_moe_greedy_decode_equals_generate(checkpoints, arch):
                 pad_token_id=0,
             )
         np.testing.assert_array_equal(np.asarray(out.tokens), ids[0, len(prompt) :].numpy())
+
+
+def test_a_block_of_stacked_experts_is_read_alone(checkpoints):
+    """A StackedSource reads only the experts (and the block) asked for, in minirl's layout,
+    equal to the experts transformers holds (fused there: gate_up_proj [E, 2F, D])."""
+    path, model, _ = checkpoints["qwen3_moe"]
+    _, sources = open_checkpoint(path)
+    experts = model.model.layers[0].mlp.experts
+    gate_up, down = experts.gate_up_proj.detach().numpy(), experts.down_proj.detach().numpy()
+    gate = sources[("layers", 0, "mlp", "gate_proj")]
+    assert gate.shape == (4, 64, 32) and len(gate.parts) == 4
+    np.testing.assert_array_equal(gate.read(), gate_up[:, :32].transpose(0, 2, 1))
+    block = (slice(1, 3), slice(32, 64), slice(None))  # experts 1 and 2, the second half of D
+    np.testing.assert_array_equal(gate.read(block), gate_up[1:3, :32, 32:].transpose(0, 2, 1))
+    stacked_down = sources[("layers", 0, "mlp", "down_proj")].read()  # [E, F, D]
+    np.testing.assert_array_equal(stacked_down, down.transpose(0, 2, 1))
