@@ -279,3 +279,24 @@ def test_a_model_called_inside_a_loop_it_was_not_merged_in_records_nothing():
 
     assert outside(params).shape == (1, 2, 64)
     assert int(inside(params)) == 2 * int(once(params))
+
+
+def test_an_moe_block_gets_a_dense_blocks_arguments_unless_routes_are_replayed():
+    """Free routing calls every block with the dense block's six arguments, so a wrapper written
+    for them (the trainer's remat) runs an MoE model unchanged; replay adds the seventh."""
+    seen = []
+
+    class Wrapper(nnx.Module):
+        def __init__(self, block):
+            self.block = block
+
+        def __call__(self, *args):
+            seen.append(len(args))
+            return self.block(*args)
+
+    model = Transformer(dataclasses.replace(CFG, num_layers=1), nnx.Rngs(params=0))
+    model.layers = nnx.List([Wrapper(b) for b in model.layers])
+    tokens = jnp.ones((1, 2), jnp.int32)
+    jax.eval_shape(lambda: model(tokens))  # traced only
+    jax.eval_shape(lambda: model(tokens, routes=jnp.zeros((1, 2, 1, 2), jnp.int32)))
+    assert seen == [6, 7]
