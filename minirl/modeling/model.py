@@ -13,8 +13,11 @@ lengths[b] .. lengths[b]+T-1 and advances lengths[b] by `num_new[b]` (its real t
 of the row is padding, written but never attended to, and overwritten by the next call). So
 prefill of a right-padded prompt batch and single-token decode are the same code path.
 
-Simplifications on purpose: no sliding-window attention, no MoE, no dropout; attention is a
-plain masked softmax (no flash kernel).
+Mixture of experts (cfg.num_experts > 0): the MoE layers (`cfg.moe_layers`) replace the SwiGLU
+MLP with minirl/modeling/moe.py's routed experts; `routes=` replays recorded routing.
+
+Simplifications on purpose: no sliding-window attention, no dropout; attention is a plain
+masked softmax (no flash kernel).
 
 `token_logprobs(logits, targets, sampling)` is THE log-prob function: the rollout engine and
 the trainer both call it, so they cannot disagree by construction of the API (they can still
@@ -38,7 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from minirl.modeling import exact as exact_ops
-from minirl.modeling import lora
+from minirl.modeling import lora, moe
 from minirl.modeling.sampling import Sampling, truncate_logits
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -80,6 +83,16 @@ class ModelConfig:
         "up",
         "down",
     )
+    # Mixture of experts (minirl/modeling/moe.py, docs/moe.md); num_experts = 0: dense model.
+    num_experts: int = 0  # E routed experts per MoE layer; 0 = a dense MLP in every layer
+    experts_per_token: int = 2  # k: each token goes to the top-k experts of the router's softmax
+    expert_dim: int = 0  # each expert's SwiGLU width (HF moe_intermediate_size)
+    shared_expert_dim: int = 0  # a sigmoid-gated shared expert's width (Qwen2-MoE); 0 = none
+    norm_topk_prob: bool = True  # renormalise the k chosen probabilities to sum 1 (Qwen3-MoE)
+    moe_every: int = 1  # layer i is MoE when (i + 1) % moe_every == 0 (HF decoder_sparse_step)
+    dense_layers: tuple[
+        int, ...
+    ] = ()  # layers kept dense (mlp_dim MLP) anyway (HF mlp_only_layers)
 
     def __post_init__(self):
         for name in (
@@ -117,6 +130,18 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError("head_dim must be even (RoPE rotates pairs)")
         lora.check(self.lora_rank, self.lora_alpha, tuple(self.lora_targets))
+        if self.num_experts:
+            moe.check(self)
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Indices of the MoE layers, in order (M of them; empty on a dense model)."""
+        every, dense = self.moe_every, set(self.dense_layers)
+        return tuple(
+            i
+            for i in range(self.num_layers)
+            if self.num_experts and (i + 1) % every == 0 and i not in dense
+        )
 
     @property
     def compute_dtype(self):
@@ -126,12 +151,24 @@ class ModelConfig:
     def storage_dtype(self):
         return _DTYPES[self.param_dtype]
 
-    def num_params(self, embeddings: bool = True) -> int:
+    def num_params(self, embeddings: bool = True, experts: int | None = None) -> int:
+        """Parameters the model stores (every expert); `experts`: count that many per MoE layer
+        instead (`active_params` passes k)."""
         d, h, k, dh, f = self.dim, self.num_heads, self.num_kv_heads, self.head_dim, self.mlp_dim
         attn = d * h * dh * 2 + d * k * dh * 2 + (h + 2 * k) * dh * self.qkv_bias
-        block = attn + 3 * d * f + 2 * d + 2 * dh * self.qk_norm
+        block = attn + 2 * d + 2 * dh * self.qk_norm
+        e = self.num_experts if experts is None else experts
+        s = self.shared_expert_dim
+        sparse = d * self.num_experts + 3 * e * d * self.expert_dim + (3 * d * s + d) * (s > 0)
+        m = len(self.moe_layers)
         emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
-        return self.num_layers * block + d + (emb if embeddings else 0)
+        mlps = (self.num_layers - m) * 3 * d * f + m * sparse
+        return self.num_layers * block + mlps + d + (emb if embeddings else 0)
+
+    def active_params(self, embeddings: bool = True) -> int:
+        """Parameters one token's forward uses: the router, k experts and the shared expert of
+        each MoE layer (= num_params on a dense model)."""
+        return self.num_params(embeddings, experts=self.experts_per_token)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> ModelConfig:
@@ -153,6 +190,19 @@ PRESETS: dict[str, ModelConfig] = {
         mlp_dim=1536,
         vocab_size=512,
         max_seq_len=1024,
+    ),
+    # A tiny mixture of experts (8 experts, 2 per token, 2 layers): tests and the MoE lesson.
+    "tiny-moe": ModelConfig(
+        dim=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        mlp_dim=128,
+        num_experts=8,
+        experts_per_token=2,
+        expert_dim=64,
+        qk_norm=True,  # Qwen3-MoE's layout: exports as Qwen3MoeForCausalLM
     ),
     # Exact shapes of public checkpoints (their config.json values).
     "qwen2.5-0.5b": ModelConfig(
@@ -200,6 +250,26 @@ PRESETS: dict[str, ModelConfig] = {
         norm_eps=1e-5,
         tie_embeddings=True,
         max_seq_len=131072,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    ),
+    "qwen3-30b-a3b": ModelConfig(
+        vocab_size=151936,
+        dim=2048,
+        num_layers=48,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        mlp_dim=6144,
+        num_experts=128,
+        experts_per_token=8,
+        expert_dim=768,
+        norm_topk_prob=True,
+        rope_theta=1e6,
+        norm_eps=1e-6,
+        qk_norm=True,
+        tie_embeddings=False,
+        max_seq_len=40960,
         dtype="bfloat16",
         param_dtype="bfloat16",
     ),
@@ -339,13 +409,14 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    """SwiGLU: down(silu(x gate) * (x up)), `size` wide (default cfg.mlp_dim)."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, size: int = 0):
+        f = size or cfg.mlp_dim
         std = 1.0 / math.sqrt(cfg.dim)
-        self.gate_proj = _param(rngs, (cfg.dim, cfg.mlp_dim), std, cfg)
-        self.up_proj = _param(rngs, (cfg.dim, cfg.mlp_dim), std, cfg)
-        self.down_proj = _param(
-            rngs, (cfg.mlp_dim, cfg.dim), 1.0 / math.sqrt(cfg.mlp_dim * 2 * cfg.num_layers), cfg
-        )
+        self.gate_proj = _param(rngs, (cfg.dim, f), std, cfg)
+        self.up_proj = _param(rngs, (cfg.dim, f), std, cfg)
+        self.down_proj = _param(rngs, (f, cfg.dim), 1.0 / math.sqrt(f * 2 * cfg.num_layers), cfg)
         self.lora_scale = lora.scale(cfg) if cfg.lora_rank else 1.0
 
     def __call__(self, x, exact=False):
@@ -357,18 +428,26 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    """One decoder layer; its MLP is a dense `MLP` or, on an MoE layer, a `moe.MoE`."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, sparse: bool = False):
         self.attn_norm = RMSNorm(cfg.dim, cfg)
         self.attn = Attention(cfg, rngs)
         self.mlp_norm = RMSNorm(cfg.dim, cfg)
-        self.mlp = MLP(cfg, rngs)
+        if sparse:
+            shared = MLP(cfg, rngs, cfg.shared_expert_dim) if cfg.shared_expert_dim else None
+            self.mlp = moe.MoE(cfg, rngs, shared)
+        else:
+            self.mlp = MLP(cfg, rngs)
+        self.sparse = sparse
 
-    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False):
+    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None):
         h, new_cache = self.attn(
             self.attn_norm(x, exact), positions, inv_freq, layer_cache, starts, exact
         )
         x = x + h
-        x = x + self.mlp(self.mlp_norm(x, exact), exact)
+        normed = self.mlp_norm(x, exact)
+        x = x + (self.mlp(normed, routes, exact) if self.sparse else self.mlp(normed, exact))
         return x, new_cache
 
 
@@ -378,7 +457,8 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed = _param(rngs, (cfg.vocab_size, cfg.dim), 1.0 / math.sqrt(cfg.dim), cfg)
-        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        sparse = set(cfg.moe_layers)
+        self.layers = nnx.List([Block(cfg, rngs, i in sparse) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.dim, cfg)
         if not cfg.tie_embeddings:
             self.lm_head = _param(rngs, (cfg.dim, cfg.vocab_size), 1.0 / math.sqrt(cfg.dim), cfg)
@@ -390,14 +470,25 @@ class Transformer(nnx.Module):
                         setattr(getattr(self.layers[i], part), name, nnx.Param(value))
 
     def __call__(
-        self, tokens, cache: KVCache | None = None, num_new=None, exact=False, last_only=False
+        self,
+        tokens,
+        cache: KVCache | None = None,
+        num_new=None,
+        exact=False,
+        last_only=False,
+        routes=None,
     ):
         """tokens [B, T] int32, right-padded. Without a cache: full causal forward from position
         0, returns logits [B, T, V] (float32). With a cache: row b's tokens go to cache indices
         cache.lengths[b] + t, `num_new` [B] (default T) of them are real; returns
         (logits [B, T, V], new cache). `last_only` (with a cache): logits [B, 1, V] of each
         row's last real token only — a prefill samples from nothing else, and with a 152k
-        vocabulary the LM head over every position is a quarter of a prefill's FLOPs."""
+        vocabulary the LM head over every position is a quarter of a prefill's FLOPs.
+
+        MoE models: `routes` None lets each MoE layer's router choose; int32 [B, T, M, k]
+        (M = len(cfg.moe_layers), in layer order) replays those experts (the gate values still
+        come from this forward's router, see minirl/modeling/moe.py). Either way each MoE layer
+        records what it did; `moe.collect(model)` returns it."""
         cfg = self.cfg
         b, t = tokens.shape
         starts = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
@@ -405,9 +496,14 @@ class Transformer(nnx.Module):
         inv_freq = rope_frequencies(cfg)
         x = self.embed[...].astype(cfg.compute_dtype)[tokens]  # [B, T, D]
         new_k, new_v = [], []
+        sparse = cfg.moe_layers
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-            x, kv = layer(x, positions, inv_freq, layer_cache, starts, exact)
+            args = (x, positions, inv_freq, layer_cache, starts, exact)
+            if i in sparse:  # the MoE layer's routes: replayed ([B, T, k]) or its own (None)
+                replay = None if routes is None else routes[:, :, sparse.index(i)]
+                args = (*args, replay)
+            x, kv = layer(*args)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])

@@ -253,8 +253,13 @@ def _count(cfg: ModelConfig) -> tuple[int, int]:
     return total, emb
 
 
+# qwen3-30b-a3b: its 6,144 expert matrices take ~10 s to trace; tiny-moe checks the same formula
+# here and tests/modeling/test_moe.py checks that preset against its model card.
+COUNTED = {k: v for k, v in PRESETS.items() if k != "qwen3-30b-a3b"}
+
+
 @pytest.mark.parametrize(
-    "cfg", [*PRESETS.values(), ModelConfig(tie_embeddings=False)], ids=[*PRESETS, "tiny-untied"]
+    "cfg", [*COUNTED.values(), ModelConfig(tie_embeddings=False)], ids=[*COUNTED, "tiny-untied"]
 )
 def test_num_params_counts_the_actual_parameters(cfg):
     total, emb = _count(cfg)
