@@ -199,7 +199,7 @@ def moved_router(params):
     moved = jax.tree_util.tree_map(np.asarray, params)
     for i in CFG.moe_layers:
         w = moved["layers"][i]["mlp"]["router"]
-        moved["layers"][i]["mlp"]["router"] = w + np.float32(0.3) * rng.standard_normal(
+        moved["layers"][i]["mlp"]["router"] = w + np.float32(0.05) * rng.standard_normal(
             w.shape, np.float32
         )
     return moved
