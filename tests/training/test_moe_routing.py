@@ -30,8 +30,7 @@ from minirl.modeling import moe
 from minirl.modeling.model import ModelConfig, init_model
 from minirl.training.batching import make_batch
 from minirl.training.forward import ForwardSpec, _forward, accumulate, accumulate_fn
-from minirl.training.microbatch import row_lengths
-from minirl.training.routing import differs, routing_metrics
+from minirl.training.routing import differs, ran_positions, routing_metrics
 from minirl.training.trainer import _NLL, Trainer, TrainerConfig
 from minirl.types import Prompt, Score
 
@@ -79,14 +78,6 @@ def batch_of(rollouts):
     return make_batch(rollouts, pad_id=0)
 
 
-def ran_positions(batch):
-    """[B, T] True at the positions the trainer runs up to each row's last counted target."""
-    valid = np.zeros(batch.mask.shape, bool)
-    for i, n in enumerate(row_lengths(batch.mask)):
-        valid[i, :n] = True
-    return valid
-
-
 def trainer(params, routing="free", dtype="float32", sampling=EXACT.sampling.scoring):
     """Micro-batches of <= 256 tokens: several per batch (the routes are gathered and scattered
     with the rows), and under the size where XLA CPU's dot starts to round bf16 differently."""
@@ -100,7 +91,7 @@ def assert_engine_equals_trainer(params, rollouts, dtype="float32"):
     runs, and their log-probs its recompute, bit for bit."""
     batch = batch_of(rollouts)
     logp, ran, choice = trainer(params, dtype=dtype).routing(batch)
-    valid = ran_positions(batch)
+    valid = ran_positions(batch.mask)
     np.testing.assert_array_equal(logp, batch.behaviour_logprobs)
     assert not differs(ran, batch.routes)[valid].any()  # the same expert SETS everywhere
     np.testing.assert_array_equal(ran, choice)
@@ -158,7 +149,7 @@ def test_multi_turn_and_continue_rebuild_keep_routes_aligned(params, params_v1):
     assert e.stats["rebuilt"] == 2 and e.stats["extended"] == 1
     batch = batch_of([episode, long])
     _, ran, _ = trainer(params).routing(batch)
-    valid = ran_positions(batch)
+    valid = ran_positions(batch.mask)
     np.testing.assert_array_equal(ran[valid], batch.routes[valid])
 
 
@@ -207,7 +198,7 @@ def moved_router(params):
 
 @pytest.mark.slow
 def test_replay_runs_the_engines_experts_where_free_routing_differs(engine_batch, moved_router):
-    b, valid = engine_batch, ran_positions(engine_batch)
+    b, valid = engine_batch, ran_positions(engine_batch.mask)
     _, free, _ = trainer(moved_router, sampling=FAST).routing(b)
     share = differs(free, b.routes)[valid].any(-1).mean()
     assert 0.05 < share < 1.0
