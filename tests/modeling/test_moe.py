@@ -207,12 +207,15 @@ def test_exact_mode_is_bitwise_on_moe(dtype):
 def test_moe_config_checks_and_lora_on_attention():
     for overrides, message in [
         ({"experts_per_token": 9}, "experts_per_token must be in 1..num_experts=8"),
-        ({"expert_dim": 0}, "expert_dim and moe_every must be >= 1"),
+        ({"moe_every": 0}, "moe_every must be >= 1 and expert_dim, shared_expert_dim >= 0"),
         ({"dense_layers": (2,)}, "dense_layers must be layer indices < 2"),
         ({"lora_rank": 4}, "LoRA on a mixture-of-experts model adapts attention only"),
     ]:
         with pytest.raises(ValueError, match=message):
             ModelConfig.preset("tiny-moe", **overrides)
+    # expert_dim 0 = mlp_dim, resolved when the experts are switched on (any override order)
+    assert ModelConfig(num_experts=4).expert_dim == ModelConfig().mlp_dim == 768
+    assert ModelConfig(num_experts=0).expert_dim == 0
     cfg = ModelConfig.preset("tiny-moe", lora_rank=4, lora_targets=("q", "v"))
     model = Transformer(cfg, nnx.Rngs(params=0))
     assert model.layers[0].attn.q_lora_a.shape == (64, 4)
