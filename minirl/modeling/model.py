@@ -479,9 +479,8 @@ class Transformer(nnx.Module):
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])
             args = (x, positions, inv_freq, layer_cache, starts, exact)
-            if i in sparse:  # the MoE layer's routes: replayed ([B, T, k]) or its own (None)
-                replay = None if routes is None else routes[:, :, sparse.index(i)]
-                args = (*args, replay)
+            if routes is not None and i in sparse:  # replay this MoE layer's routes [B, T, k]
+                args = (*args, routes[:, :, sparse.index(i)])
             x, kv = layer(*args)
             if kv is not None:
                 new_k.append(kv[0])
