@@ -113,7 +113,8 @@ class MoE(nnx.Module):
         wide = lambda w: w[...].astype(x.dtype).transpose(1, 0, 2).reshape(d, e * f)  # [D, E*F]
         gate = exact_ops.dense(x, wide(self.gate_proj), exact).reshape(*x.shape[:-1], e, f)
         up = exact_ops.dense(x, wide(self.up_proj), exact).reshape(*x.shape[:-1], e, f)
-        h = jax.nn.silu(gate) * up * combine.astype(x.dtype)[..., None]  # [B, T, E, F]
+        fb = exact_ops.fusion_barrier if exact else (lambda v: v)  # no FMA: same bits in any shape
+        h = fb(fb(fb(jax.nn.silu(gate)) * up) * combine.astype(x.dtype)[..., None])  # [B, T, E, F]
         down = self.down_proj[...].astype(x.dtype).reshape(e * f, d)
         y = exact_ops.dense(h.reshape(*x.shape[:-1], e * f), down, exact)
         if not hasattr(self, "shared_expert"):
