@@ -211,8 +211,19 @@ def test_an_async_lora_run_reloads_its_engine_from_adapter_versions(tmp_path, mo
             puts.append((v, bool(lora.partition(p, lora.is_adapter)[1]))) or put(self, v, p)
         ),
     )
+    evaluated = []  # whether the held-out engines got host copies (numpy) of the weights
+    engine = Run.engine
+    monkeypatch.setattr(
+        Run,
+        "engine",
+        lambda self, v, p: (
+            evaluated.append(any(isinstance(x, np.ndarray) for x in jax.tree.leaves(p)))
+            or engine(self, v, p)
+        ),
+    )
     Run(cfg, tmp_path / "run", progress=False, log=lambda *a: None).train()
     assert puts[0] == (0, False) and not any(base for _, base in puts)  # the start too
+    assert evaluated == [False, False]  # before and after RL: the trainer's arrays, no copy
     assert loads  # the engine did reload from the store
     for (stored_adapters, stored_base), whole in loads:
         assert stored_adapters and not stored_base  # the store held the adapters alone
