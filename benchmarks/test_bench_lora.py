@@ -10,7 +10,7 @@ figure a ratio of two arms measured in the same run (docs/benchmarking.md, docs/
               (`tiny` and `small`, 8 rows x 256 positions, loss "dapo"), interleaved over ROUNDS
               rounds; the median of the per-round ratios.
 
-Run (the memory test: ~10 minutes on 2 cores and ~19 GB of memory at its peak, needs the
+Run (the memory test: 4-10 minutes on 2 cores and ~19 GB of memory at its peak, needs the
 `reference` extra to build the checkpoint; the train test: ~3 minutes):
     python -m pytest benchmarks/test_bench_lora.py -q -s
 With `LORA_BENCH_SHAPE=dev` the memory test uses a 4-layer, 8192-token-vocabulary cut of the
