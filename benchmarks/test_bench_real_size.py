@@ -71,12 +71,14 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-def build_checkpoint(path) -> None:
+def build_checkpoint(path, c: ModelConfig = PRESET) -> None:
+    """A random-weight `transformers.Qwen2ForCausalLM` of shape `c` in bf16, a small tokenizer and
+    chat template, and 32 arithmetic questions (`data.jsonl`) in `path`."""
     import torch
     import transformers
     from hf_tiny import make_tokenizer_dir
 
-    path, c = Path(path), PRESET
+    path = Path(path)
     config = transformers.Qwen2Config(
         vocab_size=c.vocab_size,
         hidden_size=c.dim,
@@ -175,9 +177,10 @@ def _train(cfg, params, peak: float, rows: int = 4, length: int = 128) -> dict:
     }
 
 
-def _rl_run_peak_rss(checkpoint: Path, remat: str) -> int:
-    """Peak RSS (bytes) of a fresh `minirl train` process doing 2 RL steps on the checkpoint."""
-    run_dir = checkpoint.parent / f"run-{remat}"
+def _rl_run_peak_rss(checkpoint: Path, remat: str, extra: tuple = (), name: str = "") -> int:
+    """Peak RSS (bytes) of a fresh `minirl train` process doing 2 RL steps on the checkpoint
+    (`extra`: more `--set` overrides; the run directory is `run-{name or remat}` beside it)."""
+    run_dir = checkpoint.parent / f"run-{name or remat}"
     sets = [
         "rl.steps=2",
         "rl.prompts_per_step=2",
@@ -190,6 +193,7 @@ def _rl_run_peak_rss(checkpoint: Path, remat: str) -> int:
         "data.max_new_tokens=32",
         "rl.export_hf=false",
         f"trainer.remat={remat}",
+        *extra,
     ]
     code = (
         "import resource, sys; from minirl.cli import main; rc = main(sys.argv[1:]); "

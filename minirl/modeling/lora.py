@@ -245,10 +245,13 @@ def _merge_fn(cfg):
 
 def merged(params, cfg) -> dict:
     """`merge` jitted (one compile per config), for an engine that merges at every reload;
-    `params` a pure dict or an nnx.State."""
+    `params` a pure dict or an nnx.State. Only the targeted projections and their adapters go
+    through the jitted merge: every other leaf is the caller's own array, not a copy."""
     if not isinstance(params, dict):
         params = nnx.to_pure_dict(params)
-    return _merge_fn(cfg)(params)
+    folded = {t + "_proj" for t in cfg.lora_targets}
+    touched, rest = partition(params, lambda name: is_adapter(name) or name in folded)
+    return join(_merge_fn(cfg)(touched), rest)
 
 
 class EngineBase:

@@ -61,7 +61,7 @@ class Parts:
     build: Callable[[dict], Controller]
     # the weight store and the engine get the trainer's current weights
     start_engine: Callable[[Controller], None]
-    # held-out numbers (pass@1, pass@k, ...) of (version, the weights controller.params() gave)
+    # held-out numbers (pass@1, pass@k, ...) of (version, the weights controller.params(False) gave)
     evaluate: Callable[[int, Any], dict]
     # a lockstep trainer whose process died restarts from the last checkpoint with this empty
     # weight store; None: the error ends the run
@@ -103,7 +103,8 @@ def _train(cfg, run_dir: Path, parts: Parts, resume, force, log, progress, step_
         log(f"resumed {run_dir} at step {c.steps} (version {c.version})")
     parts.start_engine(controller)
     if "before" not in summary:
-        summary["before"] = parts.evaluate(controller.counters.version, controller.params())
+        # the trainer's own arrays, never a host copy: the fresh engine uses them as they are
+        summary["before"] = parts.evaluate(controller.counters.version, controller.params(False))
         log(f"held-out before RL: {_fmt(summary['before'])}")
     write_json(run_dir, "summary.json", summary)
     t0 = time.perf_counter()
@@ -210,7 +211,8 @@ class _Loop:
         return after
 
     def _evaluate(self) -> dict:
-        return self.parts.evaluate(self.controller.counters.version, self.controller.params())
+        c = self.controller
+        return self.parts.evaluate(c.counters.version, c.params(host=False))
 
     def _stop_rollouts(self) -> None:
         if self.rollouts is not None and self.rollouts.is_alive():

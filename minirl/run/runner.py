@@ -24,6 +24,7 @@ from minirl.data.mixture import Mixture
 from minirl.envs.episodes import EpisodeScores
 from minirl.inference.engine import Engine
 from minirl.losses import make_objective
+from minirl.modeling import lora
 from minirl.run.loop import Parts, train
 from minirl.run.starting_point import (
     load_tokenizer,
@@ -157,9 +158,10 @@ class Run:
 
 def start_engine(controller: Controller) -> None:
     """The engine starts from the trainer's weights (a resumed run: the snapshot's version, a
-    reload boundary, so nothing older is needed)."""
-    params = controller.params()
-    controller.store.put(controller.counters.version, params)
+    reload boundary, so nothing older is needed). As `Controller._publish`: the trainer's own
+    arrays (no host copy beside the store's), and a LoRA run stores the adapters alone."""
+    params = controller.trainer.call("params").result()
+    controller.store.put(controller.counters.version, lora.published(params, controller.cfg.model))
     controller.counters.engine_version = controller.counters.version
     controller.engine.call("load_weights", controller.counters.version, params).result()
 

@@ -20,6 +20,7 @@ from minirl.modeling import lora
 from minirl.modeling.model import ModelConfig, init_model
 from minirl.run.presets import make_config
 from minirl.store.checkpoints import CheckpointManager
+from minirl.store.weights import InMemoryWeightStore
 
 CFG = ModelConfig(
     vocab_size=64,
@@ -108,6 +109,13 @@ def test_merge_equals_the_unmerged_forward():
     assert float(jnp.abs(unmerged - plain).max()) > 1e-2  # the adapters changed the logits
     merged = base_forward(merged_params)
     np.testing.assert_allclose(merged, unmerged, rtol=0, atol=2e-5)
+    # the engine's jitted merge: the same weights, and every leaf it does not fold (the
+    # embedding, norms, the untargeted projections) is the caller's own array, not a copy
+    fast = lora.merged(params, cfg)
+    jax.tree.map(np.testing.assert_array_equal, fast, merged_params)
+    assert fast["embed"] is params["embed"]
+    assert fast["layers"][0]["attn"]["k_proj"] is params["layers"][0]["attn"]["k_proj"]
+    assert fast["layers"][0]["attn"]["q_proj"] is not params["layers"][0]["attn"]["q_proj"]
 
 
 def test_trainable_and_add_adapters():
@@ -230,7 +238,28 @@ def test_an_async_lora_run_reloads_its_engine_from_adapter_versions(tmp_path, mo
         return got
 
     monkeypatch.setattr(Controller, "engine_weights", spy)
+    puts = []  # (version, whether it held a base weight), every version the store got
+    put = InMemoryWeightStore.put
+    monkeypatch.setattr(
+        InMemoryWeightStore,
+        "put",
+        lambda self, v, p: (
+            puts.append((v, bool(lora.partition(p, lora.is_adapter)[1]))) or put(self, v, p)
+        ),
+    )
+    evaluated = []  # whether the held-out engines got host copies (numpy) of the weights
+    engine = Run.engine
+    monkeypatch.setattr(
+        Run,
+        "engine",
+        lambda self, v, p: (
+            evaluated.append(any(isinstance(x, np.ndarray) for x in jax.tree.leaves(p)))
+            or engine(self, v, p)
+        ),
+    )
     Run(cfg, tmp_path / "run", progress=False, log=lambda *a: None).train()
+    assert puts[0] == (0, False) and not any(base for _, base in puts)  # the start too
+    assert evaluated == [False, False]  # before and after RL: the trainer's arrays, no copy
     assert loads  # the engine did reload from the store
     for (stored_adapters, stored_base), sent in loads:
         assert stored_adapters and not stored_base  # the store held the adapters alone
