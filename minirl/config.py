@@ -33,7 +33,6 @@ import math
 from minirl.configlib import ConfigError
 from minirl.inference.engine_config import EngineConfig
 from minirl.losses.presets import BEHAVIOUR_CAP, get_preset, has_behaviour_cap, with_kl_coef
-from minirl.modeling.hf_config import read_model_config
 from minirl.modeling.model import ModelConfig
 from minirl.modeling.tokenizer import CharTokenizer
 from minirl.training.trainer_config import TrainerConfig
@@ -300,41 +299,3 @@ class RunConfig:
         except ValueError as e:  # e.g. warm-up longer than a cosine schedule of rl.steps
             raise ConfigError(f"trainer.total_steps follows rl.steps={rl.steps}: {e}") from None
         return self
-
-
-# What a model directory cannot override: its config.json fixes the shapes.
-_FROM_MODEL_DIR = tuple(
-    f.name
-    for f in dataclasses.fields(ModelConfig)
-    if f.name not in ("path", "dtype", "param_dtype") and not f.name.startswith("lora_")
-)
-
-
-def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
-    """With model.path set, the model's shapes come from DIR/config.json (hf_config.py); only
-    model.dtype / model.param_dtype stay yours (float32 master weights by default, see hf.py).
-    Setting a shape too is refused: it would do nothing."""
-    if not cfg.model.path:
-        return cfg
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if key.startswith("model.") and key[len("model.") :] in _FROM_MODEL_DIR:
-            raise ConfigError(
-                f"{key} comes from {cfg.model.path}/config.json; it cannot be set "
-                "together with model.path"
-            )
-    try:
-        import safetensors  # noqa: F401  (read_model_config opens the tensor index with it)
-    except ImportError as e:
-        raise ConfigError(
-            f"model.path needs the 'hf' extra (pip install 'minirl[hf]'): {e}"
-        ) from None
-    shapes = read_model_config(cfg.model.path, dtype=cfg.model.dtype)
-    lora = {
-        f: getattr(cfg.model, f)
-        for f in ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
-    }
-    model = dataclasses.replace(
-        shapes, path=cfg.model.path, param_dtype=cfg.model.param_dtype, **lora
-    )
-    return dataclasses.replace(cfg, model=model)

@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     v.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
     from minirl.configlib import ConfigError
-    from minirl.modeling.hf_config import CheckpointError
+    from minirl.hf.hf_config import CheckpointError
 
     try:
         {"verifier": run_verifier, "ray": ray_run.run}[args.role](args)

@@ -5,7 +5,7 @@ What it is: `load_hf(path)` reads a checkpoint directory as written by `transfor
 `save_pretrained` (one `model.safetensors`, or shards listed in `model.safetensors.index.json`)
 into a `minirl.modeling.model.Transformer`; `save_hf(model, cfg, path)` writes one back that
 `transformers` loads. The whole translation is two small tables: `config_from_hf` maps
-config.json keys to `ModelConfig` fields (minirl/modeling/hf_config.py, with the token ids of
+config.json keys to `ModelConfig` fields (minirl/hf/hf_config.py, with the token ids of
 generation_config.json), and `tensor_names` maps every Hugging Face tensor name to its place in
 the model's parameter tree. torch Linear weights are stored [out, in]; minirl
 stores dense weights [in, out] (`x @ w`), so those are transposed on the way in and out. MoE
@@ -57,7 +57,7 @@ from flax import nnx
 from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
-from minirl.modeling.hf_config import (
+from minirl.hf.hf_config import (
     ARCHITECTURES,
     GENERATION_FILE,
     INDEX_FILE,
@@ -366,7 +366,7 @@ def _token_ids(path: Path, token_ids: TokenIds | None, source) -> dict:
     return ids
 
 
-__all__ = [  # the config side is re-exported from minirl.modeling.hf_config
+__all__ = [  # the config side is re-exported from minirl.hf.hf_config
     "ARCHITECTURES",
     "GENERATION_FILE",
     "CheckpointError",

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from minirl.config import FILE_TASK
+from minirl.config import FILE_TASK, RunConfig
 from minirl.configlib import ConfigError
+from minirl.hf.hf_config import read_model_config
+from minirl.modeling.model import ModelConfig
 
 MAX_SLOTS = 64  # decode batch cap: past it a CPU step gains little and the KV cache grows
 MIN_EVAL_PROMPTS = 8
@@ -87,3 +89,41 @@ def keep_recorded(cfg, recorded, overrides=()):
             )
             cfg = dataclasses.replace(cfg, **{section: part})
     return cfg
+
+
+# What a model directory cannot override: its config.json fixes the shapes.
+_FROM_MODEL_DIR = tuple(
+    f.name
+    for f in dataclasses.fields(ModelConfig)
+    if f.name not in ("path", "dtype", "param_dtype") and not f.name.startswith("lora_")
+)
+
+
+def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
+    """With model.path set, the model's shapes come from DIR/config.json (minirl/hf/hf_config.py); only
+    model.dtype / model.param_dtype stay yours (float32 master weights by default, see hf.py).
+    Setting a shape too is refused: it would do nothing."""
+    if not cfg.model.path:
+        return cfg
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key.startswith("model.") and key[len("model.") :] in _FROM_MODEL_DIR:
+            raise ConfigError(
+                f"{key} comes from {cfg.model.path}/config.json; it cannot be set "
+                "together with model.path"
+            )
+    try:
+        import safetensors  # noqa: F401  (read_model_config opens the tensor index with it)
+    except ImportError as e:
+        raise ConfigError(
+            f"model.path needs the 'hf' extra (pip install 'minirl[hf]'): {e}"
+        ) from None
+    shapes = read_model_config(cfg.model.path, dtype=cfg.model.dtype)
+    lora = {
+        f: getattr(cfg.model, f)
+        for f in ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
+    }
+    model = dataclasses.replace(
+        shapes, path=cfg.model.path, param_dtype=cfg.model.param_dtype, **lora
+    )
+    return dataclasses.replace(cfg, model=model)

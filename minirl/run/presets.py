@@ -18,12 +18,11 @@ from minirl.config import (
     RunConfig,
     SFTConfig,
     TaskSpec,
-    resolve_model,
 )
 from minirl.configlib import ConfigError, override
 from minirl.inference.engine import EngineConfig
 from minirl.modeling.model import ModelConfig
-from minirl.run.derived import derive_for_model
+from minirl.run.derived import derive_for_model, resolve_model
 from minirl.training.trainer import TrainerConfig
 
 

@@ -162,7 +162,7 @@ def _model(name: str):
     if name in SHAPES:
         return SHAPES[name]
     if Path(name, "config.json").is_file():
-        from minirl.modeling.hf_config import config_from_hf, read_config
+        from minirl.hf.hf_config import config_from_hf, read_config
 
         return config_from_hf(read_config(Path(name)), source=str(Path(name, "config.json")))
     raise ValueError(

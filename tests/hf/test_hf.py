@@ -334,8 +334,9 @@ def test_missing_files(tmp_path):
 
 
 def test_model_path_without_the_hf_extra_is_a_config_error(checkpoints, monkeypatch):
-    from minirl.config import RunConfig, resolve_model
+    from minirl.config import RunConfig
     from minirl.configlib import ConfigError
+    from minirl.run.derived import resolve_model
 
     cfg = RunConfig()
     cfg = dataclasses.replace(

@@ -11,10 +11,10 @@ import pytest
 from minirl.config import RLConfig
 from minirl.control.async_loop import RolloutThread
 from minirl.data.mixture import Mixture
+from minirl.hf.hf_config import config_to_hf
 from minirl.inference.engine_config import EngineConfig
 from minirl.inference.scheduler import Request
 from minirl.measure.metrics_log import read_metrics
-from minirl.modeling.hf_config import config_to_hf
 from minirl.modeling.model import ModelConfig
 from minirl.run.presets import make_config
 from minirl.run.run_dir import record_config
