@@ -71,10 +71,14 @@ def main(argv=None) -> list[dict]:
         ]
         for item in lesson.COMMON + lesson.FULL["overrides"] + args.extra:
             cmd += ["--set", item]
-        print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        summary = json.loads((run_dir / "summary.json").read_text())
-        exported = run_dir / "exported"
+        done = run_dir / "summary.json"
+        if done.exists() and json.loads(done.read_text()).get("stopped") == "steps":
+            print(f"{run_dir}: already trained, reused", flush=True)
+        else:
+            print("$", " ".join(cmd), flush=True)
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        summary = json.loads(done.read_text())
+        exported = args.out / f"seed-{seed}-exported"  # beside the run: export refuses inside it
         subprocess.run(
             ["minirl", "export", str(run_dir), "--out", str(exported), "--force"],
             check=True,
