@@ -28,6 +28,7 @@ trainer or the controller; the loss a run trains with is built where it is used
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from minirl.configlib import ConfigError
 from minirl.inference.engine_config import EngineConfig
@@ -110,6 +111,7 @@ class RLConfig:
     kl_coef: float | None = (
         None  # beta of the loss's KL term (grpo 0.04, reinforce_pp 1e-3); 0 = no KL term, no reference model and no reference forward; None = the preset's
     )
+    router_aux_coef: float = 0.0  # MoE models: weight of the routers' load-balancing loss (E sum_e f_e P_e) added to the RL loss; 0 = off
     behaviour_cap: float = 5.0  # decoupled_ppo: tokens with c = pi_prox/mu above this leave the loss (AReaL's bound); 0 = uncapped (the paper's Eq. 5)
     steps: int = 200  # train steps (weight versions) to run
     time_budget: float = 0.0  # stop RL after this many seconds (0 = no limit)
@@ -153,6 +155,10 @@ class RLConfig:
                 with_kl_coef(get_preset(self.loss), self.kl_coef)
             except ValueError as e:
                 raise ValueError(f"rl.kl_coef={self.kl_coef}: {e}") from None
+        if not (self.router_aux_coef >= 0 and math.isfinite(self.router_aux_coef)):
+            raise ValueError(
+                f"rl.router_aux_coef must be finite and >= 0, got {self.router_aux_coef}"
+            )
         if not (self.behaviour_cap == 0 or self.behaviour_cap >= 1):
             raise ValueError(
                 f"rl.behaviour_cap must be 0 (uncapped) or >= 1, got {self.behaviour_cap}"
@@ -284,6 +290,11 @@ class RunConfig:
                 f"rl.behaviour_cap={rl.behaviour_cap} does nothing with rl.loss={rl.loss}: only "
                 "decoupled_ppo and decoupled_ppo_mis bound c = pi_prox/mu"
             )
+        moe_knobs = {"trainer.routing=replay": self.trainer.routing == "replay"}
+        moe_knobs["rl.router_aux_coef"] = rl.router_aux_coef > 0
+        for knob, used in moe_knobs.items():
+            if used and not self.model.num_experts:
+                raise ConfigError(f"{knob} needs a mixture-of-experts model (model.num_experts)")
         try:
             self.trainer_config()
         except ValueError as e:  # e.g. warm-up longer than a cosine schedule of rl.steps

@@ -58,6 +58,11 @@ class Rollout:
     every observation after the prompt, in order, and `mask[c]` is 1.0 where the policy sampled
     `tokens[c]` and 0.0 on observation tokens (which carry log-prob 0 and version -1). `mask`
     None means every token is the policy's (a single turn).
+
+    `routes` (mixture-of-experts models only; None otherwise): the experts each of the M MoE
+    layers sent each position the engine ran to, in the order the router chose them: the prompt
+    and every completion token but the last, i.e. exactly the positions a training row reads
+    (minirl/training/batching.py). uint8 (uint16 past 256 experts).
     """
 
     prompt: Prompt
@@ -69,6 +74,7 @@ class Rollout:
     text: str = ""
     score: Score | None = None
     mask: np.ndarray | None = None  # [C] float32 1.0 on the policy's tokens; None = all
+    routes: np.ndarray | None = None  # [P + C - 1, M, k] expert ids (MoE); None = dense
 
     @property
     def oldest_version(self) -> int:
@@ -95,6 +101,7 @@ class Batch:
     rewards: np.ndarray  # [B] float32
     group_ids: np.ndarray  # [B] int32 rows with the same id share a prompt
     prompt_uids: np.ndarray  # [B] int64
+    routes: np.ndarray | None = None  # [B, T, M, k] the engine's experts (MoE; 0 on padding)
 
     @property
     def num_rows(self) -> int:

@@ -221,7 +221,9 @@ def trainer_role(args) -> TrainerRole:
         return Trainer(
             cfg.model,
             start,
-            make_objective(cfg.rl.loss, cfg.rl.behaviour_cap, cfg.rl.kl_coef),
+            make_objective(
+                cfg.rl.loss, cfg.rl.behaviour_cap, cfg.rl.kl_coef, cfg.rl.router_aux_coef
+            ),
             cfg.trainer_config(),
             row_layout=mesh_lib.MeshRows(mesh, mesh_lib.fsdp()),
             sampling=cfg.engine.sampling.scoring,

@@ -121,7 +121,8 @@ class Controller:
         self.cond = threading.Condition()  # guards buffer and counters under the async scheduler
         self.pending_on_restore: list = []  # prompts in flight at the snapshot (async resume)
         self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
-        self._engine_seen = {"decode_tokens": 0, "slot_steps": 0}  # engine counters at last step
+        work = ("decode_tokens", "slot_steps") + ("route_bytes",) * bool(cfg.model.num_experts)
+        self._engine_seen = dict.fromkeys(work, 0)  # engine counters at the last step
         self._frozen = None  # a LoRA run's base weights, for engine_weights
 
     def params(self, host: bool = True):
@@ -177,8 +178,9 @@ class Controller:
         out = {
             f"engine/{k}": float(stats[k] - seen if stats[k] >= seen else stats[k])
             for k, seen in self._engine_seen.items()
+            if k in stats
         }
-        self._engine_seen = {k: stats[k] for k in self._engine_seen}
+        self._engine_seen = {k: stats.get(k, seen) for k, seen in self._engine_seen.items()}
         return out
 
     def _train(self, groups: list[Group]):

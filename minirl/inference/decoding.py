@@ -19,7 +19,10 @@ the KV cache donated (updated in place):
             back into the full cache (contiguous) or the block pool (paged).
 
 Both report each sampled token's behaviour log-prob with `model.token_logprobs` on the logits it
-was sampled from — the function the trainer uses — so exact mode is bitwise reproducible.
+was sampled from — the function the trainer uses — so exact mode is bitwise reproducible. On a
+mixture-of-experts model each also returns the experts every MoE layer sent each position it ran
+to (`routes`, [R, T, M, k] for a prefill or extend, [B, chunk, M, k] for a decode chunk, in the
+smallest unsigned dtype that holds E - 1: what the host copies back); a dense model returns None.
 
 Simplified on purpose: sampling settings are static (one compile per temperature / top-k /
 top-p), and every slot decodes every step of a chunk.
@@ -35,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from minirl.modeling import moe
 from minirl.modeling.model import KVCache, ModelConfig, abstract_model, token_logprobs
 from minirl.modeling.sampling import Sampling, sample_tokens, token_keys
 from minirl.store.trees import TreeMismatchError, match_template
@@ -47,6 +51,17 @@ class Settings(NamedTuple):
     sampling: Sampling
     chunk: int
     layout: type  # minirl.inference.cache_layout.ContiguousLayout or PagedLayout
+
+
+def route_dtype(num_experts: int):
+    """The smallest dtype a rollout's routes are kept in: uint8 up to 256 experts, else uint16."""
+    return jnp.uint8 if num_experts <= 256 else jnp.uint16
+
+
+def _routes(s: Settings, model):
+    """The experts this call of `model` chose, compact ([B, T, M, k]), or None (dense)."""
+    routes = moe.collect(model)[0]
+    return None if routes is None else routes.astype(route_dtype(s.model.num_experts))
 
 
 def _sample(s: Settings, logits, keys):
@@ -66,28 +81,37 @@ def prefill(graphdef, s: Settings, params, cache, tokens, lengths, slot_ids, ids
         tokens, cache=cache_in, num_new=lengths, exact=s.sampling.exact, last_only=True
     )
     tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index))  # logits [R, 1, V]
-    return s.layout.write_rows(cache, fresh, slot_ids, lengths), tok, logp
+    return s.layout.write_rows(cache, fresh, slot_ids, lengths), tok, logp, _routes(s, model)
 
 
 def decode(graphdef, s: Settings, params, cache, last, index, ids, budget, seed, *, width: int):
     """`s.chunk` decode steps for every slot, attending over the first `width` cache positions
     (enough for the longest active sequence). last [B] pending tokens, index [B] completion index
-    of the next token, budget [B] steps each slot may take. -> tokens, log-probs [B, N]."""
-    model = nnx.merge(graphdef, params)
+    of the next token, budget [B] steps each slot may take. -> tokens, log-probs [B, N], routes
+    [B, N, M, k] of the token each step fed (None: dense)."""
     view = s.layout.view(cache, width)
     starts = view.lengths
 
     def one_step(i, carry):
-        view, last, toks, logps = carry
+        view, last, toks, logps, routes = carry
+        model = nnx.merge(graphdef, params)  # per step: what it records stays in this trace
         live = (i < budget).astype(jnp.int32)  # [B] a spent slot writes but does not advance
         logits, view = model(last[:, None], cache=view, num_new=live, exact=s.sampling.exact)
         tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index + i))
-        return view, tok, toks.at[:, i].set(tok), logps.at[:, i].set(logp)
+        if routes is not None:
+            routes = routes.at[:, i].set(_routes(s, model)[:, 0])
+        return view, tok, toks.at[:, i].set(tok), logps.at[:, i].set(logp), routes
 
-    b = last.shape[0]
-    init = (view, last, jnp.zeros((b, s.chunk), jnp.int32), jnp.zeros((b, s.chunk), jnp.float32))
-    view, _, toks, logps = jax.lax.fori_loop(0, s.chunk, one_step, init)
-    return s.layout.write_back(cache, view, starts, budget, s.chunk), toks, logps
+    b, m = last.shape[0], s.model
+    routes = None
+    if m.num_experts:
+        shape = (b, s.chunk, len(m.moe_layers), m.experts_per_token)
+        routes = jnp.zeros(shape, route_dtype(m.num_experts))
+    toks, logps = jnp.zeros((b, s.chunk), jnp.int32), jnp.zeros((b, s.chunk), jnp.float32)
+    view, _, toks, logps, routes = jax.lax.fori_loop(
+        0, s.chunk, one_step, (view, last, toks, logps, routes)
+    )
+    return s.layout.write_back(cache, view, starts, budget, s.chunk), toks, logps, routes
 
 
 def extend(
@@ -124,7 +148,7 @@ def extend(
     added = jnp.zeros_like(held).at[slot_ids].set(lengths, mode="drop")  # [B] 0: untouched
     view = KVCache(tuple(map(put, view.k, rows.k)), tuple(map(put, view.v, rows.v)), held + added)
     tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index))  # logits [R, 1, V]
-    return s.layout.write_back(cache, view, held, added, t), tok, logp
+    return s.layout.write_back(cache, view, held, added, t), tok, logp, _routes(s, model)
 
 
 class Compiled(NamedTuple):

@@ -17,7 +17,10 @@
 Each rollout token carries its behaviour log-prob (`model.token_logprobs` of the logits it was
 sampled from, minirl/modeling/sampling.py) and the weight version loaded when it was sampled. With
 `exact=True` these log-probs equal the trainer's recompute bit for bit, whatever the slot, batch
-or chunk (minirl/modeling/exact.py; tests/inference/test_engine.py).
+or chunk (minirl/modeling/exact.py; tests/inference/test_engine.py). On a mixture-of-experts
+model a rollout also carries `routes`: the experts each MoE layer sent every position the engine
+ran to (prompt and fed tokens; a rebuild's routes replace the ones it recomputes), what the
+trainer replays with `trainer.routing=replay` (docs/moe.md); `stats["route_bytes"]` counts them.
 
 Why chunks: Python runs once per `decode_chunk` tokens (one jitted `lax.fori_loop` with the KV
 cache donated), so its overhead is paid once per chunk; the price is up to `decode_chunk - 1`
@@ -101,6 +104,7 @@ class Engine:
             "extended",
             "slot_steps",
             "decode_tokens",
+            "route_bytes",
         )
         self.stats = dict.fromkeys(counters, 0)
 
@@ -272,9 +276,13 @@ class Engine:
             out = fns.extend(self._params, cache, *rows_in, starts, *keys_in, width=width)
         else:
             out = fns.prefill(self._params, cache, *rows_in, *keys_in)
-        self._cache, tok, logp = out
+        self._cache, tok, logp, routes = out
         self.stats["prefill_calls"] += 1
         self.stats["prefill_rows"] += len(slots)
+        if routes is not None:  # what each row ran: replaces (rebuild) or extends its record
+            routes = np.asarray(routes)
+            for r, b in enumerate(slots):
+                self._sched.slots[b].add_routes(routes[r, : lengths[r]], kind == "rebuild")
         return tok, logp
 
     def _rebuild(self) -> None:
@@ -357,20 +365,27 @@ class Engine:
         width = next(w for w in c.windows if w >= max(ends))
         decode = compiled(self._static).decode
         args = (last, index, ids, budget, np.uint32(self.seed))
-        self._cache, toks, logps = decode(self._params, self._device_cache(), *args, width=width)
+        self._cache, toks, logps, routes = decode(
+            self._params, self._device_cache(), *args, width=width
+        )
         toks, logps = np.asarray(toks), np.asarray(logps)  # [B, N] the one sync per chunk
+        routes = None if routes is None else np.asarray(routes)  # [B, N, M, k]
         self.stats["decode_calls"] += 1
         self.stats["slot_steps"] += c.slots * c.decode_chunk  # computed, whether used or not
         finished, before = [], self.stats["tokens"]
         for b in active:
-            finished += self._append(b, toks[b, : budget[b]], logps[b, : budget[b]])
+            fed = None if routes is None else routes[b, : budget[b]]
+            finished += self._append(b, toks[b, : budget[b]], logps[b, : budget[b]], fed)
         self.stats["decode_tokens"] += self.stats["tokens"] - before
         return finished
 
-    def _append(self, b: int, toks: np.ndarray, logps: np.ndarray) -> list[Rollout]:
-        """Add slot b's new tokens up to the first finishing one; free the slot if finished."""
+    def _append(self, b: int, toks, logps, routes=None) -> list[Rollout]:
+        """Add slot b's new tokens up to the first finishing one; free the slot if finished.
+        routes [N, M, k] (decode, MoE): the experts of the token fed to sample each one."""
         seq = self._sched.slots[b]
-        for tok, logp in zip(toks, logps, strict=True):
+        for i, (tok, logp) in enumerate(zip(toks, logps, strict=True)):
+            if routes is not None:
+                seq.add_routes(routes[i : i + 1])
             seq.append(tok, logp, self._version)
             self.stats["tokens"] += 1
             reason = finish_reason(seq, self.config.eos_ids, self.config.stop_sequences)
@@ -380,5 +395,7 @@ class Engine:
                     self._kv.release(b)
                     self._sched.release(b)
                 self.stats["finished"] += 1
-                return [seq.to_rollout(reason)]
+                rollout = seq.to_rollout(reason)
+                self.stats["route_bytes"] += 0 if rollout.routes is None else rollout.routes.nbytes
+                return [rollout]
         return []

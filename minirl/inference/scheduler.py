@@ -69,6 +69,7 @@ class Sequence:
         self.budget = request.max_new_tokens  # tokens the current turn may sample
         self.held = False  # multi-turn: a turn ended; waits for observe() or release
         self.observation: np.ndarray | None = None  # observe()d tokens, not yet in the cache
+        self.routes: list[np.ndarray] = []  # MoE: [n, M, k] pieces, cache_len positions in all
 
     @property
     def prompt_len(self) -> int:
@@ -103,6 +104,11 @@ class Sequence:
         fed = np.concatenate([self.tokens[-1:], self.observation]).astype(np.int32)
         return fed, len(self.tokens) + len(self.observation)
 
+    def add_routes(self, routes: np.ndarray, replace: bool = False) -> None:
+        """The experts of positions the engine just ran (MoE): appended after the ones recorded,
+        or, for a rebuild (`replace`), in place of all of them."""
+        self.routes = [routes] if replace else [*self.routes, routes]
+
     def append(self, token: int, logprob: float, version: int) -> None:
         self.tokens.append(int(token))
         self.logprobs.append(float(logprob))
@@ -132,6 +138,7 @@ class Sequence:
             versions=np.array(self.versions, np.int32),
             finish_reason=reason,
             mask=np.array(self.mask, np.float32) if self.request.multi_turn else None,
+            routes=np.concatenate(self.routes) if self.routes else None,
         )
 
 

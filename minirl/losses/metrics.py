@@ -143,6 +143,8 @@ def finalize_metrics(merged) -> dict[str, jax.Array]:
     }
     if "entropy_sum" in m:
         out["entropy"] = m["entropy_sum"] / counted
+    if "router_aux" in m:  # MoE: the load-balancing loss, micro-batches weighted by tokens
+        out["router_aux"] = m["router_aux"]
     return out
 
 

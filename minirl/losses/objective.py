@@ -90,6 +90,7 @@ class Objective:
     sequence_reject: SequenceReject | None = None  # rejection of sequences by c (phase 1)
     log_ratio_clamp: float = 20.0  # C: log-ratios clamped to [-C, C] before exp
     dynamic_filtering: bool = False  # read by the data layer (DAPO): drop groups with no spread
+    router_aux_coef: float = 0.0  # MoE: weight of the routers' load-balancing loss (below)
 
     def __post_init__(self):
         for field in ("importance", "regularizers"):
@@ -99,6 +100,8 @@ class Objective:
                 )
         if not (self.log_ratio_clamp > 0 and math.isfinite(self.log_ratio_clamp)):
             raise ValueError(f"log_ratio_clamp must be finite and > 0, got {self.log_ratio_clamp}")
+        if not (self.router_aux_coef >= 0 and math.isfinite(self.router_aux_coef)):
+            raise ValueError(f"router_aux_coef must be finite and >= 0, got {self.router_aux_coef}")
 
     # -- what the trainer must supply ------------------------------------------------------------
     @property

@@ -251,11 +251,23 @@ def with_kl_coef(objective: Objective, beta: float) -> Objective:
     return dataclasses.replace(objective, regularizers=parts)
 
 
-def make_objective(name: str, behaviour_cap: float, kl_coef: float | None = None) -> Objective:
-    """The loss a run trains with (`rl.loss`, `rl.behaviour_cap`, `rl.kl_coef`): the preset
-    `name`, its KL coefficient set to `kl_coef` (None = the preset's), its bound on c set to
+def with_router_aux(objective: Objective, coef: float) -> Objective:
+    """The objective plus `coef` x the routers' load-balancing loss (a mixture-of-experts
+    model's: E sum_e f_e P_e per MoE layer, minirl/modeling/moe.py), which the trainer's forward
+    computes from the router probabilities (no other part sees them); 0 = off."""
+    return dataclasses.replace(objective, router_aux_coef=float(coef))
+
+
+def make_objective(
+    name: str, behaviour_cap: float, kl_coef: float | None = None, router_aux_coef: float = 0.0
+) -> Objective:
+    """The loss a run trains with (`rl.loss`, `rl.behaviour_cap`, `rl.kl_coef`,
+    `rl.router_aux_coef`): the preset `name`, its KL coefficient set to `kl_coef` (None = the
+    preset's), the load-balancing part added with `router_aux_coef`, its bound on c set to
     `behaviour_cap` (0 = uncapped) if it has one."""
     objective = get_preset(name)
+    if router_aux_coef:
+        objective = with_router_aux(objective, router_aux_coef)
     if kl_coef is not None:
         objective = with_kl_coef(objective, kl_coef)
     if not has_behaviour_cap(objective):

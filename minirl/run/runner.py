@@ -132,7 +132,7 @@ class Run:
         store (the caller publishes the start: `controller.params()`)."""
         cfg, rl = self.cfg, self.cfg.rl
         model_cfg, tokenizer = cfg.model, self.tokenizer
-        loss = make_objective(rl.loss, rl.behaviour_cap, rl.kl_coef)
+        loss = make_objective(rl.loss, rl.behaviour_cap, rl.kl_coef, rl.router_aux_coef)
         trainer_cfg, scoring = cfg.trainer_config(), cfg.engine.sampling.scoring
         place = self.placement
         make_trainer = lambda: Trainer(model_cfg, base, loss, trainer_cfg, sampling=scoring)  # noqa: E731

@@ -11,7 +11,9 @@ position t predicts the next token (teacher forcing):
                                              tokens are read, never trained on)
 
 so completion token c sits at target position P-1+c, and its behaviour log-prob and weight version
-go to that same position. This is exactly how the rollout engine scored it: the logits it sampled
+go to that same position. A mixture-of-experts rollout's `routes` ([P+C-1, M, k], one per position
+the engine ran) fill `routes[:, :P+C-1]` of the batch: position t's experts, as the engine ran
+`tokens[t]` (what `trainer.routing=replay` replays; padding 0). This is exactly how the rollout engine scored it: the logits it sampled
 completion token c from are the logits of position P-1+c of the full sequence.
 
 Rows are right-padded with `pad_id` (mask 0, behaviour log-prob 0, version -1) to a common length
@@ -67,6 +69,11 @@ def _check_rollouts(rollouts: Sequence[Rollout]) -> None:
             )
         if len(r.prompt.tokens) == 0:
             raise ValueError(f"rollout {i}: the prompt has no tokens (it should at least hold BOS)")
+        n = len(r.prompt.tokens) + c - 1
+        if r.routes is not None and len(r.routes) != n:
+            raise ValueError(f"rollout {i}: routes cover {len(r.routes)} positions, not P+C-1={n}")
+        if (r.routes is None) != (rollouts[0].routes is None):
+            raise ValueError("rollouts mix routed (MoE) and unrouted ones")
 
 
 def make_batch(rollouts: Sequence[Rollout], pad_id: int, bucket_minimum: int = 32) -> Batch:
@@ -97,6 +104,9 @@ def make_batch(rollouts: Sequence[Rollout], pad_id: int, bucket_minimum: int = 3
     rewards = np.zeros((b_rows,), np.float32)  # [B]
     group_ids = np.zeros((b_rows,), np.int32)  # [B]
     prompt_uids = np.zeros((b_rows,), np.int64)  # [B]
+    routes = None
+    if rows[0].routes is not None:  # [B, T, M, k] in the rollouts' compact dtype
+        routes = np.zeros((b_rows, t, *rows[0].routes.shape[1:]), rows[0].routes.dtype)
 
     group, seen = -1, set()
     for i, r in enumerate(rows):
@@ -109,10 +119,14 @@ def make_batch(rollouts: Sequence[Rollout], pad_id: int, bucket_minimum: int = 3
         mask[i, p - 1 : p - 1 + c] = 1.0 if r.mask is None else r.mask
         behaviour[i, p - 1 : p - 1 + c] = r.logprobs
         versions[i, p - 1 : p - 1 + c] = r.versions
+        if routes is not None:
+            routes[i, :n] = r.routes
         if r.prompt.uid not in seen:
             seen.add(r.prompt.uid)
             group += 1
         group_ids[i] = group
         rewards[i] = r.score.reward
         prompt_uids[i] = r.prompt.uid
-    return Batch(tokens, targets, mask, behaviour, versions, rewards, group_ids, prompt_uids)
+    return Batch(
+        tokens, targets, mask, behaviour, versions, rewards, group_ids, prompt_uids, routes
+    )

@@ -3,9 +3,16 @@ computes them, and the per-micro-batch gradient of a loss on them.
 
     spec = ForwardSpec(model_cfg, sampling, "none")    # what the compiled code is specialised on
     logp = forward_fn(spec)(params, tokens, targets)     # [R, Tb] log pi(targets)
-    acc, metrics, logp = accumulate_fn(spec, loss)(params, acc, tokens, targets, part)
+    acc, metrics, logp, choice = accumulate_fn(spec, loss)(params, acc, tokens, targets, part)
     # LoRA: the gradient of the adapters alone, the frozen base joined in the forward
-    acc, metrics, logp = accumulate_fn(spec, loss)(adapters, acc, tokens, targets, part, base)
+    acc, metrics, logp, _ = accumulate_fn(spec, loss)(adapters, acc, tokens, targets, part, base)
+
+Mixture-of-experts models (`ForwardSpec.routing`): "free" lets each MoE layer's router choose;
+"replay" sends each position to the experts the engine recorded (`routes` [R, Tb, M, k], the
+batch's `routes`), the gate values still from this forward's router so the router gets its
+gradient (R3, arXiv 2510.11370). `choice` [R, Tb, M, k] is what the routers themselves would pick
+in this forward (top-k of their probabilities: under replay, each layer's pick given the replayed
+layers before it), for the routing-disagreement metrics; None on a dense model.
 
 Numerics match the engine (RLAX §5.1): the same model call (`exact` flag) and the same
 `minirl.modeling.model.token_logprobs` under the engine's `Sampling` spec (scoring form), so the trainer's recomputed log pi_prox
@@ -32,7 +39,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from minirl.modeling import lora
+from minirl.modeling import lora, moe
 from minirl.modeling.model import ModelConfig, abstract_model, token_entropy, token_logprobs
 from minirl.modeling.sampling import Sampling
 
@@ -44,7 +51,10 @@ __all__ = [
     "accumulate_fn",
     "forward_fn",
     "logprobs_and_logits",
+    "routing_fn",
 ]
+
+ROUTINGS = ("free", "replay")
 
 REMAT_POLICIES = {
     "none": None,
@@ -59,6 +69,7 @@ class ForwardSpec(NamedTuple):
     model: ModelConfig
     sampling: Sampling  # the engine's, in scoring form (temperature > 0)
     remat: str  # a key of REMAT_POLICIES
+    routing: str = "free"  # MoE: "free" (the router chooses) | "replay" (the engine's experts)
 
     @property
     def exact(self) -> bool:
@@ -71,55 +82,102 @@ class _Checkpointed(nnx.Module):
     def __init__(self, block, policy):
         self.block = block
         self.policy = policy
+        self.sparse = block.sparse
 
-    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False):
+    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None):
         assert layer_cache is None, "remat is for the training forward (no KV cache)"
         graphdef, state = nnx.split(self.block)
 
-        def run(state, x, positions, inv_freq, starts):
-            return nnx.merge(graphdef, state)(x, positions, inv_freq, None, starts, exact)[0]
+        def run(state, x, positions, inv_freq, starts, routes):
+            block = nnx.merge(graphdef, state)
+            y = block(x, positions, inv_freq, None, starts, exact, routes)[0]
+            return y, nnx.pop(block, nnx.Intermediate)  # an MoE layer's record, brought out
 
-        return jax.checkpoint(run, policy=self.policy)(state, x, positions, inv_freq, starts), None
+        args = (state, x, positions, inv_freq, starts, routes)
+        y, sown = jax.checkpoint(run, policy=self.policy)(*args)
+        nnx.update(self.block, sown)
+        return y, None
 
 
-def logprobs_and_logits(s: ForwardSpec, params, tokens, targets, remat: bool):
-    """tokens, targets [R, Tb] -> (log-probs [R, Tb], logits [R, Tb, V]): the model's forward
-    and the engine's `token_logprobs` with the engine's settings; `remat` applies s.remat."""
+def _forward(s: ForwardSpec, params, tokens, targets, remat: bool, routes=None):
+    """`logprobs_and_logits` and what the MoE layers did: (log-probs, logits, (routes run
+    [R, Tb, M, k] int32, router probabilities [R, Tb, M, E] float32) or (None, None))."""
     model = nnx.merge(abstract_model(s.model)[0], params)
-    if remat and REMAT_POLICIES[s.remat] is not None:
-        model.layers = nnx.List([_Checkpointed(b, REMAT_POLICIES[s.remat]) for b in model.layers])
-    logits = model(tokens, exact=s.exact)  # [R, Tb, V]
-    return token_logprobs(logits, targets, s.sampling), logits
+    blocks, policy = model.layers, REMAT_POLICIES[s.remat] if remat else None
+    if policy is not None:
+        model.layers = nnx.List([_Checkpointed(b, policy) for b in blocks])
+    replay = routes.astype(jnp.int32) if s.routing == "replay" and routes is not None else None
+    logits = model(tokens, exact=s.exact, routes=replay)  # [R, Tb, V]
+    model.layers = blocks  # each holds its MoE record (a _Checkpointed put it back)
+    return token_logprobs(logits, targets, s.sampling), logits, moe.collect(model)
 
 
-def accumulate(s: ForwardSpec, loss, params, acc, tokens, targets, part, frozen=None):
+def logprobs_and_logits(s: ForwardSpec, params, tokens, targets, remat: bool, routes=None):
+    """tokens, targets [R, Tb] -> (log-probs [R, Tb], logits [R, Tb, V]): the model's forward
+    and the engine's `token_logprobs` with the engine's settings; `remat` applies s.remat;
+    `routes` [R, Tb, M, k]: the engine's experts, replayed if s.routing is "replay"."""
+    return _forward(s, params, tokens, targets, remat, routes)[:2]
+
+
+def _choice(s: ForwardSpec, probs):
+    """The experts each router would pick [R, Tb, M, k] (ties to the lower index), or None."""
+    return None if probs is None else jax.lax.top_k(probs, s.model.experts_per_token)[1]
+
+
+def accumulate(
+    s: ForwardSpec, loss, params, acc, tokens, targets, part, frozen=None, routes=None, share=None
+):
     """Phase 2 of `loss` on one micro-batch: add its gradient and loss value to the accumulator
     `acc` = (gradients, loss), or start one if `acc` is None (no zeros to write and add on the
     first micro-batch). The gradient is with respect to `params` only; `frozen` (a LoRA run's
     base weights: minirl/modeling/lora.py `trainable`) joins them in the forward without a gradient.
-    Returns (accumulator, the micro-batch's metrics, the training forward's log-probs [R, Tb],
-    for the RLAX Fig. 5 metrics)."""
+    `routes`: the micro-batch's engine routes (MoE). `share` [R, Tb] (a loss with
+    `router_aux_coef`): each counted token's share of the batch's counted tokens; the
+    micro-batch adds coef x its load-balancing loss over those tokens x its share, so the sum
+    over micro-batches is the token-weighted mean of theirs (the batch's own with one). Returns (accumulator, the micro-batch's
+    metrics, the training forward's log-probs [R, Tb], for the RLAX Fig. 5 metrics, and the
+    routers' own choice [R, Tb, M, k] or None: module docstring)."""
 
     def micro_loss(p):
-        logp, logits = logprobs_and_logits(s, lora.join(p, frozen), tokens, targets, remat=True)
+        logp, logits, (run, probs) = _forward(
+            s, lora.join(p, frozen), tokens, targets, remat=True, routes=routes
+        )
         entropy = token_entropy(logits, s.sampling.temperature) if loss.needs_entropy else None
         value, metrics = loss.loss(logp, part, entropy=entropy)
-        return value, (metrics, jax.lax.stop_gradient(logp))
+        if getattr(loss, "router_aux_coef", 0.0):  # the load-balancing part (minirl/losses)
+            aux = moe.load_balancing_loss(probs, run, s.model.num_experts, share > 0)
+            aux = aux * jnp.sum(share)
+            value, metrics = value + loss.router_aux_coef * aux, {**metrics, "router_aux": aux}
+        return value, (metrics, jax.lax.stop_gradient(logp), _choice(s, probs))
 
-    (value, (metrics, logp)), grads = jax.value_and_grad(micro_loss, has_aux=True)(params)
+    (value, (metrics, logp, choice)), grads = jax.value_and_grad(micro_loss, has_aux=True)(params)
     if acc is None:
-        return (grads, value), metrics, logp
-    return jax.tree.map(jnp.add, acc, (grads, value)), metrics, logp
+        return (grads, value), metrics, logp, choice
+    return jax.tree.map(jnp.add, acc, (grads, value)), metrics, logp, choice
 
 
 @functools.lru_cache(maxsize=32)
 def forward_fn(s: ForwardSpec):
-    """jit of (params, tokens [R, Tb], targets [R, Tb]) -> log-probs [R, Tb], no remat."""
+    """jit of (params, tokens [R, Tb], targets [R, Tb], routes=None) -> log-probs [R, Tb], no
+    remat (`routes`: the engine's, replayed under s.routing "replay")."""
     return jax.jit(
-        lambda params, tokens, targets: logprobs_and_logits(
-            s, params, tokens, targets, remat=False
+        lambda params, tokens, targets, routes=None: _forward(
+            s, params, tokens, targets, False, routes
         )[0]
     )
+
+
+@functools.lru_cache(maxsize=32)
+def routing_fn(s: ForwardSpec):
+    """jit of (params, tokens, targets, routes=None) -> (log-probs [R, Tb], the experts run
+    [R, Tb, M, k], the routers' own choice [R, Tb, M, k]) on an MoE model: `forward_fn` with what
+    its MoE layers did."""
+
+    def run(params, tokens, targets, routes=None):
+        logp, _, (ran, probs) = _forward(s, params, tokens, targets, False, routes)
+        return logp, ran, _choice(s, probs)
+
+    return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=32)
@@ -129,9 +187,9 @@ def training_forward_fn(s: ForwardSpec):
     too, or XLA would drop the backward pass and the remat with it). For diagnosing what the
     training forward itself changes (minirl diagnose's "training forward" rows)."""
 
-    def run(params, tokens, targets):
+    def run(params, tokens, targets, routes=None):
         def total(p):
-            logp = logprobs_and_logits(s, p, tokens, targets, remat=True)[0]
+            logp = logprobs_and_logits(s, p, tokens, targets, remat=True, routes=routes)[0]
             return jnp.sum(logp), logp
 
         (_, logp), grads = jax.value_and_grad(total, has_aux=True)(params)

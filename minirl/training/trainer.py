@@ -22,6 +22,10 @@ only with a KL term (`rl.kl_coef=0` drops grpo's); docs/trainer.md, "One train s
 Why two phases: the loss's batch-level normalisers are fixed before any micro-batch runs, so any
 row partition gives the full-batch gradient (tests/training/test_trainer.py checks it).
 
+Mixture-of-experts models: `TrainerConfig.routing` "replay" runs both forwards on the experts
+the engine recorded (`batch.routes`; R3), "free" lets the trainer's routers choose; either way a
+step reports `routing/*` (minirl/training/routing.py) from its first update's forward.
+
 Rows meet devices only through `row_layout.rows(x)` / `row_layout.host(x)` (minirl/training/row_layout.py;
 scale/mesh.py's `MeshRows` on a mesh). This file holds the state (params, optimizer state,
 counters) and the order of operations; how it stays fast is in docs/trainer.md, "Speed".
@@ -50,8 +54,15 @@ from minirl.modeling.sampling import Sampling
 from minirl.store.trees import match_template
 from minirl.training import microbatch as mbt
 from minirl.training import optimizer
-from minirl.training.forward import ForwardSpec, accumulate_fn, forward_fn, training_forward_fn
+from minirl.training.forward import (
+    ForwardSpec,
+    accumulate_fn,
+    forward_fn,
+    routing_fn,
+    training_forward_fn,
+)
 from minirl.training.optimizer import learning_rate
+from minirl.training.routing import routing_metrics
 from minirl.training.row_layout import HostRows, place_like, shardings_like_params
 from minirl.training.trainer_config import TrainerConfig
 from minirl.types import Batch
@@ -105,6 +116,10 @@ class _SelfProx:
     def needs_entropy(self) -> bool:
         return self.objective.needs_entropy
 
+    @property
+    def router_aux_coef(self) -> float:
+        return self.objective.router_aux_coef
+
     def prepare(self, inputs: LossInputs):
         prepared = self.objective.prepare(inputs)
         return prepared, prepared.prox_logp  # [B, T] log mu, 0 off the mask
@@ -151,7 +166,9 @@ class Trainer:
             )
         self._row_layout = row_layout if row_layout is not None else HostRows()
         self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
-        self._spec = ForwardSpec(model_cfg, sampling, cfg.remat)
+        if cfg.routing == "replay" and not model_cfg.num_experts:
+            raise ValueError("trainer.routing=replay needs a mixture-of-experts model")
+        self._spec = ForwardSpec(model_cfg, sampling, cfg.remat, cfg.routing)
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
         self._params = self._check_params(params)
         self._ref_params = None
@@ -237,7 +254,7 @@ class Trainer:
         metrics, stats, first = self._updates(objective, batch, plan, prepared)
         if skip:
             prox_logp = self._masked(self._scatter(first[2], plan, batch.mask.shape), batch)
-        metrics |= self._fig5(batch, prox_logp, *first)
+        metrics |= self._fig5(batch, prox_logp, *first[:3]) | self._routing(batch, *first)
         metrics = {k: float(v) for k, v in metrics.items()}
         return self._finish(metrics, stats, plan, t0, t_recompute), prox_logp
 
@@ -249,10 +266,10 @@ class Trainer:
             parts = []
             for rows in self._minibatches(batch.num_rows, epoch):
                 sub = plan if len(rows) == batch.num_rows else self._plan(batch, rows)
-                m, s, logp = self._update(
+                m, s, logp, choice = self._update(
                     objective, batch, prepared, sub, scale=batch.num_rows / len(rows)
                 )
-                first = first or (sub, rows, logp)  # the first update: the start weights
+                first = first or (sub, rows, logp, choice)  # the first update: start weights
                 parts += m
                 stats.append(s)
             epochs.append({k: float(v) for k, v in finalize_metrics(jax.device_get(parts)).items()})
@@ -266,7 +283,7 @@ class Trainer:
         t0 = time.perf_counter()
         self._check_batch(batch)
         plan = self._plan(batch)
-        parts, stat, _ = self._update(_NLL, batch, _NLL.prepare(batch.mask), plan, scale=1.0)
+        parts, stat, *_ = self._update(_NLL, batch, _NLL.prepare(batch.mask), plan, scale=1.0)
         parts = jax.device_get(parts)
         metrics = {
             "loss": float(sum(p["loss"] for p in parts)),
@@ -314,9 +331,18 @@ class Trainer:
         """Micro-batch `mb`'s rows of the [B, ...] host array `x`, placed for the jitted functions."""
         return self._row_layout.rows(mbt.gather(x, mb))
 
-    def _scatter(self, results: list, plan, shape) -> np.ndarray:
-        """Per-micro-batch [R, Tb] device results -> one [B, T] host array (0 elsewhere)."""
-        out = np.zeros(shape, np.float32)
+    def _replayed(self, batch: Batch, mb: mbt.MicroBatch):
+        """The micro-batch's engine routes where the trainer replays them, else None."""
+        if self._spec.routing != "replay":
+            return None
+        if batch.routes is None:
+            raise ValueError("trainer.routing=replay needs the engine's routes (batch.routes)")
+        return self._rows(batch.routes, mb)
+
+    def _scatter(self, results: list, plan, shape, dtype=np.float32) -> np.ndarray:
+        """Per-micro-batch [R, Tb, ...] device results -> one [B, T, ...] host array (0
+        elsewhere)."""
+        out = np.zeros(shape, dtype)
         for mb, logp in zip(plan, self._row_layout.host(results), strict=True):
             mbt.scatter(logp, mb, out)
         return out
@@ -330,10 +356,41 @@ class Trainer:
 
     def _logprobs(self, params, batch: Batch, plan, fn=None) -> np.ndarray:
         fn = fn or forward_fn(self._spec)
-        results = [
-            fn(params, self._rows(batch.tokens, mb), self._rows(batch.targets, mb)) for mb in plan
-        ]
+        results = [fn(params, *self._inputs(batch, mb), self._replayed(batch, mb)) for mb in plan]
         return self._masked(self._scatter(results, plan, batch.mask.shape), batch)  # [B, T]
+
+    def _inputs(self, batch: Batch, mb: mbt.MicroBatch) -> tuple:
+        return self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
+
+    def routing(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """An MoE model's recompute forward under `trainer.routing`, with what it routed:
+        (log-probs [B, T] (0 off the mask), the experts run and the routers' own choice
+        [B, T, M, k] int32, 0 past each row's last counted position)."""
+        self._check_batch(batch)
+        if not self.model_cfg.num_experts:
+            raise ValueError("routing() needs a mixture-of-experts model")
+        plan, fn = self._plan(batch), routing_fn(self._spec)
+        out = [fn(self._params, *self._inputs(batch, mb), self._replayed(batch, mb)) for mb in plan]
+        b, t = batch.mask.shape
+        shape = (b, t, len(self.model_cfg.moe_layers), self.model_cfg.experts_per_token)
+        logp, ran, choice = (
+            self._scatter([o[i] for o in out], plan, s, d)
+            for i, s, d in ((0, (b, t), np.float32), (1, shape, np.int32), (2, shape, np.int32))
+        )
+        return self._masked(logp, batch), ran, choice
+
+    def _routing(self, batch: Batch, plan, rows, logps, choices) -> dict[str, float]:
+        """routing/* metrics of the first update's forward (module docstring), over the
+        positions it ran that precede a counted target, in the rows it trained on."""
+        if batch.routes is None or choices[0] is None:
+            return {}
+        b, t = batch.mask.shape
+        choice = self._scatter(choices, plan, (b, t, *batch.routes.shape[2:]), np.int32)
+        valid = np.zeros((b, t), bool)
+        lengths = mbt.row_lengths(batch.mask)
+        for r in rows:
+            valid[r, : lengths[r]] = True
+        return routing_metrics(batch.routes, choice, valid, self.model_cfg.num_experts)
 
     @staticmethod
     def _masked(logp: np.ndarray, batch: Batch) -> np.ndarray:
@@ -361,23 +418,30 @@ class Trainer:
     def _update(self, loss, batch: Batch, prepared, plan, scale: float):
         """Accumulate the gradient over `plan`'s micro-batches, then one guarded optimizer update.
         Returns (per-micro-batch metrics, update statistics, per-micro-batch training-forward
-        log-probs on device)."""
+        log-probs on device, per-micro-batch routers' choices (None: dense))."""
         accumulate = accumulate_fn(self._spec, loss)
         apply = optimizer.compiled(self._opt)[1]
-        acc, metrics, logps = None, [], []
+        acc, metrics, logps, choices = None, [], [], []
         train, frozen = lora.trainable(self._params, self.model_cfg)  # LoRA: the adapters only
+        share = None  # the load-balancing loss's token weights over this update's rows
+        if getattr(loss, "router_aux_coef", 0.0):
+            counted = sum(float(batch.mask[mb.rows].sum()) for mb in plan)
+            share = batch.mask / max(counted, 1.0)
         for mb in plan:
             part = jax.tree.map(lambda x, mb=mb: self._rows(x, mb), prepared)
-            tokens, targets = self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
-            acc, m, logp = accumulate(train, acc, tokens, targets, part, frozen)
+            extra = (self._replayed(batch, mb), None if share is None else self._rows(share, mb))
+            acc, m, logp, choice = accumulate(
+                train, acc, *self._inputs(batch, mb), part, frozen, *extra
+            )
             metrics.append(m)
             logps.append(logp)
+            choices.append(choice)
         lr = learning_rate(self.cfg, self.step)
         train, self._opt_state, ok, grad_norm = apply(
             acc, self._optimizer_state(), train, jnp.float32(scale), jnp.float32(lr)
         )
         self._params = lora.join(train, frozen)
-        return metrics, {"ok": ok, "grad_norm": grad_norm, "lr": lr}, logps
+        return metrics, {"ok": ok, "grad_norm": grad_norm, "lr": lr}, logps, choices
 
     def _finish(
         self, metrics: dict, stats: list, plan, t0: float, t_recompute: float

@@ -13,7 +13,7 @@ import dataclasses
 import math
 
 from minirl.training import optimizer
-from minirl.training.forward import REMAT_POLICIES
+from minirl.training.forward import REMAT_POLICIES, ROUTINGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +40,7 @@ class TrainerConfig:
     num_minibatches: int = 1  # optimizer updates per pass (rows shuffled, split evenly)
     seed: int = 0  # keys the mini-batch shuffle: fold(seed, step, epoch)
     remat: str = "none"  # "none" | "dots" | "nothing": jax.checkpoint policy per block
+    routing: str = "free"  # MoE models: free (the trainer's routers choose) | replay (run the experts the engine recorded, R3)
 
     def __post_init__(self):
         s = self
@@ -62,6 +63,7 @@ class TrainerConfig:
             ),
             (s.ppo_epochs >= 1 and s.num_minibatches >= 1, "ppo_epochs, num_minibatches >= 1"),
             (s.remat in REMAT_POLICIES, f"remat in {tuple(REMAT_POLICIES)}"),
+            (s.routing in ROUTINGS, f"routing in {ROUTINGS}"),
         ]
         for holds, rule in rules:
             if not holds:
