@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints <-> minirl: `config.json` + safetensors for Qwen2, Qwen3 and Llama.
+"""Hugging Face checkpoints <-> minirl: `config.json` + safetensors for Qwen2, Qwen3, Llama,
+Qwen2-MoE and Qwen3-MoE.
 
 What it is: `load_hf(path)` reads a checkpoint directory as written by `transformers`'
 `save_pretrained` (one `model.safetensors`, or shards listed in `model.safetensors.index.json`)
@@ -7,11 +8,14 @@ into a `minirl.modeling.model.Transformer`; `save_hf(model, cfg, path)` writes o
 config.json keys to `ModelConfig` fields (minirl/modeling/hf_config.py, with the token ids of
 generation_config.json), and `tensor_names` maps every Hugging Face tensor name to its place in
 the model's parameter tree. torch Linear weights are stored [out, in]; minirl
-stores dense weights [in, out] (`x @ w`), so those are transposed on the way in and out.
+stores dense weights [in, out] (`x @ w`), so those are transposed on the way in and out. MoE
+checkpoints store each expert as its own Linear (`mlp.experts.{e}.gate_proj.weight`, the layout
+on the Hub and what transformers 4 and 5 write); minirl stacks them into one [E, D, F] weight per
+projection (`StackedSource`) and splits them again on save.
 
 Strict on purpose: a missing tensor, a tensor of the wrong shape or an unexpected tensor raises
 `CheckpointError` naming the file and the first few offenders, so a checkpoint is never
-half-loaded; so do a config.json field minirl cannot honour (mixture-of-experts, sliding windows,
+half-loaded; so do a config.json field minirl cannot honour (experts outside Qwen2/3-MoE, sliding windows,
 another activation: the error names the field and the file) and a damaged or truncated
 safetensors file. `*.rotary_emb.inv_freq` buffers of old checkpoints are skipped. A config that
 ties the embeddings but a file that also holds a *different* `lm_head.weight` is loaded untied,
@@ -45,6 +49,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
@@ -104,15 +109,44 @@ def tensor_names(cfg: ModelConfig) -> dict[str, tuple[tuple, bool]]:
             names[hf + f"self_attn.{p}_proj.bias"] = (me + ("attn", f"{p}_bias"), False)
         for p in ("q", "k") if cfg.qk_norm else ():
             names[hf + f"self_attn.{p}_norm.weight"] = (me + ("attn", f"{p}_norm", "weight"), False)
+        if i in cfg.moe_layers:
+            names.update(_moe_names(cfg, hf + "mlp.", me + ("mlp",)))
+            continue
         for p in ("gate", "up", "down"):
             names[hf + f"mlp.{p}_proj.weight"] = (me + ("mlp", f"{p}_proj"), True)
     return names
 
 
+def _moe_names(cfg: ModelConfig, hf: str, me: tuple) -> dict[str, tuple[tuple, bool]]:
+    """An MoE layer's tensors. On disk each expert is its own Linear
+    (`experts.{e}.gate_proj.weight` [F, D]); minirl stacks them: a path ending in the expert
+    index e is row e of the batched weight (gate_proj [E, D, F] etc.)."""
+    names = {hf + "gate.weight": (me + ("router",), True)}
+    for e in range(cfg.num_experts):
+        for p in ("gate", "up", "down"):
+            names[hf + f"experts.{e}.{p}_proj.weight"] = (me + (f"{p}_proj", e), True)
+    if cfg.shared_expert_dim:
+        for p in ("gate", "up", "down"):
+            names[hf + f"shared_expert.{p}_proj.weight"] = (
+                me + ("shared_expert", f"{p}_proj"),
+                True,
+            )
+        names[hf + "shared_expert_gate.weight"] = (me + ("shared_expert_gate",), True)
+    return names
+
+
 def _get(tree: Mapping, path: tuple):
     for key in path:
+        if not isinstance(tree, Mapping):  # an expert's row of a stacked weight
+            tree = tree[key]
+            continue
         tree = tree[key] if key in tree else tree[str(key)]
     return tree
+
+
+def _stacked(path: tuple) -> bool:
+    """Does `path` (from `tensor_names`) name one expert of a stacked weight?"""
+    return isinstance(path[-1], int) and path[-2] != "layers"
 
 
 def _set(tree: dict, path: tuple, value) -> None:
@@ -154,6 +188,23 @@ class TensorSource:
         return block.T if self.transposed else block
 
 
+@dataclasses.dataclass(frozen=True)
+class StackedSource:
+    """A batched expert weight [E, ...] whose rows are E tensors of a checkpoint (one per
+    expert); `read(index)` reads only the experts and the block `index` selects."""
+
+    parts: tuple[TensorSource, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.parts), *self.parts[0].shape)
+
+    def read(self, index: tuple = ()) -> np.ndarray:
+        index = tuple(index) or (slice(None),)
+        experts = range(len(self.parts))[index[0]]
+        return np.stack([self.parts[e].read(index[1:]) for e in experts])
+
+
 def open_checkpoint(path, dtype=None) -> tuple[ModelConfig, dict[tuple, TensorSource]]:
     """(config, {path in the parameter tree: where its tensor is}) of a checkpoint directory,
     every check done on the files' headers — a missing, unexpected or misshapen tensor is
@@ -182,14 +233,28 @@ def open_checkpoint(path, dtype=None) -> tuple[ModelConfig, dict[tuple, TensorSo
     for name, (where, transposed) in names.items():
         with open_safetensors(files[name]) as f:
             stored = tuple(f.get_slice(name).get_shape())
-        want = _get(shapes, where).shape
+        stacked = _stacked(where)
+        want = _get(shapes, where[:-1] if stacked else where).shape[stacked:]
         if stored != (want[::-1] if transposed else want):
             flip = (lambda s: s[::-1]) if transposed else (lambda s: s)
             raise CheckpointError(
                 f"{files[name]}: tensor {name} has shape {stored}, config.json implies {flip(want)}"
             )
         sources[where] = TensorSource(files[name], name, want, transposed)
-    return cfg, sources
+    return cfg, _stack_experts(sources)
+
+
+def _stack_experts(sources: dict[tuple, TensorSource]) -> dict:
+    """One StackedSource per batched expert weight in place of its E per-expert sources."""
+    out, experts = {}, {}
+    for where, source in sources.items():
+        if _stacked(where):
+            experts.setdefault(where[:-1], {})[where[-1]] = source
+        else:
+            out[where] = source
+    for where, parts in experts.items():
+        out[where] = StackedSource(tuple(parts[e] for e in range(len(parts))))
+    return out
 
 
 def build_params(cfg: ModelConfig, sources: dict[tuple, TensorSource], read) -> dict:
@@ -245,7 +310,7 @@ def save_hf(
     hf_config = config_to_hf(cfg, architecture)
     path.mkdir(parents=True, exist_ok=True)
     hf_config.update(_token_ids(path, token_ids, source))
-    params = _pure_params(model_or_state)
+    params = jax.tree_util.tree_map(np.asarray, _pure_params(model_or_state))
     tensors = {}
     for name, (where, transposed) in tensor_names(cfg).items():
         try:
@@ -315,6 +380,7 @@ __all__ = [  # the config side is re-exported from minirl.modeling.hf_config
     "open_checkpoint",
     "build_params",
     "TensorSource",
+    "StackedSource",
     "save_hf",
     "tensor_names",
     "architecture_of",

@@ -5,7 +5,7 @@
     config_to_hf(cfg)                # and back, for save_hf (readable by transformers 4.x and 5.x)
 
 Strict: a field minirl cannot honour is refused with `CheckpointError` naming the file and the
-field (mixture-of-experts, sliding windows, another activation, an unknown architecture, a bad
+field (mixture-of-experts fields outside Qwen2-MoE / Qwen3-MoE, sliding windows, another activation, an unknown architecture, a bad
 token id), never loaded wrongly. The tensors are minirl/hf/model_files.py's business; only the index of
 which file holds which tensor is read here, for `read_model_config`'s tied-embedding check.
 """
@@ -28,7 +28,10 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": ("qwen2", True, False),
     "Qwen3ForCausalLM": ("qwen3", False, True),
     "LlamaForCausalLM": ("llama", False, False),
+    "Qwen2MoeForCausalLM": ("qwen2_moe", True, False),  # + a sigmoid-gated shared expert
+    "Qwen3MoeForCausalLM": ("qwen3_moe", False, True),
 }
+MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 GENERATION_FILE = "generation_config.json"
 # config.json fields that mean mixture-of-experts layers (Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek)
 MOE_FIELDS = (
@@ -105,10 +108,12 @@ def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelCo
     names the file in error messages."""
     arch = architecture_of(hf, source)
     _, qkv_bias, qk_norm = ARCHITECTURES[arch]
+    if arch == "Qwen2MoeForCausalLM":  # its own switch (transformers' default: true)
+        qkv_bias = hf.get("qkv_bias", True) is True
     refuse = lambda field, why: CheckpointError(f"{source}: {field} = {hf.get(field)!r}: {why}")
-    for field in MOE_FIELDS:
+    for field in MOE_FIELDS if arch not in MOE_ARCHITECTURES else ():
         if hf.get(field):
-            raise refuse(field, "mixture-of-experts layers are not implemented")
+            raise refuse(field, f"mixture-of-experts layers need one of {MOE_ARCHITECTURES}")
     required = (
         "hidden_size",
         "num_hidden_layers",
@@ -122,7 +127,7 @@ def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelCo
         raise refuse("hidden_act", "minirl's MLP uses silu")
     if hf.get("use_sliding_window"):
         raise refuse("use_sliding_window", "sliding-window attention is not implemented")
-    if arch != "Qwen2ForCausalLM" and hf.get("attention_bias"):
+    if not qkv_bias and hf.get("attention_bias"):
         raise refuse("attention_bias", f"{arch} with an o_proj bias is not implemented")
     if hf.get("mlp_bias"):
         raise refuse("mlp_bias", "MLP biases are not implemented")
@@ -131,6 +136,7 @@ def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelCo
     dtype = _dtype_name("float32" if dtype is None else dtype)
     if not isinstance(hf.get("tie_word_embeddings", False), bool):
         raise refuse("tie_word_embeddings", "true or false is required")
+    moe = _moe_fields(hf, arch, source) if arch in MOE_ARCHITECTURES else {}
     try:
         return ModelConfig(
             vocab_size=hf["vocab_size"],
@@ -149,9 +155,33 @@ def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelCo
             max_seq_len=_number(hf, "max_position_embeddings", int, source, 2048),
             dtype=dtype,
             param_dtype=dtype,
+            **moe,
         )
     except ValueError as e:  # shapes that do not fit together (ModelConfig's own checks)
         raise CheckpointError(f"{source}: {e}") from None
+
+
+def _moe_fields(hf: dict, arch: str, source: str) -> dict:
+    """ModelConfig's MoE fields from a Qwen2-MoE / Qwen3-MoE config.json (transformers'
+    defaults where a field is absent: norm_topk_prob false, decoder_sparse_step 1)."""
+    dense = hf.get("mlp_only_layers") or []
+    if not (isinstance(dense, list) and all(isinstance(i, int) for i in dense)):
+        raise CheckpointError(f"{source}: mlp_only_layers = {dense!r}: a list of layer indices")
+    if not isinstance(hf.get("norm_topk_prob", False), bool):
+        raise CheckpointError(f"{source}: norm_topk_prob = {hf['norm_topk_prob']!r}: true or false")
+    shared = arch == "Qwen2MoeForCausalLM"
+    experts = "num_experts" if "num_experts" in hf else "num_local_experts"  # transformers 5's
+    return dict(
+        num_experts=_number(hf, experts, int, source),
+        experts_per_token=_number(hf, "num_experts_per_tok", int, source),
+        expert_dim=_number(hf, "moe_intermediate_size", int, source),
+        shared_expert_dim=_number(hf, "shared_expert_intermediate_size", int, source)
+        if shared
+        else 0,
+        norm_topk_prob=hf.get("norm_topk_prob", False),
+        moe_every=_number(hf, "decoder_sparse_step", int, source, 1),
+        dense_layers=tuple(dense),
+    )
 
 
 def architecture_of(hf: dict, source: str = "config.json") -> str:
@@ -173,9 +203,19 @@ def architecture_of(hf: dict, source: str = "config.json") -> str:
 
 
 def default_architecture(cfg: ModelConfig) -> str:
-    """The one architecture whose layer shapes match cfg (q/k/v bias -> Qwen2, q/k norm -> Qwen3)."""
+    """The one architecture whose layer shapes match cfg (q/k/v bias -> Qwen2, q/k norm -> Qwen3;
+    with experts: a shared expert -> Qwen2-MoE, q/k norm and none -> Qwen3-MoE)."""
+    if cfg.num_experts:
+        if cfg.shared_expert_dim and not cfg.qk_norm:
+            return "Qwen2MoeForCausalLM"
+        if cfg.qk_norm and not (cfg.shared_expert_dim or cfg.qkv_bias):
+            return "Qwen3MoeForCausalLM"
+        raise CheckpointError(
+            "no supported MoE architecture fits: Qwen2-MoE has a shared expert and no q/k norm, "
+            "Qwen3-MoE q/k norm and neither a shared expert nor q/k/v bias"
+        )
     for name, (_, qkv_bias, qk_norm) in ARCHITECTURES.items():
-        if (cfg.qkv_bias, cfg.qk_norm) == (qkv_bias, qk_norm):
+        if name not in MOE_ARCHITECTURES and (cfg.qkv_bias, cfg.qk_norm) == (qkv_bias, qk_norm):
             return name
     raise CheckpointError("no supported architecture has both q/k/v bias and q/k norm")
 
@@ -221,10 +261,21 @@ def config_to_hf(cfg: ModelConfig, architecture: str | None = None) -> dict:
         "dtype": cfg.param_dtype,
         "torch_dtype": cfg.param_dtype,
     }
-    if arch == "Qwen2ForCausalLM":
+    if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
         hf["use_sliding_window"] = False
     else:
         hf["attention_bias"] = False
+    if arch in MOE_ARCHITECTURES:
+        hf.update(
+            num_experts=cfg.num_experts,
+            num_experts_per_tok=cfg.experts_per_token,
+            moe_intermediate_size=cfg.expert_dim,
+            norm_topk_prob=cfg.norm_topk_prob,
+            decoder_sparse_step=cfg.moe_every,
+            mlp_only_layers=list(cfg.dense_layers),
+        )
+    if arch == "Qwen2MoeForCausalLM":
+        hf.update(shared_expert_intermediate_size=cfg.shared_expert_dim, qkv_bias=cfg.qkv_bias)
     return hf
 
 

@@ -495,12 +495,14 @@ class Transformer(nnx.Module):
         inv_freq = rope_frequencies(cfg)
         x = self.embed[...].astype(cfg.compute_dtype)[tokens]  # [B, T, D]
         new_k, new_v = [], []
-        m = 0  # MoE layers passed so far
+        sparse = cfg.moe_layers
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-            replay = None if routes is None or not layer.sparse else routes[:, :, m]
-            m += layer.sparse
-            x, kv = layer(x, positions, inv_freq, layer_cache, starts, exact, replay)
+            args = (x, positions, inv_freq, layer_cache, starts, exact)
+            if i in sparse:  # the MoE layer's routes: replayed ([B, T, k]) or its own (None)
+                replay = None if routes is None else routes[:, :, sparse.index(i)]
+                args = (*args, replay)
+            x, kv = layer(*args)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])

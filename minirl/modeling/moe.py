@@ -146,6 +146,11 @@ def collect(model) -> tuple[jax.Array | None, jax.Array | None]:
     records = nnx.to_pure_dict(nnx.pop(model, nnx.Intermediate))
     if not model.cfg.moe_layers:
         return None, None
-    layers = [records["layers"][i]["mlp"] for i in model.cfg.moe_layers]
-    routes = jnp.stack([r["routes"] for r in layers], axis=2)
-    return routes, jnp.stack([r["router_probs"] for r in layers], axis=2)
+    try:
+        layers = [records["layers"][i]["mlp"] for i in model.cfg.moe_layers]
+        routes, probs = [r["routes"] for r in layers], [r["router_probs"] for r in layers]
+    except KeyError:
+        raise ValueError(
+            "no routing record: call the model before collect (on this same object)"
+        ) from None
+    return jnp.stack(routes, axis=2), jnp.stack(probs, axis=2)

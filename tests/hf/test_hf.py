@@ -57,6 +57,35 @@ ARCHS = {
         transformers.Qwen3ForCausalLM,
         dict(head_dim=32, tie_word_embeddings=False, rope_theta=1e6),
     ),
+    # MoE: 4 experts, 2 per token; Qwen2-MoE with its shared expert, unnormalised gates and a
+    # dense second layer (mlp_only_layers); Qwen3-MoE renormalised, every layer sparse.
+    "qwen2_moe": (
+        transformers.Qwen2MoeConfig,
+        transformers.Qwen2MoeForCausalLM,
+        dict(
+            tie_word_embeddings=False,
+            rope_theta=1e6,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+        ),
+    ),
+    "qwen3_moe": (
+        transformers.Qwen3MoeConfig,
+        transformers.Qwen3MoeForCausalLM,
+        dict(
+            head_dim=32,
+            tie_word_embeddings=False,
+            rope_theta=1e6,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+        ),
+    ),
     "llama": (
         transformers.LlamaConfig,
         transformers.LlamaForCausalLM,

@@ -234,3 +234,9 @@ def test_which_layers_are_sparse_and_the_counts():
     big = ModelConfig.preset("qwen3-30b-a3b")
     assert 30.45e9 < big.num_params() < 30.55e9 and 3.3e9 < big.active_params() < 3.4e9
     assert 29.85e9 < big.num_params(embeddings=False) < 29.95e9
+
+
+def test_collect_before_a_call_is_a_clear_error():
+    model = Transformer(dataclasses.replace(CFG, num_layers=1), nnx.Rngs(params=0))
+    with pytest.raises(ValueError, match="no routing record: call the model before collect"):
+        moe.collect(model)
