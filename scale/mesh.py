@@ -39,8 +39,11 @@ Different shardings reduce in different orders, so trainer and engine log-probs 
 even in minirl's exact mode — RLAX's "divergent parallelism" source of training-inference
 mismatch; `python -m scale.diagnose` adds it to minirl's mismatch table (scale/diagnose.py).
 
+Mixture-of-experts weights ([E, D, F] per projection) follow the same tables (`EXPERT_AXES`);
+`expert_parallel(rules)` adds expert parallelism, the experts' axis over one of the mesh axes.
+
 Simplified on purpose: the engine's batch rows (slots) are not placed (its KV cache follows the
-weights' layout); no pipeline parallelism; no expert axis.
+weights' layout); no pipeline parallelism; no mesh axis of its own for experts.
 """
 
 from __future__ import annotations
@@ -75,6 +78,12 @@ PARAM_AXES: dict[str, tuple[str, ...]] = {  # by the leaf's name (last path comp
     "up_proj": ("embed", "mlp"),  # [D, F]
     "down_proj": ("mlp", "embed"),  # [F, D]
     "weight": ("norm",),  # RMSNorm scales [D] or [Dh]: always replicated
+}
+# An MoE layer's batched experts (minirl/modeling/moe.py), by leaf name when 3-D.
+EXPERT_AXES: dict[str, tuple[str, ...]] = {
+    "gate_proj": ("experts", "embed", "mlp"),  # [E, D, F]
+    "up_proj": ("experts", "embed", "mlp"),  # [E, D, F]
+    "down_proj": ("experts", "mlp", "embed"),  # [E, F, D]
 }
 
 ACTIVATION_AXES: dict[str, tuple[str, ...]] = {
@@ -123,6 +132,14 @@ class ShardingRules:
             used.update(axes)
             out.append(axes[0] if len(axes) == 1 else axes)
         return PartitionSpec(*out)
+
+
+def expert_parallel(base: ShardingRules, axis: str = "fsdp") -> ShardingRules:
+    """`base` plus expert parallelism: the experts' leading axis split over mesh `axis`, so each
+    device holds E / n whole experts (the axis is then used by no other dim of those weights;
+    GSPMD moves the tokens' activations to the experts). The router and the shared expert
+    follow `base`."""
+    return ShardingRules(f"{base.name}+experts", (("experts", axis), *base.rules))
 
 
 def no_sharding() -> ShardingRules:
@@ -255,7 +272,8 @@ def make_mesh(cfg: MeshConfig, devices: Any = None) -> Mesh:
 def param_axes(path: str, ndim: int) -> tuple[str, ...]:
     """Logical axes of the parameter at `path` ("layers/0/attn/q_proj"); unknown parameters
     (and shapes that do not match the table) are replicated."""
-    axes = PARAM_AXES.get(path.rsplit("/", 1)[-1])
+    name = path.rsplit("/", 1)[-1]
+    axes = EXPERT_AXES.get(name) if ndim == 3 else PARAM_AXES.get(name)
     return axes if axes is not None and len(axes) == ndim else ("replicated",) * ndim
 
 

@@ -1,7 +1,7 @@
 """Tiny Hugging Face checkpoint directories for tests, made here (nothing is downloaded).
 
     make_tokenizer_dir(path, style="qwen" | "llama")   tokenizer.json + tokenizer_config.json
-    make_model_dir(path, arch="qwen2" | "qwen3", style="qwen" | "llama")
+    make_model_dir(path, arch="qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe", style=...)
                                                         + config.json, model.safetensors and
                                                         generation_config.json (two EOS ids)
     make_model_dir(path, vocab_tokens=151_643, max_positions=...)
@@ -13,8 +13,8 @@ the special tokens and a chat template in the style of the family: "qwen" is Cha
 (`<|im_start|>role\\n...<|im_end|>`, a default system message, no BOS, eos `<|im_end|>`, pad
 `<|endoftext|>`); "llama" has Llama 3's header tokens, a template that starts with
 `{{ bos_token }}` and a post-processor that adds BOS to plain text. The model is a random
-transformers Qwen2 (GQA, q/k/v biases, tied embeddings) or Qwen3 (q/k norm, head_dim 32, tied)
-whose vocabulary is the tokenizer's rounded up to a multiple of 64 (as Qwen pads it). Both are
+transformers Qwen2 (GQA, q/k/v biases, tied embeddings), Qwen3 (q/k norm, head_dim 32, tied) or
+their mixture-of-experts forms (4 experts, 2 per token; Qwen2-MoE with a shared expert) whose vocabulary is the tokenizer's rounded up to a multiple of 64 (as Qwen pads it). Both are
 deterministic (fixed seeds) and take about a second. `vocab_tokens` pads the trained tokenizer with
 tokens no merge produces (so encoding is unchanged) up to a real model's vocabulary size.
 """
@@ -45,6 +45,7 @@ LLAMA_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
     "{%- endif %}"
 )
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)  # the MoE archs'
 STYLES = {
     # specials (in id order), config's special tokens, extra EOS of generation_config, template
     "qwen": (
@@ -180,6 +181,12 @@ def make_model_dir(
     elif arch == "qwen3":
         model_cfg = transformers.Qwen3Config(**sizes, head_dim=32)
         model_cls = transformers.Qwen3ForCausalLM
+    elif arch == "qwen3_moe":  # 4 experts, 2 per token, renormalised; every layer sparse
+        model_cfg = transformers.Qwen3MoeConfig(**sizes, head_dim=32, **MOE, norm_topk_prob=True)
+        model_cls = transformers.Qwen3MoeForCausalLM
+    elif arch == "qwen2_moe":  # + the shared expert, unnormalised gates
+        model_cfg = transformers.Qwen2MoeConfig(**sizes, **MOE, shared_expert_intermediate_size=64)
+        model_cls = transformers.Qwen2MoeForCausalLM
     else:
         raise ValueError(f"unknown arch {arch!r}")
     torch.manual_seed(seed)

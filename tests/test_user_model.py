@@ -1,7 +1,7 @@
 """The user's path, end to end (issue #15): a Hugging Face model directory and a dataset file in,
 RL from the command line, a Hugging Face checkpoint out.
 
-Tiny random Qwen2 (GQA, q/k/v biases, tied) and Qwen3 (q/k norm, tied) directories with a
+Tiny random Qwen2 (GQA, q/k/v biases, tied), Qwen3 (q/k norm, tied) and Qwen3-MoE directories with a
 `tokenizers` BPE tokenizer, a ChatML chat template and two EOS ids in generation_config.json
 (tests/hf_tiny.py) are trained for 2 RL steps by `minirl train --model DIR --data FILE`; then
 `minirl export` writes a directory that `transformers` loads with logits equal to minirl's, with
@@ -77,7 +77,7 @@ def data(tmp_path_factory):
 def model_dirs(tmp_path_factory):
     return {
         arch: make_model_dir(tmp_path_factory.mktemp(arch), arch=arch)
-        for arch in ("qwen2", "qwen3")
+        for arch in ("qwen2", "qwen3", "qwen3_moe")
     }
 
 
@@ -107,7 +107,9 @@ def _minirl_logits(path, tokens):
     return np.asarray(jax.jit(lambda s, t: nnx.merge(graphdef, s)(t))(state, jnp.asarray(tokens)))
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+@pytest.mark.parametrize(
+    "arch", ["qwen2", "qwen3", pytest.param("qwen3_moe", marks=pytest.mark.slow)]
+)
 def test_train_then_export_loads_in_transformers(arch, model_dirs, data, tmp_path):
     model_dir = model_dirs[arch]
     run_dir, out = tmp_path / "run", tmp_path / "exported"

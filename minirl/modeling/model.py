@@ -202,6 +202,7 @@ PRESETS: dict[str, ModelConfig] = {
         num_experts=8,
         experts_per_token=2,
         expert_dim=64,
+        qk_norm=True,  # Qwen3-MoE's layout: exports as Qwen3MoeForCausalLM
     ),
     # Exact shapes of public checkpoints (their config.json values).
     "qwen2.5-0.5b": ModelConfig(

@@ -33,6 +33,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.errors import TraceContextError
 
 from minirl.modeling import exact as exact_ops
 
@@ -122,8 +123,7 @@ class MoE(nnx.Module):
         logits = exact_ops.dense(x, self.router[...].astype(x.dtype), exact)  # [B, T, E]
         probs = softmax(logits, exact)
         chosen, gates = route(probs, self.k, self.norm_topk_prob, routes, exact)
-        self.routes = nnx.Intermediate(chosen)  # the record `collect` pops (last call wins)
-        self.router_probs = nnx.Intermediate(probs)
+        self._record(chosen, probs)
         # Zero for the E - k unchosen experts; each chosen one appears once, so sums are exact.
         combine = jnp.sum(jax.nn.one_hot(chosen, e, dtype=jnp.float32) * gates[..., None], -2)
         wide = lambda w: w[...].astype(x.dtype).transpose(1, 0, 2).reshape(d, e * f)  # [D, E*F]
@@ -138,6 +138,16 @@ class MoE(nnx.Module):
         shared = jax.nn.sigmoid(s) * self.shared_expert(x, exact)
         return y + (exact_ops.fusion_barrier(shared) if exact else shared)
 
+    def _record(self, chosen, probs) -> None:
+        """Keep this call's routing for `collect` (the last call wins). A layer merged outside a
+        jax.lax loop and called inside it (the engine's decode loop) cannot be written to from
+        there: it records nothing, and `collect` says so — merge inside the loop body to record."""
+        try:
+            self.routes = nnx.Intermediate(chosen)
+            self.router_probs = nnx.Intermediate(probs)
+        except TraceContextError:
+            pass
+
 
 def collect(model) -> tuple[jax.Array | None, jax.Array | None]:
     """Pop the routing record of `model`'s last call: (routes int32 [B, T, M, k], router_probs
@@ -151,6 +161,7 @@ def collect(model) -> tuple[jax.Array | None, jax.Array | None]:
         routes, probs = [r["routes"] for r in layers], [r["router_probs"] for r in layers]
     except KeyError:
         raise ValueError(
-            "no routing record: call the model before collect (on this same object)"
+            "no routing record: call the model before collect, on this same object and trace "
+            "(a model merged outside a jax.lax loop records nothing inside it)"
         ) from None
     return jnp.stack(routes, axis=2), jnp.stack(probs, axis=2)

@@ -3,10 +3,11 @@
 Every duration in the simulator comes from here (issue #17):
 
     decode chunk   n steps of `rows` sequences: each step moves the weights and the KV cache
-                   of the context once and does 2 x params FLOPs per row (+ attention);
+                   of the context once and does 2 x params FLOPs per row (+ attention); with
+                   experts, the bytes are every expert's and the FLOPs the active params';
                    time = max(bytes / (bandwidth x eff), FLOPs / (peak x eff)) per step
     prefill call   rows x length tokens: the same two terms for one pass
-    train step     (6 + 2) x params x tokens / (devices x peak x MFU): forward + backward, and
+    train step     (6 + 2) x active params x tokens / (devices x peak x MFU): forward + backward, and
                    the recompute of log pi_prox (one more forward)
     weight reload  parameter bytes / link bandwidth
     + a fixed overhead per call (dispatch, host work: what dominates a tiny model on a CPU)
@@ -134,17 +135,34 @@ SHAPES: dict[str, ModelConfig] = {
 
 
 @functools.cache
-def matrices(cfg: ModelConfig) -> list[tuple[int, int]]:
-    """(in, out) of every matmul in one forward, in order, the LM head last."""
+def matrices(cfg: ModelConfig, experts: int | None = None) -> list[tuple[int, int]]:
+    """(in, out) of every matmul in one token's forward, in order, the LM head last. An MoE
+    layer has its router, `experts` experts (default: the k a token uses) and its shared
+    expert (with its gate) if any."""
     d, h, k, dh, f = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
-    layer = [(d, h * dh), (d, k * dh), (d, k * dh), (h * dh, d), (d, f), (d, f), (f, d)]
-    return layer * cfg.num_layers + [(d, cfg.vocab_size)]
+    attn = [(d, h * dh), (d, k * dh), (d, k * dh), (h * dh, d)]
+    fe, s = cfg.expert_dim, cfg.shared_expert_dim
+    n = cfg.experts_per_token if experts is None else experts
+    sparse = [(d, cfg.num_experts)] + [(d, fe), (d, fe), (fe, d)] * n
+    sparse += [(d, s), (d, s), (s, d), (d, 1)] if s else []
+    out = []
+    for i in range(cfg.num_layers):
+        out += attn + (sparse if i in cfg.moe_layers else [(d, f), (d, f), (f, d)])
+    return out + [(d, cfg.vocab_size)]
 
 
 @functools.cache
 def matmul_params(cfg: ModelConfig) -> int:
-    """Parameters a token's forward multiplies by (the LM head included, the lookup not)."""
+    """Parameters a token's forward multiplies by (the LM head included, the lookup not): with
+    experts, the active ones — what sets the FLOPs."""
     return sum(a * b for a, b in matrices(cfg))
+
+
+@functools.cache
+def stored_matmul_params(cfg: ModelConfig) -> int:
+    """The matrices' parameters with every expert: what a replica stores, reloads and (a decode
+    step of many rows touches every expert) reads."""
+    return sum(a * b for a, b in matrices(cfg, cfg.num_experts))
 
 
 def attention_flops(cfg: ModelConfig, new: float, context: float) -> float:
@@ -157,8 +175,8 @@ def kv_bytes(cfg: ModelConfig, positions: float, itemsize: int) -> float:
 
 
 def weight_bytes(cfg: ModelConfig, itemsize: int, rows: int) -> float:
-    """Every matrix once, the embedding rows looked up, the LM head whole (tied or not)."""
-    return itemsize * (matmul_params(cfg) + rows * cfg.dim)
+    """Every matrix once (every expert), the embedding rows looked up, the LM head whole."""
+    return itemsize * (stored_matmul_params(cfg) + rows * cfg.dim)
 
 
 @dataclasses.dataclass(frozen=True)

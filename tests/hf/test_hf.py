@@ -566,3 +566,28 @@ def test_a_block_of_a_tensor_is_read_alone(checkpoints):
         np.testing.assert_array_equal(whole, want)
         index = tuple(slice(n // 2, n) for n in source.shape)  # the last half of every axis
         np.testing.assert_array_equal(source.read(index), whole[index])
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe"])
+def test_moe_greedy_decode_equals_generate(checkpoints, arch):
+    """minirl's engine (prefill, then cached decode steps routing each new token) decodes the
+    tokens transformers' greedy `generate` does."""
+    from minirl.inference.engine import Engine, EngineConfig, Request
+    from minirl.types import Prompt
+
+    path, hf_model, _ = checkpoints[arch]
+    cfg, model = load_hf(path)
+    engine = Engine(cfg, EngineConfig(slots=2, cache_len=64, prefill_buckets=(16,), temperature=0))
+    engine.load_weights(0, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    prompts = [TOKENS[0, :9], TOKENS[1, :5]]
+    outs = engine.generate([Request(Prompt(i, "t", "", p), 0, 10) for i, p in enumerate(prompts)])
+    for prompt, out in zip(prompts, outs, strict=True):
+        with torch.no_grad():
+            ids = hf_model.generate(
+                torch.tensor(prompt[None], dtype=torch.long),
+                max_new_tokens=10,
+                min_new_tokens=10,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        np.testing.assert_array_equal(np.asarray(out.tokens), ids[0, len(prompt) :].numpy())

@@ -223,9 +223,9 @@ def test_which_layers_are_sparse_and_the_counts():
     cfg = ModelConfig.preset("tiny-moe", num_layers=4, moe_every=2, dense_layers=(3,))
     assert cfg.moe_layers == (1,)  # (i + 1) % 2 == 0 -> 1, 3; 3 kept dense
     assert ModelConfig(num_experts=0).moe_layers == ()
-    # tiny-moe by hand: embedding 64 * 64; per layer attention 64*64*2 + 64*32*2 = 12288, two
-    # norms 128; the MoE: router 64 * 8, experts 3 * 8 * 64 * 64; the final norm 64.
-    layer = 12288 + 128 + 64 * 8
+    # tiny-moe by hand: embedding 64 * 64; per layer attention 64*64*2 + 64*32*2 = 12288, q/k
+    # norms 2 * 16, two norms 128; the MoE: router 64 * 8, experts 3 * 8 * 64 * 64; final norm 64.
+    layer = 12288 + 32 + 128 + 64 * 8
     total = 64 * 64 + 2 * (layer + 3 * 8 * 64 * 64) + 64
     active = 64 * 64 + 2 * (layer + 3 * 2 * 64 * 64) + 64
     tiny = ModelConfig.preset("tiny-moe")
@@ -240,3 +240,34 @@ def test_collect_before_a_call_is_a_clear_error():
     model = Transformer(dataclasses.replace(CFG, num_layers=1), nnx.Rngs(params=0))
     with pytest.raises(ValueError, match="no routing record: call the model before collect"):
         moe.collect(model)
+
+
+def test_a_model_called_inside_a_loop_it_was_not_merged_in_records_nothing():
+    """The engine's decode loop merges outside jax.lax.fori_loop: the model still runs (no
+    record); merged inside the loop body, it records."""
+    cfg = dataclasses.replace(CFG, num_layers=1)
+    graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(params=0)))
+    tokens = jnp.ones((1, 2), jnp.int32)
+
+    @jax.jit
+    def outside(params):
+        model = nnx.merge(graphdef, params)
+        logits = jax.lax.fori_loop(0, 2, lambda i, acc: acc + model(tokens), jnp.zeros((1, 2, 64)))
+        with pytest.raises(ValueError, match="records nothing inside it"):
+            moe.collect(model)
+        return logits
+
+    @jax.jit
+    def inside(params):
+        def body(i, acc):
+            model = nnx.merge(graphdef, params)
+            logits = model(tokens)
+            assert logits.shape == (1, 2, 64)
+            return acc + moe.collect(model)[0].sum()
+
+        return jax.lax.fori_loop(0, 2, body, jnp.zeros((), jnp.int32))
+
+    assert outside(params).shape == (1, 2, 64)
+    model = nnx.merge(graphdef, params)
+    model(tokens)
+    assert int(inside(params)) == 2 * int(moe.collect(model)[0].sum())

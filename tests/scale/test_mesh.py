@@ -263,3 +263,41 @@ def test_two_processes_with_two_devices_each(tmp_path):
         r0["weights"]["bytes_written"] + r1["weights"]["bytes_written"]
         == r0["weights"]["param_bytes"]
     )
+
+
+def test_expert_parallel_rules_split_the_experts_axis():
+    mesh, rules = FakeMesh(fsdp=4, tensor=2), mesh_lib.expert_parallel(mesh_lib.fsdp())
+    spec = lambda path, shape: rules.spec(mesh_lib.param_axes(path, len(shape)), shape, mesh)
+    # [E, D, F]: experts over fsdp (so D is not), F over tensor; [E, F, D] likewise.
+    assert spec("layers/0/mlp/gate_proj", (8, 64, 32)) == P("fsdp", None, "tensor")
+    assert spec("layers/0/mlp/down_proj", (8, 32, 64)) == P("fsdp", "tensor", None)
+    assert spec("layers/0/mlp/gate_proj", (64, 32)) == P("fsdp", "tensor")  # a dense MLP: as fsdp
+    assert spec("layers/0/mlp/router", (64, 8)) == P(None, None)  # small: replicated
+    # Without the rule, experts stay whole on every device and their inner dims split as dense.
+    plain = mesh_lib.fsdp().spec(mesh_lib.param_axes("x/up_proj", 3), (8, 64, 32), mesh)
+    assert plain == P(None, "fsdp", "tensor")
+    tp = mesh_lib.expert_parallel(mesh_lib.tensor_parallel(), axis="tensor")
+    assert tp.spec(mesh_lib.param_axes("x/up_proj", 3), (8, 64, 32), mesh) == P(
+        "tensor", None, None
+    )
+
+
+@pytest.mark.slow  # ~14 s: a fresh process, its own compiles
+def test_the_tiny_moe_with_expert_parallelism_on_four_fake_devices(tmp_path):
+    """Forward, Hugging Face checkpoint, TensorStore weights and Orbax: all carry the MoE in
+    its expert-parallel layout (tests/scale/moe_run.py)."""
+    out = tmp_path / "out.json"
+    script = SCRIPT.with_name("moe_run.py")
+    subprocess.run(
+        [sys.executable, str(script), str(out), str(tmp_path)],
+        env=_env(),
+        check=True,
+        timeout=TIMEOUT,
+        capture_output=True,
+    )
+    r = json.loads(out.read_text())
+    assert r["specs"]["layers/0/mlp/gate_proj"] == "P('fsdp', None, None)"
+    assert r["specs"]["layers/0/mlp/down_proj"] == "P('fsdp', None, None)"
+    assert r["expert_shard"] == [2, 64, 64]  # 8 experts over 4 devices
+    assert r["logits_max_diff"] <= 1e-5
+    assert r["checkpoint_equal"] and r["store_equal"] and r["orbax_equal"]

@@ -446,3 +446,22 @@ def test_plan_calibrated_by_a_check_and_its_errors(capsys, tmp_path):
         assert main(args + bad) == 2
         err = capsys.readouterr().err
         assert says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_moe_costs_by_hand_on_qwen3_30b_a3b():
+    """FLOPs from the active parameters (8 of 128 experts), bytes from all of them."""
+    cfg = SHAPES["qwen3-30b-a3b"]
+    attn = 2048 * 4096 + 2 * 2048 * 512 + 4096 * 2048  # q, k, v, o
+    router, expert, head = 2048 * 128, 3 * 2048 * 768, 2048 * 151936
+    active = 48 * (attn + router + 8 * expert) + head  # 3,041,656,832
+    stored = 48 * (attn + router + 128 * expert) + head  # 30,220,746,752
+    dev = Device("d", peak_flops=1e14, hbm_bytes_per_s=1e12, hbm_bytes=1e12, link_bytes_per_s=1e9)
+    costs = Costs(cfg, dataclasses.replace(dev, decode_eff=1.0))
+    # One step of 1 row at context 0: memory-bound, 2 bytes x (stored + one embedding row) + the
+    # KV of 1 position (48 layers x 2 x 4 heads x 128 x 2 bytes).
+    nbytes = 2 * (stored + 2048) + 48 * 2 * 4 * 128 * 2
+    assert costs.decode_chunk(rows=1, context=0, steps=1) == pytest.approx(nbytes / 1e12)
+    # 4096 rows: compute-bound, 2 x active FLOPs per row (+ attention: context 0).
+    assert costs.decode_chunk(4096, 0, 1) == pytest.approx(2 * 4096 * active / 1e14)
+    assert costs.train_step(1000) == pytest.approx(8 * active * 1000 / (1e14 * 0.4))
+    assert costs.reload() == pytest.approx(2 * stored / 1e9)
