@@ -20,6 +20,10 @@ mean / p95 / max of |log p_a - log p_b| over the completion tokens:
   dtype      bf16 engine decode vs fp32 trainer recompute (fast,   the engine's dtype; with exact on
              then exact on both sides)                              both sides it is the dtype alone
   exact      exact decode vs exact recompute, fp32 and bf16        must be 0 (the zero-mismatch path)
+  routing    (MoE models) engine log mu vs the trainer's          R3: what replaying the engine's
+             recompute with free routing (the label gives the     experts removes; the rest is
+             share of tokens whose top-k expert set differs)      the rest of the mismatch
+             and with the engine's routes replayed
   sharding   (scale/) the recompute on an FSDP mesh and the        RLAX's "divergent parallelism"
              decode on a tensor-parallel mesh vs one device
 

@@ -42,6 +42,7 @@ from minirl.inference.scheduler import Request
 from minirl.measure.diagnostics import mismatch_metrics
 from minirl.measure.metrics_log import format_table as text_table
 from minirl.training.batching import make_batch
+from minirl.training.routing import differs, ran_positions
 from minirl.training.trainer import Trainer
 from minirl.types import Rollout, Score
 
@@ -72,11 +73,13 @@ class Recompute:
     dtype: str
     exact: bool = False
     alone: bool = False  # every sequence in its own micro-batch, padded to twice the length
+    routing: str = "free"  # MoE: "replay" runs the experts the engine recorded
 
     def __str__(self) -> str:
         return (
             f"{_short(self.dtype)} recompute{' exact' if self.exact else ''}"
             f"{' (alone, 2x pad)' if self.alone else ''}"
+            f"{' (replay)' if self.routing == 'replay' else ''}"
         )
 
 
@@ -156,7 +159,8 @@ class Context:
             )
         if isinstance(side, Recompute):
             model = dataclasses.replace(cfg.model, dtype=side.dtype)  # master weights kept, cast
-            tcfg, sampling = self.trainer_cfg, self.scoring._replace(exact=side.exact)
+            tcfg = dataclasses.replace(self.trainer_cfg, routing=side.routing)
+            sampling = self.scoring._replace(exact=side.exact)
             if not side.alone:
                 trainer = Trainer(
                     model, params, None, tcfg, row_layout=row_layout, sampling=sampling
@@ -214,7 +218,28 @@ def builtin_rows(ctx: Context) -> list[tuple]:
     ]
 
 
-BUILTIN_SOURCES = ("recompute", "graph", "batch", "dtype", "exact")
+def routing_rows(ctx: Context) -> list[Row]:
+    """The "routing" source (mixture-of-experts models): engine log mu vs the trainer's
+    recompute with its own (free) routing, whose label gives the share of tokens whose top-k
+    expert set differs from the engine's record in some MoE layer, and vs the recompute that
+    replays the engine's experts (trainer.routing=replay). Rows for the production dtype and,
+    if that is bf16, for an fp32 trainer too (the usual bf16-engine / fp32-trainer split)."""
+    rows = []
+    for dtype in dict.fromkeys((ctx.base_dtype, "float32")):
+        free = Recompute(dtype)
+        model = dataclasses.replace(ctx.cfg.model, dtype=dtype)
+        sampling = ctx.scoring._replace(exact=False)
+        trainer = Trainer(model, ctx.params, None, ctx.trainer_cfg, sampling=sampling)
+        logp, ran, _ = trainer.routing(ctx.batch)
+        ctx._cache.setdefault(free, logp)  # the same numbers as the free recompute side
+        share = differs(ran, ctx.batch.routes)[ran_positions(ctx.batch.mask)].any(-1).mean()
+        label = f"free routing (top-k sets differ on {share:.2%} of tokens): {ENGINE} vs {free}"
+        rows.append(ctx.compare("routing", ENGINE, free, label=label))
+        rows.append(ctx.compare("routing", ENGINE, Recompute(dtype, routing="replay")))
+    return rows
+
+
+BUILTIN_SOURCES = ("recompute", "graph", "batch", "dtype", "exact", "routing")
 # name -> fn(ctx) -> list[Row]: sources added from outside (scale/ adds "sharding").
 EXTRA_SOURCES: dict[str, Callable[[Context], list[Row]]] = {}
 
@@ -287,6 +312,8 @@ def diagnose(
 
         task = get_task(cfg.task.name, **cfg.task.args)
         params, _ = warm_start(cfg, CharTokenizer(), task, progress=False, log=log)
+    if sources is not None and "routing" in names and not cfg.model.num_experts:
+        raise ValueError("the routing source needs a mixture-of-experts model (model.num_experts)")
     rollouts, pad_id = generate_rollouts(cfg, params, prompts, samples or cfg.rl.group_size)
     ctx = Context(cfg, params, rollouts, pad_id, fast=fast)
     rows = [
@@ -294,6 +321,8 @@ def diagnose(
         for source, a, b, zero, in_fast, note in builtin_rows(ctx)
         if source in names and (in_fast or not fast)
     ]
+    if "routing" in names and cfg.model.num_experts:
+        rows += routing_rows(ctx)
     return rows + [
         row for name in names if name in EXTRA_SOURCES for row in EXTRA_SOURCES[name](ctx)
     ]

@@ -20,6 +20,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from minirl.training.microbatch import row_lengths
+
+
+def ran_positions(mask: np.ndarray, rows=None) -> np.ndarray:
+    """[B, T] completion mask -> [B, T] bool: the positions the trainer runs in each row (of
+    `rows`, default all) up to its last counted target (minirl/training/microbatch.py)."""
+    lengths = row_lengths(mask)
+    valid = np.arange(mask.shape[1])[None, :] < lengths[:, None]
+    if rows is not None:
+        valid &= np.isin(np.arange(mask.shape[0]), rows)[:, None]
+    return valid
+
 
 def differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[..., k] expert ids -> [...] True where the two top-k SETS differ."""

@@ -62,7 +62,7 @@ from minirl.training.forward import (
     training_forward_fn,
 )
 from minirl.training.optimizer import learning_rate
-from minirl.training.routing import routing_metrics
+from minirl.training.routing import ran_positions, routing_metrics
 from minirl.training.row_layout import HostRows, place_like, shardings_like_params
 from minirl.training.trainer_config import TrainerConfig
 from minirl.types import Batch
@@ -384,12 +384,9 @@ class Trainer:
         positions it ran that precede a counted target, in the rows it trained on."""
         if batch.routes is None or choices[0] is None:
             return {}
-        b, t = batch.mask.shape
-        choice = self._scatter(choices, plan, (b, t, *batch.routes.shape[2:]), np.int32)
-        valid = np.zeros((b, t), bool)
-        lengths = mbt.row_lengths(batch.mask)
-        for r in rows:
-            valid[r, : lengths[r]] = True
+        shape = batch.mask.shape + batch.routes.shape[2:]  # [B, T, M, k]
+        choice = self._scatter(choices, plan, shape, np.int32)
+        valid = ran_positions(batch.mask, rows)
         return routing_metrics(batch.routes, choice, valid, self.model_cfg.num_experts)
 
     @staticmethod

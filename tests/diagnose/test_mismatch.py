@@ -82,7 +82,7 @@ def _row(rows, source, contains):
 def test_fast_table_covers_every_source_and_exact_rows_are_zero(fast_table):
     rc, rows = fast_table
     assert rc == 0
-    assert {r.source for r in rows} == set(source_names()) | {"probe"}
+    assert {r.source for r in rows} == set(source_names()) - {"routing"} | {"probe"}  # dense
     assert all(r.tokens > 0 for r in rows)
     exact = [r for r in rows if r.expect_zero]
     assert {r.source for r in exact} == {"exact", "probe"}
@@ -261,3 +261,28 @@ def test_the_bf16_run_really_trains_bf16_weights(run_root):
 @pytest.mark.parametrize("name", list(SLOW_EXACT_RUNS))
 def test_exact_run_has_zero_mismatch_every_step_slow(name, run_root):
     _assert_zero_mismatch(_exact_run(name, run_root))
+
+
+# ---------------------------------------------------------------------------------------------
+# The routing source (mixture-of-experts models)
+
+
+@pytest.mark.slow
+def test_routing_source_measures_the_routers_disagreement_and_replay():
+    """A bf16 engine on a tiny MoE: a bf16 trainer routes every token as the engine did, an
+    fp32 trainer does not (its label says on what share); replaying the engine's experts is
+    never further from the engine than free routing. A dense model refuses the source."""
+    cfg = make_config("fixture", ["model.expert_dim=32", "model.num_experts=8"])
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="bfloat16"))
+    params = nnx.to_pure_dict(nnx.split(init_model(cfg.model, seed=0))[1])
+    rows = diagnose(cfg, prompts=4, samples=2, sources=["routing"], params=params, log=None)
+    assert [r.source for r in rows] == ["routing"] * 4 and all(r.tokens > 0 for r in rows)
+    bf16_free, bf16_replay, fp32_free, fp32_replay = rows
+    assert "differ on 0.00% of tokens" in bf16_free.compares
+    assert "bf16 recompute (replay)" in bf16_replay.compares
+    share = float(fp32_free.compares.split("differ on ")[1].split("%")[0])
+    assert 0.0 < share < 50.0
+    assert fp32_replay.max <= fp32_free.max and bf16_replay.max <= bf16_free.max
+    assert 1e-4 < fp32_free.mean < 0.1  # the bf16 engine against an fp32 trainer
+    with pytest.raises(ValueError, match="routing source needs a mixture-of-experts"):
+        diagnose(make_config("fixture"), sources=["routing"], params=params)
