@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 
 import jax
@@ -144,16 +145,22 @@ def _decode_without_routes(graphdef, s, params, cache, last, index, ids, budget,
     return s.layout.write_back(cache, view, starts, budget, s.chunk), toks, logps, None
 
 
+def _dropping_routes(fn):
+    """prefill / extend with their routes output dropped (jit then never computes it)."""
+    return functools.wraps(fn)(lambda *args, **kw: (*fn(*args, **kw)[:3], None))
+
+
 def compiled_without_routes(settings):
-    """decoding.compiled(settings) built with the routes record taken out of decode and prefill."""
-    saved = decoding.decode, decoding._routes
+    """decoding.compiled(settings) built with the routes record taken out of decode, prefill
+    and extend (the functions are bound when built; jit traces them later)."""
+    saved = decoding.decode, decoding.prefill, decoding.extend
     decoding.decode = _decode_without_routes
-    decoding._routes = lambda s, model: moe.collect(model) and None
+    decoding.prefill, decoding.extend = map(_dropping_routes, saved[1:])
     decoding.compiled.cache_clear()
     try:
         return decoding.compiled(settings)
     finally:
-        decoding.decode, decoding._routes = saved
+        decoding.decode, decoding.prefill, decoding.extend = saved
         decoding.compiled.cache_clear()
 
 
@@ -169,7 +176,7 @@ def engine_functions(fns):
 
 
 @pytest.mark.parametrize("slots", [32])
-def test_route_recording_cost(benchmark, setup, slots, rounds: int = 3, new: int = 32):
+def test_route_recording_cost(benchmark, setup, slots, rounds: int = 5, new: int = 32):
     cfg, params = setup
     engine = decode_engine(cfg, slots, params)
     sides = {"with": None, "without": compiled_without_routes(engine._static)}
