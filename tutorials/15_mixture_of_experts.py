@@ -25,8 +25,8 @@ bf16 engine. In a dense model that moves log p by about as much. In an MoE model
 experts' router probabilities are closer than the rounding, the engine and the trainer can pick
 DIFFERENT experts for the same token in the same weights, and the token's output then comes from a
 different sub-network: |log π − log μ| jumps from rounding size to whatever two experts disagree
-by. RLAX (§5.1) names this as the worst case of training–inference mismatch ("the set of activated
-experts can differ significantly") and plans routing alignment for it.
+by. RLAX (§5.1) singles out MoE models when it discusses mismatch: the set of activated experts
+can differ significantly between the old and the new policy, and it plans routing alignment.
 
 Two remedies, both in minirl:
 
@@ -92,8 +92,8 @@ agree, it makes the trainer run the engine's experts anyway.
 What does NOT reproduce at this scale: any effect on learning. The flips are ~1% of the tokens,
 so the per-step mean |Δ log p| moves little (free 3.6e-3, replay 3.4e-3: the bf16 rounding of
 every token dominates), and the held-out pass@1 of the three arms (0.638, 0.609, 0.632) is within
-seed noise (0.53-0.65 per seed). RLAX §5.1 sees the activated experts "differ significantly"
-between its rollout and training sides, R3 (arXiv 2510.11370) reports that replay lowers the
+seed noise (0.53-0.65 per seed). RLAX §5.1 notes that the set of activated experts can differ
+significantly between the old and the new policy and plans routing alignment, R3 (arXiv 2510.11370) reports that replay lowers the
 training-inference discrepancy of MoE models and keeps their RL from collapsing, and VeXact's
 collapse experiment runs on Qwen3-30B-A3B: 48 MoE layers of 128 experts (8 per token), thousands
 of tokens per sequence, hundreds of steps. Here: 2 layers of 8, 2-token completions, 30 steps. The
