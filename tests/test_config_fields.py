@@ -152,6 +152,14 @@ def test_every_setting_is_read_by_the_part_it_configures(reads, tmp_path, monkey
             "task.tools=calc",
             "task.max_turns=2",
             "engine.cache_len=64",
+            # a mixture of experts (its knobs are read only by MoE layers)
+            "model.num_experts=4",
+            "model.experts_per_token=2",
+            "model.expert_dim=32",
+            "model.shared_expert_dim=16",
+            "model.norm_topk_prob=false",
+            "model.moe_every=1",
+            "model.dense_layers=(0,)",
         ],
     )
     model = make_model_dir(tmp_path / "model", arch="qwen3")

@@ -169,15 +169,13 @@ def _moe_fields(hf: dict, arch: str, source: str) -> dict:
         raise CheckpointError(f"{source}: mlp_only_layers = {dense!r}: a list of layer indices")
     if not isinstance(hf.get("norm_topk_prob", False), bool):
         raise CheckpointError(f"{source}: norm_topk_prob = {hf['norm_topk_prob']!r}: true or false")
-    shared = arch == "Qwen2MoeForCausalLM"
+    shared = arch == "Qwen2MoeForCausalLM" and "shared_expert_intermediate_size"
     experts = "num_experts" if "num_experts" in hf else "num_local_experts"  # transformers 5's
     return dict(
         num_experts=_number(hf, experts, int, source),
         experts_per_token=_number(hf, "num_experts_per_tok", int, source),
         expert_dim=_number(hf, "moe_intermediate_size", int, source),
-        shared_expert_dim=_number(hf, "shared_expert_intermediate_size", int, source)
-        if shared
-        else 0,
+        shared_expert_dim=_number(hf, shared, int, source) if shared else 0,
         norm_topk_prob=hf.get("norm_topk_prob", False),
         moe_every=_number(hf, "decoder_sparse_step", int, source, 1),
         dense_layers=tuple(dense),
@@ -211,8 +209,8 @@ def default_architecture(cfg: ModelConfig) -> str:
         if cfg.qk_norm and not (cfg.shared_expert_dim or cfg.qkv_bias):
             return "Qwen3MoeForCausalLM"
         raise CheckpointError(
-            "no supported MoE architecture fits: Qwen2-MoE has a shared expert and no q/k norm, "
-            "Qwen3-MoE q/k norm and neither a shared expert nor q/k/v bias"
+            "no MoE architecture fits: Qwen2-MoE has a shared expert and no "
+            "q/k norm, Qwen3-MoE q/k norm, no shared expert, no q/k/v bias"
         )
     for name, (_, qkv_bias, qk_norm) in ARCHITECTURES.items():
         if name not in MOE_ARCHITECTURES and (cfg.qkv_bias, cfg.qk_norm) == (qkv_bias, qk_norm):

@@ -86,7 +86,7 @@ class ModelConfig:
     # Mixture of experts (minirl/modeling/moe.py, docs/moe.md); num_experts = 0: dense model.
     num_experts: int = 0  # E routed experts per MoE layer; 0 = a dense MLP in every layer
     experts_per_token: int = 2  # k: each token goes to the top-k experts of the router's softmax
-    expert_dim: int = 0  # each expert's SwiGLU width (HF moe_intermediate_size)
+    expert_dim: int = 0  # each expert's SwiGLU width (HF moe_intermediate_size); 0 = mlp_dim
     shared_expert_dim: int = 0  # a sigmoid-gated shared expert's width (Qwen2-MoE); 0 = none
     norm_topk_prob: bool = True  # renormalise the k chosen probabilities to sum 1 (Qwen3-MoE)
     moe_every: int = 1  # layer i is MoE when (i + 1) % moe_every == 0 (HF decoder_sparse_step)
@@ -131,6 +131,8 @@ class ModelConfig:
             raise ValueError("head_dim must be even (RoPE rotates pairs)")
         lora.check(self.lora_rank, self.lora_alpha, tuple(self.lora_targets))
         if self.num_experts:
+            if not self.expert_dim:  # resolved here, so overrides may come in any order
+                object.__setattr__(self, "expert_dim", self.mlp_dim)
             moe.check(self)
 
     @property
@@ -192,17 +194,8 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=1024,
     ),
     # A tiny mixture of experts (8 experts, 2 per token, 2 layers): tests and the MoE lesson.
-    "tiny-moe": ModelConfig(
-        dim=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        mlp_dim=128,
-        num_experts=8,
-        experts_per_token=2,
-        expert_dim=64,
-        qk_norm=True,  # Qwen3-MoE's layout: exports as Qwen3MoeForCausalLM
+    "tiny-moe": ModelConfig(  # q/k norm: exports as Qwen3MoeForCausalLM
+        dim=64, num_layers=2, head_dim=16, mlp_dim=128, num_experts=8, expert_dim=64, qk_norm=True
     ),
     # Exact shapes of public checkpoints (their config.json values).
     "qwen2.5-0.5b": ModelConfig(
@@ -253,27 +246,19 @@ PRESETS: dict[str, ModelConfig] = {
         dtype="bfloat16",
         param_dtype="bfloat16",
     ),
-    "qwen3-30b-a3b": ModelConfig(
-        vocab_size=151936,
-        dim=2048,
-        num_layers=48,
-        num_heads=32,
-        num_kv_heads=4,
-        head_dim=128,
-        mlp_dim=6144,
-        num_experts=128,
-        experts_per_token=8,
-        expert_dim=768,
-        norm_topk_prob=True,
-        rope_theta=1e6,
-        norm_eps=1e-6,
-        qk_norm=True,
-        tie_embeddings=False,
-        max_seq_len=40960,
-        dtype="bfloat16",
-        param_dtype="bfloat16",
-    ),
 }
+PRESETS["qwen3-30b-a3b"] = dataclasses.replace(  # Qwen3-0.6B's vocabulary, RoPE, norms, dtypes
+    PRESETS["qwen3-0.6b"],
+    dim=2048,
+    num_layers=48,
+    num_heads=32,
+    num_kv_heads=4,
+    mlp_dim=6144,
+    tie_embeddings=False,
+    num_experts=128,
+    experts_per_token=8,
+    expert_dim=768,
+)
 
 
 class KVCache(NamedTuple):
@@ -434,11 +419,8 @@ class Block(nnx.Module):
         self.attn_norm = RMSNorm(cfg.dim, cfg)
         self.attn = Attention(cfg, rngs)
         self.mlp_norm = RMSNorm(cfg.dim, cfg)
-        if sparse:
-            shared = MLP(cfg, rngs, cfg.shared_expert_dim) if cfg.shared_expert_dim else None
-            self.mlp = moe.MoE(cfg, rngs, shared)
-        else:
-            self.mlp = MLP(cfg, rngs)
+        shared = MLP(cfg, rngs, cfg.shared_expert_dim) if sparse and cfg.shared_expert_dim else None
+        self.mlp = moe.MoE(cfg, rngs, shared) if sparse else MLP(cfg, rngs)
         self.sparse = sparse
 
     def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None):
@@ -484,11 +466,8 @@ class Transformer(nnx.Module):
         (logits [B, T, V], new cache). `last_only` (with a cache): logits [B, 1, V] of each
         row's last real token only — a prefill samples from nothing else, and with a 152k
         vocabulary the LM head over every position is a quarter of a prefill's FLOPs.
-
-        MoE models: `routes` None lets each MoE layer's router choose; int32 [B, T, M, k]
-        (M = len(cfg.moe_layers), in layer order) replays those experts (the gate values still
-        come from this forward's router, see minirl/modeling/moe.py). Either way each MoE layer
-        records what it did; `moe.collect(model)` returns it."""
+        MoE: `routes` int32 [B, T, M, k] (M = len(cfg.moe_layers)) replays those experts, None
+        lets the routers choose; `moe.collect(model)` returns what they did (minirl/modeling/moe.py)."""
         cfg = self.cfg
         b, t = tokens.shape
         starts = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
@@ -500,9 +479,8 @@ class Transformer(nnx.Module):
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])
             args = (x, positions, inv_freq, layer_cache, starts, exact)
-            if i in sparse:  # the MoE layer's routes: replayed ([B, T, k]) or its own (None)
-                replay = None if routes is None else routes[:, :, sparse.index(i)]
-                args = (*args, replay)
+            if routes is not None and i in sparse:  # replay this MoE layer's routes [B, T, k]
+                args = (*args, routes[:, :, sparse.index(i)])
             x, kv = layer(*args)
             if kv is not None:
                 new_k.append(kv[0])

@@ -1,29 +1,18 @@
 """A mixture-of-experts MLP (Qwen2-MoE / Qwen3-MoE), its routing record and its balancing loss.
 
-What one MoE layer computes for a token x [D] (E experts, k per token, each a SwiGLU F wide):
+One MoE layer, for a token x [D] (E experts, k per token, each a SwiGLU F wide; docs/moe.md):
 
-    p       = softmax(x @ router)                     [E]  router [D, E], softmax in float32
-    chosen  = top-k of p                              [k]  ties: the lower expert index first
-              (or, replayed, the k experts `routes` names)
-    g       = p[chosen], / sum(g) if norm_topk_prob   [k]  the gate values
-    y       = sum_j g_j * down_e(silu(x gate_e) * (x up_e))   e = chosen_j
-            + sigmoid(x @ shared_gate) * shared(x)    (Qwen2-MoE's shared expert, if any)
+    p = softmax(x @ router) [E]; chosen = top-k of p (ties: lower index first) or the replayed
+    `routes`; g = p[chosen] (/ sum(g) if norm_topk_prob); y = sum_j g_j expert_{chosen_j}(x)
+    (+ sigmoid(x @ shared_gate) * shared(x), Qwen2-MoE's shared expert)
 
-The experts are one batched weight per projection: gate_proj and up_proj [E, D, F], down_proj
-[E, F, D]. With replay the SET of experts comes from `routes`, but g is still gathered from this
-forward's router probabilities, so gradients reach the router (R3, arXiv 2510.11370).
-
-How it is computed, in both modes: every expert runs on every token and the k chosen ones are
-kept by a combine weight that is zero for the others — x times [D, E*F] for gate and up, then
-(h * combine) times [E*F, D] for down, which also sums the k outputs. Three dense products, so
-exact mode is the ordinary fixed-order `minirl.modeling.exact.dense` and a token's result cannot
-depend on which other tokens share its batch (unchosen experts add exact zeros). The price is
-E/k times the active FLOPs: right for the tiny shapes minirl runs on a CPU; a production kernel
-groups tokens by expert instead (docs/moe.md).
-
-The record: every call stores, as `nnx.Intermediate` variables on the layer, the chosen experts
-int32 [B, T, k] (the router's order: largest probability first) and the router probabilities
-float32 [B, T, E]. `collect(model)` pops them for all MoE layers (inside jit too).
+Experts are one batched weight per projection: gate_proj, up_proj [E, D, F], down_proj [E, F, D].
+Replay takes the SET from `routes` but g from this forward's router, so gradients reach it (R3).
+Every expert runs on every token, the unchosen ones weighted by exact zeros: three dense products
+([D, E*F] twice, [E*F, D]), so exact mode is `minirl.modeling.exact.dense` and a token's result
+never depends on its batch; the price is E/k times the active FLOPs (tiny CPU shapes).
+Each call records the chosen experts int32 [B, T, k] and the router probabilities float32
+[B, T, E] as `nnx.Intermediate`s; `collect(model)` pops them for all MoE layers.
 """
 
 from __future__ import annotations
@@ -40,20 +29,17 @@ from minirl.modeling import exact as exact_ops
 
 def check(cfg) -> None:
     """ValueError unless cfg's MoE fields fit together (cfg.num_experts > 0)."""
-    e, k = cfg.num_experts, cfg.experts_per_token
+    e, k, n = cfg.num_experts, cfg.experts_per_token, cfg.num_layers
     if not 1 <= k <= e:
         raise ValueError(f"experts_per_token must be in 1..num_experts={e}, got {k}")
-    if cfg.expert_dim < 1 or cfg.shared_expert_dim < 0 or cfg.moe_every < 1:
+    if min(cfg.moe_every - 1, cfg.expert_dim, cfg.shared_expert_dim) < 0:
+        raise ValueError("moe_every must be >= 1 and expert_dim, shared_expert_dim >= 0")
+    if any(not 0 <= i < n for i in cfg.dense_layers):
+        raise ValueError(f"dense_layers must be layer indices < {n}")
+    if cfg.lora_rank and set(cfg.lora_targets) - set("qkvo"):
         raise ValueError(
-            "expert_dim and moe_every must be >= 1 and shared_expert_dim >= 0, got "
-            f"{cfg.expert_dim}, {cfg.moe_every}, {cfg.shared_expert_dim}"
-        )
-    if any(not 0 <= i < cfg.num_layers for i in cfg.dense_layers):
-        raise ValueError(f"dense_layers must be layer indices < {cfg.num_layers}")
-    if cfg.lora_rank and set(cfg.lora_targets) - {"q", "k", "v", "o"}:
-        raise ValueError(
-            "LoRA on a mixture-of-experts model adapts attention only: set lora_targets to a "
-            f"subset of (q, k, v, o), got {tuple(cfg.lora_targets)}"
+            "LoRA on a mixture-of-experts model adapts attention only: lora_targets must be "
+            f"among q, k, v, o, got {tuple(cfg.lora_targets)}"
         )
 
 
@@ -80,14 +66,10 @@ def route(probs: jax.Array, k: int, norm_topk_prob: bool, routes=None, exact: bo
 
 
 def load_balancing_loss(router_probs, routes, num_experts: int, mask=None) -> jax.Array:
-    """The Switch / Qwen auxiliary loss E * sum_e f_e * P_e (Fedus et al. 2021, eq. 4; the form
-    transformers' Qwen MoE models add): f_e = the share of tokens that sent one of their k
-    choices to expert e (so sum_e f_e = k), P_e = the mean router probability of e. Perfect
-    balance gives k; all tokens on the same k experts with probability 1 give E.
-
-    router_probs [..., E] float, routes [..., k] int (the same leading axes, e.g. [B, T, M]: the
-    layers are pooled as transformers does); mask [...] (a prefix of the leading axes, e.g.
-    [B, T]) weights the tokens, 0 for padding. Differentiable in router_probs."""
+    """Switch's auxiliary loss as transformers' Qwen MoE models add it (Fedus et al. 2021, eq. 4):
+    E * sum_e f_e * P_e, f_e = the share of tokens sending one of their k choices to e (sum k),
+    P_e = e's mean router probability; k when balanced, E when collapsed. router_probs [..., E],
+    routes [..., k] (e.g. [B, T, M]: layers pooled); mask (a prefix of those axes) weights tokens."""
     lead = routes.shape[:-1]
     w = jnp.ones(lead, jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32)
     w = jnp.broadcast_to(w.reshape(w.shape + (1,) * (len(lead) - w.ndim)), lead)[..., None]
@@ -120,10 +102,12 @@ class MoE(nnx.Module):
     def __call__(self, x: jax.Array, routes=None, exact: bool = False) -> jax.Array:
         """x [B, T, D] -> [B, T, D]; routes None (the router chooses) or int32 [B, T, k]."""
         e, d, f = self.gate_proj.shape
-        logits = exact_ops.dense(x, self.router[...].astype(x.dtype), exact)  # [B, T, E]
-        probs = softmax(logits, exact)
+        probs = softmax(exact_ops.dense(x, self.router[...].astype(x.dtype), exact), exact)
         chosen, gates = route(probs, self.k, self.norm_topk_prob, routes, exact)
-        self._record(chosen, probs)
+        try:  # the record `collect` pops; impossible (and skipped) inside a jax.lax loop
+            self.routes, self.router_probs = nnx.Intermediate(chosen), nnx.Intermediate(probs)
+        except TraceContextError:  # that the layer was merged outside of
+            pass
         # Zero for the E - k unchosen experts; each chosen one appears once, so sums are exact.
         combine = jnp.sum(jax.nn.one_hot(chosen, e, dtype=jnp.float32) * gates[..., None], -2)
         wide = lambda w: w[...].astype(x.dtype).transpose(1, 0, 2).reshape(d, e * f)  # [D, E*F]
@@ -137,16 +121,6 @@ class MoE(nnx.Module):
         s = exact_ops.dense(x, self.shared_expert_gate[...].astype(x.dtype), exact)
         shared = jax.nn.sigmoid(s) * self.shared_expert(x, exact)
         return y + (exact_ops.fusion_barrier(shared) if exact else shared)
-
-    def _record(self, chosen, probs) -> None:
-        """Keep this call's routing for `collect` (the last call wins). A layer merged outside a
-        jax.lax loop and called inside it (the engine's decode loop) cannot be written to from
-        there: it records nothing, and `collect` says so — merge inside the loop body to record."""
-        try:
-            self.routes = nnx.Intermediate(chosen)
-            self.router_probs = nnx.Intermediate(probs)
-        except TraceContextError:
-            pass
 
 
 def collect(model) -> tuple[jax.Array | None, jax.Array | None]:

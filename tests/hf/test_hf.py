@@ -25,6 +25,7 @@ from safetensors.numpy import load_file, save_file
 from minirl.hf.model_files import (
     CheckpointError,
     config_from_hf,
+    config_to_hf,
     load_hf,
     open_checkpoint,
     save_hf,
@@ -453,6 +454,23 @@ QWEN3_06B = dict(
     use_sliding_window=False,
     vocab_size=151936,
 )
+# Qwen/Qwen3-30B-A3B's config.json (its MoE fields included)
+QWEN3_30B_A3B = {
+    **QWEN3_06B,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": False,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+}
 LLAMA32_1B = dict(
     architectures=["LlamaForCausalLM"],
     attention_bias=False,
@@ -482,7 +500,12 @@ LLAMA32_1B = dict(
 
 @pytest.mark.parametrize(
     "hf, preset",
-    [(QWEN25_05B, "qwen2.5-0.5b"), (QWEN3_06B, "qwen3-0.6b"), (LLAMA32_1B, "llama-3.2-1b")],
+    [
+        (QWEN25_05B, "qwen2.5-0.5b"),
+        (QWEN3_06B, "qwen3-0.6b"),
+        (LLAMA32_1B, "llama-3.2-1b"),
+        (QWEN3_30B_A3B, "qwen3-30b-a3b"),
+    ],
 )
 def test_published_configs_give_the_presets(hf, preset):
     assert config_from_hf(hf, dtype="bfloat16") == ModelConfig.preset(preset)
@@ -531,6 +554,37 @@ def test_config_errors(change, message):
         return
     with pytest.raises(CheckpointError, match=message):
         config_from_hf(hf, source="m/config.json")
+
+
+def test_moe_configs_by_architecture(tmp_path):
+    """Qwen2-MoE's shared expert, q/k/v bias switch and dense layers; transformers 5's
+    num_local_experts; the MoE config written back; what neither MoE architecture can hold."""
+    qwen2 = {
+        **QWEN25_05B,
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [3],
+    }
+    cfg = config_from_hf(qwen2)
+    assert (cfg.num_experts, cfg.experts_per_token, cfg.expert_dim) == (60, 4, 1408)
+    assert (cfg.shared_expert_dim, cfg.norm_topk_prob, cfg.qkv_bias) == (5632, False, True)
+    assert cfg.moe_layers == tuple(i for i in range(1, 24, 2) if i != 3)
+    assert config_from_hf({**qwen2, "qkv_bias": False}).qkv_bias is False
+    back = config_to_hf(cfg)
+    assert back["architectures"] == ["Qwen2MoeForCausalLM"] and back["mlp_only_layers"] == [3]
+    assert config_from_hf({**qwen2, **back}) == cfg
+    v5 = {k: v for k, v in QWEN3_30B_A3B.items() if k != "num_experts"}
+    assert config_from_hf({**v5, "num_local_experts": 128}).num_experts == 128
+    with pytest.raises(CheckpointError, match="mlp_only_layers = 'all': a list of layer"):
+        config_from_hf({**qwen2, "mlp_only_layers": "all"})
+    with pytest.raises(CheckpointError, match="num_experts_per_tok = None: a positive integer"):
+        config_from_hf({**qwen2, "num_experts_per_tok": None})
+    with pytest.raises(CheckpointError, match="no MoE architecture fits"):
+        config_to_hf(ModelConfig.preset("tiny-moe", qk_norm=False))
 
 
 def test_save_refuses_an_architecture_that_cannot_hold_the_model(tmp_path):
@@ -591,3 +645,19 @@ def test_moe_greedy_decode_equals_generate(checkpoints, arch):
                 pad_token_id=0,
             )
         np.testing.assert_array_equal(np.asarray(out.tokens), ids[0, len(prompt) :].numpy())
+
+
+def test_a_block_of_stacked_experts_is_read_alone(checkpoints):
+    """A StackedSource reads only the experts (and the block) asked for, in minirl's layout,
+    equal to the experts transformers holds (fused there: gate_up_proj [E, 2F, D])."""
+    path, model, _ = checkpoints["qwen3_moe"]
+    _, sources = open_checkpoint(path)
+    experts = model.model.layers[0].mlp.experts
+    gate_up, down = experts.gate_up_proj.detach().numpy(), experts.down_proj.detach().numpy()
+    gate = sources[("layers", 0, "mlp", "gate_proj")]
+    assert gate.shape == (4, 64, 32) and len(gate.parts) == 4
+    np.testing.assert_array_equal(gate.read(), gate_up[:, :32].transpose(0, 2, 1))
+    block = (slice(1, 3), slice(32, 64), slice(None))  # experts 1 and 2, the second half of D
+    np.testing.assert_array_equal(gate.read(block), gate_up[1:3, :32, 32:].transpose(0, 2, 1))
+    stacked_down = sources[("layers", 0, "mlp", "down_proj")].read()  # [E, F, D]
+    np.testing.assert_array_equal(stacked_down, down.transpose(0, 2, 1))

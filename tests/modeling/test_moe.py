@@ -120,7 +120,8 @@ def test_load_balancing_loss_by_hand():
 
 @functools.cache
 def _compiled(dtype: str, exact: bool):
-    cfg = dataclasses.replace(CFG, dtype=dtype, param_dtype=dtype)
+    # Exact mode on one layer (router, experts, shared expert: every exact path, half the compile)
+    cfg = dataclasses.replace(CFG, dtype=dtype, param_dtype=dtype, num_layers=1 if exact else 2)
     graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(params=0)))
 
     @jax.jit
@@ -163,8 +164,7 @@ def test_the_record_and_replay_of_the_models_own_routes():
 
 def test_a_dense_model_records_nothing():
     model = Transformer(dataclasses.replace(CFG, num_experts=0, num_layers=1), nnx.Rngs(params=0))
-    model(jnp.ones((1, 2), jnp.int32))
-    assert moe.collect(model) == (None, None)
+    assert not model.layers[0].sparse and moe.collect(model) == (None, None)
 
 
 def _cached_logits(dtype, exact, tokens):
@@ -207,16 +207,20 @@ def test_exact_mode_is_bitwise_on_moe(dtype):
 def test_moe_config_checks_and_lora_on_attention():
     for overrides, message in [
         ({"experts_per_token": 9}, "experts_per_token must be in 1..num_experts=8"),
-        ({"expert_dim": 0}, "expert_dim and moe_every must be >= 1"),
+        ({"moe_every": 0}, "moe_every must be >= 1 and expert_dim, shared_expert_dim >= 0"),
         ({"dense_layers": (2,)}, "dense_layers must be layer indices < 2"),
         ({"lora_rank": 4}, "LoRA on a mixture-of-experts model adapts attention only"),
     ]:
         with pytest.raises(ValueError, match=message):
             ModelConfig.preset("tiny-moe", **overrides)
+    # expert_dim 0 = mlp_dim, resolved when the experts are switched on (any override order)
+    assert ModelConfig(num_experts=4).expert_dim == ModelConfig().mlp_dim == 768
+    assert ModelConfig(num_experts=0).expert_dim == 0
     cfg = ModelConfig.preset("tiny-moe", lora_rank=4, lora_targets=("q", "v"))
-    model = Transformer(cfg, nnx.Rngs(params=0))
-    assert model.layers[0].attn.q_lora_a.shape == (64, 4)
-    assert model(jnp.asarray(_tokens())).shape == (B, T, 64)
+    graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(params=0)))
+    assert nnx.to_pure_dict(params)["layers"][0]["attn"]["q_lora_a"].shape == (64, 4)
+    forward = lambda p: nnx.merge(graphdef, p)(jnp.asarray(_tokens()))
+    assert jax.eval_shape(forward, params).shape == (B, T, 64)  # traced, not compiled
 
 
 def test_which_layers_are_sparse_and_the_counts():
@@ -267,7 +271,32 @@ def test_a_model_called_inside_a_loop_it_was_not_merged_in_records_nothing():
 
         return jax.lax.fori_loop(0, 2, body, jnp.zeros((), jnp.int32))
 
+    @jax.jit
+    def once(params):
+        model = nnx.merge(graphdef, params)
+        model(tokens)
+        return moe.collect(model)[0].sum()
+
     assert outside(params).shape == (1, 2, 64)
-    model = nnx.merge(graphdef, params)
-    model(tokens)
-    assert int(inside(params)) == 2 * int(moe.collect(model)[0].sum())
+    assert int(inside(params)) == 2 * int(once(params))
+
+
+def test_an_moe_block_gets_a_dense_blocks_arguments_unless_routes_are_replayed():
+    """Free routing calls every block with the dense block's six arguments, so a wrapper written
+    for them (the trainer's remat) runs an MoE model unchanged; replay adds the seventh."""
+    seen = []
+
+    class Wrapper(nnx.Module):
+        def __init__(self, block):
+            self.block = block
+
+        def __call__(self, *args):
+            seen.append(len(args))
+            return self.block(*args)
+
+    model = Transformer(dataclasses.replace(CFG, num_layers=1), nnx.Rngs(params=0))
+    model.layers = nnx.List([Wrapper(b) for b in model.layers])
+    tokens = jnp.ones((1, 2), jnp.int32)
+    jax.eval_shape(lambda: model(tokens))  # traced only
+    jax.eval_shape(lambda: model(tokens, routes=jnp.zeros((1, 2, 1, 2), jnp.int32)))
+    assert seen == [6, 7]
