@@ -160,6 +160,8 @@ def test_every_setting_is_read_by_the_part_it_configures(reads, tmp_path, monkey
             "model.norm_topk_prob=false",
             "model.moe_every=1",
             "model.dense_layers=(0,)",
+            "trainer.routing=replay",
+            "rl.router_aux_coef=0.01",
         ],
     )
     model = make_model_dir(tmp_path / "model", arch="qwen3")

@@ -233,6 +233,8 @@ class Trainer:
             )
         t0 = time.perf_counter()
         self._check_batch(batch)
+        if self._spec.routing == "replay" and batch.routes is None:
+            raise ValueError("trainer.routing=replay needs the engine's routes (batch.routes)")
         plan = self._plan(batch)
         skip = prox_logp is None and self.skips_recompute(on_policy)
         objective = _SelfProx(self.objective) if skip else self.objective
@@ -332,11 +334,10 @@ class Trainer:
         return self._row_layout.rows(mbt.gather(x, mb))
 
     def _replayed(self, batch: Batch, mb: mbt.MicroBatch):
-        """The micro-batch's engine routes where the trainer replays them, else None."""
-        if self._spec.routing != "replay":
+        """The micro-batch's engine routes where the trainer replays them, else None (a batch
+        without them, e.g. `sft_step`'s, is routed freely; `train_step` refuses one)."""
+        if self._spec.routing != "replay" or batch.routes is None:
             return None
-        if batch.routes is None:
-            raise ValueError("trainer.routing=replay needs the engine's routes (batch.routes)")
         return self._rows(batch.routes, mb)
 
     def _scatter(self, results: list, plan, shape, dtype=np.float32) -> np.ndarray:

@@ -210,6 +210,10 @@ def test_replay_runs_the_engines_experts_where_free_routing_differs(engine_batch
     want = routing_metrics(b.routes, choice, valid, CFG.num_experts)
     assert m["routing/disagreement"] == pytest.approx(want["routing/disagreement"])
     assert m["routing/disagreement"] > 0.05
+    with pytest.raises(ValueError, match="replay needs the engine's routes"):
+        trainer(moved_router, "replay", sampling=FAST).train_step(
+            dataclasses.replace(b, routes=None)
+        )
 
 
 @pytest.mark.slow
