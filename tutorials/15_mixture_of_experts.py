@@ -38,9 +38,10 @@ Two remedies, both in minirl:
           activations) stays.
   exact   `engine.exact=true` (VeXact): engine and trainer run the same fixed-order reductions,
           so the router probabilities, and with them the chosen experts, are the same; ties
-          broken by one rule (the lower expert index wins). Nothing is left to disagree. (On
-          this lesson's model exact mode is not yet bitwise: |Δ log p| stays at fp32 rounding,
-          ~1e-6; docs/moe.md, "Exact mode across experts". The routing agrees all the same.)
+          broken by one rule (the lower expert index wins). Nothing is left to disagree. (In
+          this lesson's setting exact mode is not yet bitwise on an MoE model: |Δ log p| stays
+          at fp32 rounding, ~1e-6; docs/moe.md, "Exact mode across experts". The routing agrees
+          all the same.)
 
 The per-step metrics show it (docs/moe.md): `train/routing/disagreement` is the share of tokens
 whose top-k SET differs between the engine's record and the trainer's own routers in at least one
