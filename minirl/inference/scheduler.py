@@ -107,7 +107,9 @@ class Sequence:
     def add_routes(self, routes: np.ndarray, replace: bool = False) -> None:
         """The experts of positions the engine just ran (MoE): appended after the ones recorded,
         or, for a rebuild (`replace`), in place of all of them."""
-        self.routes = [routes] if replace else [*self.routes, routes]
+        if replace:
+            self.routes.clear()
+        self.routes.append(routes)
 
     def append(self, token: int, logprob: float, version: int) -> None:
         self.tokens.append(int(token))

@@ -82,7 +82,6 @@ class _Checkpointed(nnx.Module):
     def __init__(self, block, policy):
         self.block = block
         self.policy = policy
-        self.sparse = block.sparse
 
     def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None):
         assert layer_cache is None, "remat is for the training forward (no KV cache)"

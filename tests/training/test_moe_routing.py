@@ -218,12 +218,16 @@ def test_replay_runs_the_engines_experts_where_free_routing_differs(engine_batch
 
 @pytest.mark.slow
 def test_replay_still_trains_the_router(engine_batch, moved_router):
+    """Under remat ("nothing": every block recomputed in the backward pass) too: the routers'
+    record comes out of the checkpointed blocks, and the router gets a gradient."""
     t = trainer(moved_router, "replay", sampling=FAST)
-    spec = ForwardSpec(CFG, FAST, "none", "replay")
-    b = engine_batch
+    spec = ForwardSpec(CFG, FAST, "nothing", "replay")
+    b, valid = engine_batch, ran_positions(engine_batch.mask)
     part = {"weight": b.mask / b.mask.sum()}
     run = jax.jit(lambda p, *args: accumulate(spec, _NLL, p, None, *args))
-    (grads, _), _, _, _ = run(t.params(), b.tokens, b.targets, part, None, b.routes)
+    (grads, _), _, _, choice = run(t.params(), b.tokens, b.targets, part, None, b.routes)
+    np.testing.assert_array_equal(np.asarray(choice)[valid], t.routing(b)[2][valid])
+    assert differs(np.asarray(choice), b.routes)[valid].any()  # its own pick, not the replay
     for i in CFG.moe_layers:
         assert float(jnp.abs(grads["layers"][i]["mlp"]["router"]).max()) > 1e-6
 
