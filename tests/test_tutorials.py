@@ -245,6 +245,24 @@ EXPECTED = {
             )
         ),
     ),
+    "15_mixture_of_experts.py": dict(
+        files=["moe.png", "free_seed0/metrics.jsonl", "replay_seed0/metrics.jsonl"],
+        prints=[
+            "Step 1. the anatomy of one batch",
+            "trainer routing = replay",
+            "replay_runs_the_engine_experts_everywhere    True",
+            "collapse under routing mismatch?",
+        ],
+        check=lambda r: (
+            all(r["claims"].values())
+            and r["anatomy"]["replay_runs_engine_experts"] == 1.0
+            and r["anatomy"]["free_runs_engine_experts"] < 1.0  # bf16 flipped some routes
+            and r["anatomy"]["dlogp"]["replay_flipped"] < r["anatomy"]["dlogp"]["free_flipped"]
+            and r["runs"]["exact"]["disagreement_max"] == 0.0
+            and sorted(r["runs"]) == ["exact", "free", "replay"]
+            and all(len(a["heldout_pass@1"]) == 1 for a in r["runs"].values())
+        ),
+    ),
 }
 
 
