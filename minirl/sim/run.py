@@ -136,11 +136,11 @@ class SimController(Controller):
 def build(setup: Setup, clock: VirtualClock, mixture=None):
     """A SimController with its parts, at version 0 everywhere. `mixture`: the prompt source
     (default: SimPrompts of `prompt_len` tokens)."""
-    cfg = SimpleNamespace(  # what the controller reads of a RunConfig (full fine-tuning: no LoRA)
+    cfg = SimpleNamespace(  # what the controller reads of a RunConfig (full fine-tuning, no LoRA)
         rl=setup.rl,
         engine=setup.engine,
         trainer=SimpleNamespace(bucket_minimum=1),
-        model=SimpleNamespace(lora_rank=0),
+        model=SimpleNamespace(lora_rank=0, num_experts=0),  # dense: no routes to record
     )
     engine = SimEngine(setup.engine, setup.costs, setup.lengths, clock, setup.replicas)
     store = SimStore(keep=max(4, setup.rl.reload_every + 2))
