@@ -259,6 +259,7 @@ EXPECTED = {
             and r["anatomy"]["free_runs_engine_experts"] < 1.0  # bf16 flipped some routes
             and r["anatomy"]["dlogp"]["replay_flipped"] < r["anatomy"]["dlogp"]["free_flipped"]
             and r["runs"]["exact"]["disagreement_max"] == 0.0
+            and r["exact_bitwise"]  # exact mode: |dlogp| = 0 at every step
             and sorted(r["runs"]) == ["exact", "free", "replay"]
             and all(len(a["heldout_pass@1"]) == 1 for a in r["runs"].values())
         ),

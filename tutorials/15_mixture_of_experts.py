@@ -38,10 +38,8 @@ Two remedies, both in minirl:
           activations) stays.
   exact   `engine.exact=true` (VeXact): engine and trainer run the same fixed-order reductions,
           so the router probabilities, and with them the chosen experts, are the same; ties
-          broken by one rule (the lower expert index wins). Nothing is left to disagree. (In
-          this lesson's setting exact mode is not yet bitwise on an MoE model: |Δ log p| stays
-          at fp32 rounding, ~1e-6; docs/moe.md, "Exact mode across experts". The routing agrees
-          all the same.)
+          broken by one rule (the lower expert index wins). Nothing is left to disagree:
+          |Δ log p| is 0 at every step (docs/moe.md, "Exact mode across experts").
 
 The per-step metrics show it (docs/moe.md): `train/routing/disagreement` is the share of tokens
 whose top-k SET differs between the engine's record and the trainer's own routers in at least one
@@ -100,8 +98,7 @@ collapse experiment runs on Qwen3-30B-A3B: 48 MoE layers of 128 experts (8 per t
 of tokens per sequence, hundreds of steps. Here: 2 layers of 8, 2-token completions, 30 steps. The
 chance that some layer flips grows with the layers and with more experts crowding the top-k, and
 a flip at one position moves every later one through attention; a 2-token completion gives it
-nowhere to go. Also open: exact mode is not bitwise on this model yet (|Δ log p| up to 2.9e-6,
-fp32 rounding; the exact row of `minirl diagnose` on it fails: docs/moe.md).
+nowhere to go.
 
     mode: full   cores: 2   load average: 11.8
 
@@ -458,8 +455,7 @@ def main() -> None:
         "replay_runs_the_engine_experts_everywhere": anat["replay_runs_engine_experts"] == 1.0,
         "replay_shrinks_dlogp_on_flipped_tokens": dl["replay_flipped"] < dl["free_flipped"],
         "exact_run_zero_disagreement_every_step": summary["exact"]["disagreement_max"] == 0.0,
-        "exact_run_mismatch_below_fp32_rounding": max(summary["exact"]["dlogp_max_per_step"])
-        < 1e-5,
+        "exact_run_bitwise_every_step": max(summary["exact"]["dlogp_max_per_step"]) == 0.0,
         "bf16_runs_mismatch_above_1e-4": min(summary[a]["dlogp_mean"] for a in ("free", "replay"))
         > 1e-4,
     }
@@ -467,10 +463,6 @@ def main() -> None:
     for name, ok in claims.items():
         print(f"  {name:44s} {ok}")
     exact_max = max(summary["exact"]["dlogp_max_per_step"])
-    print(
-        f"  exact arm bitwise (|Δ log p| = 0 at every step)? {exact_max == 0.0} "
-        f"(largest |Δ log p| over its steps {exact_max:.1e})"
-    )
     gap = summary["free"]["heldout_mean"] - summary["exact"]["heldout_mean"]
     print(
         f"  collapse under routing mismatch? held-out pass@1 free {summary['free']['heldout_mean']:.3f}"
