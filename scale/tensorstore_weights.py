@@ -69,6 +69,7 @@ from minirl.control.workers import register_message_type
 from minirl.store.serialization import from_bytes
 from minirl.store.trees import flatten_tree
 from minirl.store.weights import (
+    UnknownVersionError,
     check_new_version,
     check_release,
     check_version,
@@ -161,9 +162,26 @@ class TensorStoreWeightStore:
 
     def get(self, version: int | None = None) -> tuple[int, Any]:
         """(version, params) with numpy leaves; the newest committed version if None."""
-        version, manifest = self._manifest_for(version)
-        arrays = self._read(version, manifest, [(e, ()) for e in manifest["arrays"]])
-        return version, self._rebuild(manifest, arrays)
+
+        def read(v):
+            v, manifest = self._manifest_for(v)
+            return v, self._rebuild(
+                manifest, self._read(v, manifest, [(e, ()) for e in manifest["arrays"]])
+            )
+
+        return self._newest(read, version)
+
+    @staticmethod
+    def _newest(read, version: int | None):
+        """read(version); with version None (the newest), read again if the newest seen was
+        evicted meanwhile (a writer put `keep` versions while this one read): "the newest" is
+        never unknown, whereas a version asked for by number may be."""
+        while True:
+            try:
+                return read(version)
+            except UnknownVersionError:
+                if version is not None:
+                    raise
 
     def versions(self) -> list[int]:
         """Committed versions, oldest first (listed from the kvstore on every call)."""
@@ -286,6 +304,9 @@ class TensorStoreWeightStore:
         `jax.sharding.Sharding` matching params, one Sharding for every array, or a function
         (path, shape) -> Sharding. Each process reads only the slices its devices hold (each
         distinct slice once, however many local devices replicate it)."""
+        return self._newest(lambda v: self._get_sharded(v, shardings), version)
+
+    def _get_sharded(self, version: int | None, shardings: Any) -> tuple[int, Any]:
         version, manifest = self._manifest_for(version)
         entries = manifest["arrays"]
         if isinstance(shardings, jax.sharding.Sharding):

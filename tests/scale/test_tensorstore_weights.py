@@ -197,3 +197,29 @@ def test_unstorable_dtypes_are_refused_clearly(tmp_path, bad):
 def test_bad_config_is_refused(tmp_path, kwargs):
     with pytest.raises(ValueError):
         TensorStoreWeightStore(tmp_path, **kwargs)
+
+
+def test_the_newest_evicted_mid_read_is_read_again_a_version_by_number_is_not():
+    """A reader of "the newest" whose version is evicted while it reads (a writer put `keep`
+    versions meanwhile: a loaded machine, a slow reader) gets the new newest, never an error;
+    a version asked for by number that is gone stays an UnknownVersionError."""
+    store = TensorStoreWeightStore("memory://evicted-mid-read/", keep=2)
+    store.put(1, {"w": np.full(4, 1.0, np.float32)})
+    real_read, calls = store._read, []
+
+    def slow_read(version, manifest, wanted):
+        calls.append(version)
+        if len(calls) == 1:  # while the first read runs, the writer moves on by two versions
+            store.put(2, {"w": np.full(4, 2.0, np.float32)})
+            store.put(3, {"w": np.full(4, 3.0, np.float32)})
+        return real_read(version, manifest, wanted)
+
+    store._read = slow_read
+    version, params = store.get()
+    assert (version, calls) == (3, [1, 3])
+    np.testing.assert_array_equal(params["w"], np.full(4, 3.0, np.float32))
+    calls.clear()
+    store.put(4, {"w": np.full(4, 4.0, np.float32)})
+    store.put(5, {"w": np.full(4, 5.0, np.float32)})  # version 3 is evicted (keep=2)
+    with pytest.raises(UnknownVersionError):
+        store.get(3)
