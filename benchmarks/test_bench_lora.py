@@ -3,14 +3,16 @@ figure a ratio of two arms measured in the same run (docs/benchmarking.md, docs/
 
   memory      peak RSS of a fresh 2-step `minirl train --model DIR --data FILE` process on a
               Qwen2.5-0.5B-shaped checkpoint (benchmarks/test_bench_real_size.py's), with
-              `--set model.lora_rank=16` and without; the LoRA arm runs first. Also the bytes of
+              `--set model.lora_rank=16` and without, and a third arm with the frozen base
+              stored in bf16 (`--set model.param_dtype=bfloat16`, the adapters float32),
+              reported beside them; the LoRA arms run first. Also the bytes of
               one published version (`store/version_bytes` of the LoRA run's metrics) against the
               model's fp32 bytes, beside the same figure from the shapes (`adapter_bytes`).
   train       `trainer.train_step` tokens/s with and without LoRA on the same shape and batch
               (`tiny` and `small`, 8 rows x 256 positions, loss "dapo"), interleaved over ROUNDS
               rounds; the median of the per-round ratios.
 
-Run (the memory test: 4-10 minutes on 2 cores and ~19 GB of memory at its peak, needs the
+Run (the memory test: 6-12 minutes on 2 cores and ~19 GB of memory at its peak, needs the
 `reference` extra to build the checkpoint; the train test: ~3 minutes):
     python -m pytest benchmarks/test_bench_lora.py -q -s
 With `LORA_BENCH_SHAPE=dev` the memory test uses a 4-layer, 8192-token-vocabulary cut of the
@@ -71,6 +73,8 @@ def test_lora_memory_and_version_bytes(shape_checkpoint):
     name, cfg, path = shape_checkpoint
     fp32_bytes = 4 * cfg.num_params()
     lora_peak = _rl_run_peak_rss(path, "none", (f"model.lora_rank={RANK}",), name="lora")
+    bf16 = (f"model.lora_rank={RANK}", "model.param_dtype=bfloat16")
+    bf16_peak = _rl_run_peak_rss(path, "none", bf16, name="lora-bf16")
     full_peak = _rl_run_peak_rss(path, "none", name="full")
     rows = [json.loads(line) for line in (path.parent / "run-lora" / "metrics.jsonl").open()]
     published = {r["store/version_bytes"] for r in rows if "store/version_bytes" in r}
@@ -80,7 +84,9 @@ def test_lora_memory_and_version_bytes(shape_checkpoint):
         "model_fp32_gb": fp32_bytes / 1e9,
         "lora_peak_rss_gb": lora_peak / 1e9,
         "full_peak_rss_gb": full_peak / 1e9,
+        "lora_bf16_base_peak_rss_gb": bf16_peak / 1e9,
         "lora_over_full": lora_peak / full_peak,
+        "lora_bf16_base_over_full": bf16_peak / full_peak,
         "lora_peak_over_model_fp32": lora_peak / fp32_bytes,
         "full_peak_over_model_fp32": full_peak / fp32_bytes,
         "version_bytes": sorted(published),

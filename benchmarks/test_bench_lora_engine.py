@@ -8,7 +8,9 @@ Models: `tiny` and `small`, random weights, float32, rank 16 on every projection
 gate, up, down), random nonzero B. Workload as benchmarks/test_bench_engine.py: `slots` prompts
 of 32 tokens, 32 new tokens each. Each row prints tokens/s of both arms (best of 3 after a
 warm-up, measured in the same row) and the merge's own time (`lora.merge`, once per reload).
-Nothing about time is asserted (a shared machine): the ratio is the figure.
+Nothing about time is asserted (a shared machine): the ratio is the figure. Its verdict (merged
+within the noise of unmerged) is why the engine applies adapters unmerged in both modes; the
+merged arm is `lora.merge` (the export's) and the plain model (docs/lora.md, "Engine").
 """
 
 from __future__ import annotations

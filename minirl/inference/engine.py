@@ -76,12 +76,9 @@ class Engine:
         outside = [i for i in config.eos_ids if not 0 <= i < model_config.vocab_size]
         if outside:
             raise ValueError(f"eos_ids {outside} are outside the vocabulary")
-        # LoRA: fast mode folds the adapters into the base once per load_weights (the plain
-        # model decodes ~1.2x faster: docs/lora.md); exact mode applies them unmerged, as the
-        # trainer does, so their log-probs stay bitwise equal.
-        self._merge = model_config if model_config.lora_rank and not config.exact else None
+        # LoRA: both modes apply the adapters unmerged, as the trainer does (merging per reload
+        # decoded no faster and cost a copy of the projections: docs/lora.md, "Engine").
         self._lora = lora.EngineBase() if model_config.lora_rank else None  # adapters-only loads
-        model_config = lora.base_config(model_config) if self._merge else model_config
         dtype = config.dtype or model_config.dtype
         self.config = config
         self.model_config = dataclasses.replace(model_config, dtype=dtype, param_dtype=dtype)
@@ -114,12 +111,10 @@ class Engine:
     def load_weights(self, version: int, params: Any) -> None:
         """Use `params` (`nnx.split(model)[1]`, or `nnx.to_pure_dict` of it, with numpy or JAX
         leaves) from now on; tokens sampled from now on carry `version`. A LoRA model's
-        params hold its adapters (merged here in fast mode), or after a first whole load may
-        be its adapters alone (joined to the base that load brought)."""
+        params hold its adapters, or after a first whole load may be its adapters alone (joined
+        to the base that load brought); the base's arrays are used as given, never merged."""
         if self._lora is not None:
             params = self._lora.whole(params)
-        if self._merge is not None:
-            params = lora.merged(params, self._merge)
         self._params = prepare_params(params, self.model_config)
         self._version = int(version)
 

@@ -11,7 +11,7 @@ for bit (the adapter term is an exact zero added to x W).
     cfg = ModelConfig(lora_rank=16, lora_alpha=32.0, lora_targets=("q", "v"))
     params = add_adapters(base_params, cfg, seed)    # fresh adapters beside loaded base weights
     trainable, frozen = partition(params, cfg)       # what the trainer differentiates and updates
-    merged = merge(params, cfg)                       # W + A B alpha / r: a plain base model again
+    merged = merge(params, cfg)                       # W + A B alpha / r: a plain model (export)
     base = EngineBase(); whole = base.whole(version)  # an engine's side of adapters-only versions
 
 Where the adapters live: beside their projection, `{target}_lora_a` / `{target}_lora_b` in the
@@ -28,7 +28,6 @@ the log pi_prox recompute never call it: they see the adapters without dropout.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -238,28 +237,12 @@ def merge(params: dict, cfg) -> dict:
     return fold(base, adapters)
 
 
-@functools.lru_cache(maxsize=8)
-def _merge_fn(cfg):
-    return jax.jit(lambda params: merge(params, cfg))
-
-
-def merged(params, cfg) -> dict:
-    """`merge` jitted (one compile per config), for an engine that merges at every reload;
-    `params` a pure dict or an nnx.State. Only the targeted projections and their adapters go
-    through the jitted merge: every other leaf is the caller's own array, not a copy."""
-    if not isinstance(params, dict):
-        params = nnx.to_pure_dict(params)
-    folded = {t + "_proj" for t in cfg.lora_targets}
-    touched, rest = partition(params, lambda name: is_adapter(name) or name in folded)
-    return join(_merge_fn(cfg)(touched), rest)
-
-
 class EngineBase:
     """An engine's side of adapters-only versions (a LoRA run's weight store holds the adapters
     alone): the first load brings the whole parameter set and its frozen base is kept; a later
     version that brings the adapters alone is joined to that base. So the base crosses a process
     (or Ray) boundary once per engine process, and each version after it only its adapters; the
-    engine holds the base beside the weights it decodes with (fast mode: the merged ones)."""
+    engine decodes with that base and the adapters unmerged (no copy of the base)."""
 
     def __init__(self):
         self.base = None
