@@ -68,41 +68,17 @@ task: the fixture's 2-token parity task (lessons 05 and 08 use it too). No warm 
 
 Expected output (full mode, measured)
 -------------------------------------
-Measured on 2026-11-26 with `python tutorials/15_mixture_of_experts.py --out OUT` at the merge of
-the moe-model and moe-rl branches (d6998ee) on a shared virtual machine with 2 cores (nproc = 2),
-under load from other jobs (load average 11.8 at the start, 3.9 at the end; a benchmark ran
-beside it for its first 9 minutes), JAX's compilation cache partly warm. It took 938 s of wall
-time and 323 s of CPU time (user + sys); most of it is the exact arm (786 s: exact decode and
-exact training compile for every shape, and each exact step is slow). The figure is
-figures/15_mixture_of_experts.png.
+Measured on 2026-11-26 with `python tutorials/15_mixture_of_experts.py --out OUT` at c203af8 (the
+exact-mode fix for MoE merged; the claim printed there as `exact_run_mismatch_below_fp32_rounding`
+is now `exact_run_bitwise_every_step`, the same check made strict) on a shared virtual machine
+with 2 cores (nproc = 2), under load from other jobs (load average 5.8 at the start, 7.1 at the
+end), JAX's compilation cache partly warm. It took 833 s of wall time and 325 s of CPU time (user
++ sys); most of it is the exact arm (712 s: exact decode and exact training compile for every
+shape, and each exact step is slow). The figure is figures/15_mixture_of_experts.png.
 
-What reproduces: the mechanism, token by token. In step 1 a bf16 engine and the fp32 trainer
-give 0.8% of the positions (16 of 1017 completion tokens) a different top-k set of experts in
-some layer. On those tokens |Δ log p| is 0.28 on average (max 1.23), 34x the 8.1e-3 of the tokens
-whose routing agreed; replaying the engine's experts brings them to 7.2e-3, the agreeing tokens'
-level: replay removes the routing part of the mismatch and leaves the bf16 rounding. (The line
-"trainer runs the engine's experts: free 97.92%" compares the experts in order: 0.8% of the
-positions have another set, the other 1.3% the same two experts in the other order, which changes
-nothing.) In the runs the free and replay arms see routing disagreement on 1.0% and 1.5% of the
-tokens on average, up to 19% in one step of one seed; exact mode has 0 at every step of every
-seed. Replay's disagreement is what its routers WOULD pick: replay does not make the routers
-agree, it makes the trainer run the engine's experts anyway.
+    mode: full   cores: 2   load average: 5.8
 
-What does NOT reproduce at this scale: any effect on learning. The flips are ~1% of the tokens,
-so the per-step mean |Δ log p| moves little (free 3.6e-3, replay 3.4e-3: the bf16 rounding of
-every token dominates), and the held-out pass@1 of the three arms (0.638, 0.609, 0.632) is within
-seed noise (0.53-0.65 per seed). RLAX §5.1 notes that the set of activated experts can differ
-significantly between the old and the new policy and plans routing alignment, R3 (arXiv 2510.11370) reports that replay lowers the
-training-inference discrepancy of MoE models and keeps their RL from collapsing, and VeXact's
-collapse experiment runs on Qwen3-30B-A3B: 48 MoE layers of 128 experts (8 per token), thousands
-of tokens per sequence, hundreds of steps. Here: 2 layers of 8, 2-token completions, 30 steps. The
-chance that some layer flips grows with the layers and with more experts crowding the top-k, and
-a flip at one position moves every later one through attention; a 2-token completion gives it
-nowhere to go.
-
-    mode: full   cores: 2   load average: 11.8
-
-    Step 1. the anatomy of one batch (64 prompts x 8, untrained MoE, bf16 engine vs fp32 trainer; 19 s)
+    Step 1. the anatomy of one batch (64 prompts x 8, untrained MoE, bf16 engine vs fp32 trainer; 9 s)
       positions whose top-k set flipped in some layer: 0.79% of 3033; completion tokens flipped: 16 of 1017
       trainer runs the engine's experts: free 97.92%, replay 100.00% of the positions
       mean |Δ log p|                agreeing tokens  flipped tokens        all        max
@@ -110,43 +86,42 @@ nowhere to go.
       trainer routing = replay             8.06e-03        7.22e-03   8.04e-03   3.78e-02
 
     Step 2. 3 arms x 3 seed(s) x 30 steps: minirl train --preset fixture --set model.expert_dim=64 --set model.num_experts=8 --set model.experts_per_token=2 --set rl.loss=token_reinforce --set rl.group_size=8 --set eval.prompts=64 --set eval.samples=4 --set rl.prompts_per_step=16 --set <the arm's overrides>
-      free    --set engine.dtype=bfloat16 --set trainer.routing=free   (69 s)
-      replay  --set engine.dtype=bfloat16 --set trainer.routing=replay   (63 s)
-      exact   --set engine.exact=true --set trainer.routing=free   (786 s)
+      free    --set engine.dtype=bfloat16 --set trainer.routing=free   (59 s)
+      replay  --set engine.dtype=bfloat16 --set trainer.routing=replay   (49 s)
+      exact   --set engine.exact=true --set trainer.routing=free   (712 s)
 
       step   free disagree replay disagree  exact disagree     free |Δ|   replay |Δ|    exact |Δ|
-         1          0.0044          0.0044          0.0000     1.28e-02     7.49e-03     1.64e-07
-         2          0.0369          0.0294          0.0000     1.81e-02     8.40e-03     1.73e-07
-         3          0.0114          0.0365          0.0000     1.02e-02     6.64e-03     1.47e-07
-         4          0.0254          0.0149          0.0000     7.03e-03     5.57e-03     1.13e-07
-         5          0.0111          0.0204          0.0000     6.90e-03     4.85e-03     8.27e-08
-         6          0.0641          0.0041          0.0000     4.61e-03     4.07e-03     7.12e-08
-         7          0.0035          0.0217          0.0000     3.41e-03     3.86e-03     4.58e-08
-         8          0.0035          0.0100          0.0000     3.83e-03     3.63e-03     5.23e-08
+         1          0.0044          0.0044          0.0000     1.28e-02     7.49e-03     0.00e+00
+         2          0.0369          0.0294          0.0000     1.81e-02     8.40e-03     0.00e+00
+         3          0.0114          0.0365          0.0000     1.02e-02     6.64e-03     0.00e+00
+         4          0.0254          0.0149          0.0000     7.03e-03     5.57e-03     0.00e+00
+         5          0.0111          0.0204          0.0000     6.90e-03     4.85e-03     0.00e+00
+         6          0.0641          0.0041          0.0000     4.61e-03     4.07e-03     0.00e+00
+         7          0.0035          0.0217          0.0000     3.41e-03     3.86e-03     0.00e+00
+         8          0.0035          0.0100          0.0000     3.83e-03     3.63e-03     0.00e+00
          (steps 9-26 left out here; every step is in OUT/<arm>_seed<N>/metrics.jsonl)
-        27          0.0035          0.0284          0.0000     1.66e-03     2.91e-03     1.65e-08
-        28          0.0000          0.0358          0.0000     1.42e-03     6.35e-03     1.89e-08
-        29          0.0105          0.0035          0.0000     1.08e-03     1.41e-03     8.79e-09
-        30          0.0070          0.0175          0.0000     7.49e-04     2.69e-03     1.30e-08
+        27          0.0035          0.0284          0.0000     1.66e-03     2.91e-03     0.00e+00
+        28          0.0000          0.0358          0.0000     1.42e-03     6.35e-03     0.00e+00
+        29          0.0105          0.0035          0.0000     1.08e-03     1.41e-03     0.00e+00
+        30          0.0070          0.0175          0.0000     7.49e-04     2.69e-03     0.00e+00
 
     Step 3. summary (means over 3 seed(s); held-out pass@1 by one fp32 evaluator; before RL: 0.086)
       arm      disagree mean disagree max  mean |Δ|  reward top expert  held-out p@1 per seed
       free            0.0104       0.1868   3.6e-03   0.482      0.440  0.613 0.652 0.648  (mean 0.638)
       replay          0.0149       0.1875   3.4e-03   0.478      0.467  0.527 0.652 0.648  (mean 0.609)
-      exact           0.0000       0.0000   4.8e-08   0.482      0.456  0.598 0.648 0.648  (mean 0.632)
+      exact           0.0000       0.0000   0.0e+00   0.482      0.456  0.598 0.648 0.648  (mean 0.632)
 
     Step 4. the claims, checked
       bf16_engine_flips_some_routes                True
       replay_runs_the_engine_experts_everywhere    True
       replay_shrinks_dlogp_on_flipped_tokens       True
       exact_run_zero_disagreement_every_step       True
-      exact_run_mismatch_below_fp32_rounding       True
+      exact_run_bitwise_every_step                 True
       bf16_runs_mismatch_above_1e-4                True
-      exact arm bitwise (|Δ log p| = 0 at every step)? False (largest |Δ log p| over its steps 2.9e-06)
       collapse under routing mismatch? held-out pass@1 free 0.638 vs replay 0.609 vs exact 0.632 (free - exact +0.007)
 
     wrote OUT/moe.png and OUT/results.json
-    wall 938 s, CPU 323 s, load average 11.8 -> 3.9
+    wall 833 s, CPU 325 s, load average 5.8 -> 7.1
 """
 
 from __future__ import annotations
