@@ -419,12 +419,13 @@ def step_meshes(s: dict) -> tuple[dict, Batch, dict]:
 
 
 def save_batch(batch: Batch, path: Path) -> None:
-    np.savez(path, **dataclasses.asdict(batch))
+    fields = dataclasses.asdict(batch)
+    np.savez(path, **{name: a for name, a in fields.items() if a is not None})  # routes: MoE only
 
 
 def load_batch(path: Path) -> Batch:
     with np.load(path) as data:
-        return Batch(**{f.name: data[f.name] for f in dataclasses.fields(Batch)})
+        return Batch(**{f.name: data[f.name] for f in dataclasses.fields(Batch) if f.name in data})
 
 
 def spmd_process(args) -> None:
