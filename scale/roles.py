@@ -19,6 +19,7 @@ import os
 from scale.tensorstore_weights import StoredWeights
 
 TOKEN_ENV = "MINIRL_TOKEN"
+BASE_VERSION = 0  # the one version of a LoRA run's base store
 
 
 # ---------------------------------------------------------------------------------- the roles
@@ -28,12 +29,14 @@ class TrainerRole:
     """The trainer job's object: minirl's Trainer, publishing its own weights. `make_trainer()`
     builds a fresh Trainer at the run's starting weights (a fresh run starts from it)."""
 
-    def __init__(self, make_trainer, store, checkpoints=None):
+    def __init__(self, make_trainer, store, checkpoints=None, base=None):
         self.make_trainer, self.store = make_trainer, store
         self.checkpoints = checkpoints  # scale.orbax_checkpoints.TrainerCheckpoints, or None
+        self.base = base  # a LoRA run's store of its frozen base (`base_store`), or None
         self.trainer = make_trainer()
         self.version = -1  # the newest version published
         self._dirty = True  # weights changed since the last publish
+        self._base_missing = False  # the base store lacks the base: the next publish writes it
 
     def publish_from(self, version: int) -> None:
         """Where a run (re)starts: the next `params` call publishes the current weights as
@@ -47,8 +50,13 @@ class TrainerRole:
             self.trainer = self.make_trainer()
         if jax.process_index() == 0:
             self.store.discard_from(version)
+            if version == 0 and self.base is not None:  # a fresh run writes its own base
+                self.base.discard_from(BASE_VERSION)
         mesh_lib.barrier(f"minirl-publish-from-{version}")
         self.version, self._dirty = version - 1, True
+        # every process looks before any writes (writes start after this barrier, and a version
+        # is listed only once all processes have written it), so all agree
+        self._base_missing = self.base is not None and BASE_VERSION not in self.base.versions()
 
     def state_dict(self) -> dict:
         """Params, optimizer state and counters as numpy (for the controller's checkpoint)."""
@@ -94,13 +102,19 @@ class TrainerRole:
         return metrics, prox
 
     def params(self, host: bool = True, published: bool = False) -> StoredWeights:
-        """Publish the current weights (if new) and return a reference to them (whole: a LoRA
-        run's TensorStore versions hold the whole parameter set)."""
+        """Publish the current weights (if new) and return a reference to them. A LoRA run's
+        versions hold the adapters alone; its frozen base is written once, to the base store."""
+        from minirl.modeling import lora
         from scale import mesh as mesh_lib
 
         if self._dirty:
             self.version += 1
-            mesh_lib.publish(self.store, self.version, self.trainer.params())
+            if self._base_missing:
+                frozen = lora.partition(self.trainer.params(), lambda n: not lora.is_adapter(n))
+                mesh_lib.publish(self.base, BASE_VERSION, frozen[0])
+                self._base_missing = False
+            weights = self.trainer.params(published=self.base is not None)
+            mesh_lib.publish(self.store, self.version, weights)
             self._dirty = False
         return StoredWeights(self.version)
 
@@ -108,13 +122,19 @@ class TrainerRole:
 class EngineRole:
     """The engine job's object: minirl's Engine, loading weights from the store by reference."""
 
-    def __init__(self, engine, store, mesh, rules):
+    def __init__(self, engine, store, mesh, rules, base=None):
         self.engine, self.store, self.mesh, self.rules = engine, store, mesh, rules
+        self.base, self._frozen = base, None  # a LoRA run's base store; its base, once read
 
     def load_weights(self, version: int, weights: StoredWeights) -> None:
+        from minirl.modeling import lora
         from scale import mesh as mesh_lib
 
         _, params = mesh_lib.load(self.store, weights.version, self.mesh, self.rules)
+        if self.base is not None:  # a LoRA version: the adapters, joined to the base read once
+            if self._frozen is None:
+                _, self._frozen = mesh_lib.load(self.base, BASE_VERSION, self.mesh, self.rules)
+            params = lora.join(params, self._frozen)
         self.engine.load_weights(version, params)
 
     def generate(self, requests):
@@ -184,6 +204,17 @@ def role_config(args):
     return cfg, tokenizer, make_task(cfg, tokenizer)
 
 
+def base_store(cfg, args):
+    """A LoRA run's store for its frozen base, beside `args.weights` (URL + "-base/"): the base
+    is written once and read once per engine process, so each version in `args.weights` holds
+    the adapters alone (docs/lora.md). None without LoRA."""
+    from scale.tensorstore_weights import TensorStoreWeightStore
+
+    if not cfg.model.lora_rank:
+        return None
+    return TensorStoreWeightStore(args.weights.rstrip("/") + "-base/", keep=1)
+
+
 def first_params(cfg, tokenizer, task, mesh):
     """The trainer job's starting weights on its FSDP mesh. A --model directory (no SFT steps) is
     read block by block: every process reads only the slices its own devices hold
@@ -236,7 +267,7 @@ def trainer_role(args) -> TrainerRole:
         from scale.orbax_checkpoints import TrainerCheckpoints
 
         checkpoints = TrainerCheckpoints(args.checkpoints)
-    return TrainerRole(make_trainer, store, checkpoints)
+    return TrainerRole(make_trainer, store, checkpoints, base_store(cfg, args))
 
 
 def engine_role(args) -> EngineRole:
@@ -250,7 +281,8 @@ def engine_role(args) -> EngineRole:
 
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.parse(args.mesh))
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
-    return EngineRole(make_engine(cfg, tokenizer), store, mesh, mesh_lib.tensor_parallel())
+    rules = mesh_lib.tensor_parallel()
+    return EngineRole(make_engine(cfg, tokenizer), store, mesh, rules, base_store(cfg, args))
 
 
 def drive(args, run, engine, trainer, verifier) -> dict:
@@ -262,6 +294,7 @@ def drive(args, run, engine, trainer, verifier) -> dict:
     store."""
     from minirl.control.controller import Controller
     from minirl.data.mixture import Mixture
+    from minirl.modeling import lora
     from minirl.run.loop import Parts, train
     from minirl.run.run_dir import write_json
     from minirl.run.starting_point import train_prompts
@@ -291,8 +324,12 @@ def drive(args, run, engine, trainer, verifier) -> dict:
         engine.call("load_weights", first.version, first).result()
         c.engine_version = first.version
 
+    base = base_store(cfg, args)
+
     def evaluate(version: int, weights: StoredWeights) -> dict:
         _, params = store.store.get(weights.version)
+        if base is not None:  # a LoRA version holds the adapters: join them to the base
+            params = lora.join(params, base.get(BASE_VERSION)[1])
         return run.evaluate(run.engine(version, params))
 
     trainer_side = trainer.call("checkpoint_directory").result() is not None

@@ -280,8 +280,47 @@ def test_the_weights_path_ends_bitwise_where_minirl_train_does(tmp_path):
     assert s_jobs["before"] == s_here["before"] and s_jobs["after"] == s_here["after"]
 
 
+@pytest.mark.slow  # ~1-2 min: a local Ray cluster, three jobs, three RL steps
+def test_a_lora_weights_run_stores_adapters_only_and_ends_bitwise_where_minirl_train_does(
+    tmp_path,
+):
+    """LoRA over `--weights`: each version in the TensorStore store holds the adapters alone,
+    the frozen base is written once beside it (URL + "-base/"), the engine job and the driver's
+    evaluation join the two; the run ends where `minirl train` in this process does, bitwise."""
+    from minirl.cli import main
+    from minirl.modeling import lora
+    from minirl.store.checkpoints import CheckpointManager
+    from minirl.store.trees import assert_trees_equal, flatten_tree
+    from scale.tensorstore_weights import TensorStoreWeightStore
+
+    sets = [*SETS, "--set", "rl.steps=3", "--set", "eval.prompts=8", "--set", "eval.samples=2"]
+    sets += ["--set", "model.lora_rank=4"]
+    here, jobs = tmp_path / "here", tmp_path / "jobs"
+    assert main(["train", "--preset", "fixture", *sets, "--run-dir", str(here), "--quiet"]) == 0
+    _ray(
+        ["--preset", "fixture", *sets, "--cpu-devices", "1", "--trainer-mesh", "fsdp=1"]
+        + ["--engine-mesh", "tensor=1", "--weights", f"file://{tmp_path}/weights"]
+        + ["--run-dir", str(jobs), "--quiet"]
+    )
+    a, b = CheckpointManager(here).restore(), CheckpointManager(jobs).restore()
+    assert a.step == b.step == 3
+    assert_trees_equal(b.params, a.params)
+    s_here, s_jobs = (json.loads((d / "summary.json").read_text()) for d in (here, jobs))
+    assert s_jobs["before"] == s_here["before"] and s_jobs["after"] == s_here["after"]
+    version, stored = TensorStoreWeightStore(f"file://{tmp_path}/weights").get()
+    names = [path.split("/")[-1] for path in flatten_tree(stored)]
+    assert version == 3 and names and all(lora.is_adapter(n) for n in names), names
+    adapters = lora.partition(a.params, lora.is_adapter)[0]
+    assert_trees_equal(stored, adapters)  # the newest version: the run's final adapters
+    base_store = TensorStoreWeightStore(f"file://{tmp_path}/weights-base/")
+    assert base_store.versions() == [0]  # written once
+    _, base = base_store.get(0)
+    assert_trees_equal(base, lora.partition(a.params, lambda n: not lora.is_adapter(n))[0])
+
+
 @pytest.mark.slow  # ~2 min: a local Ray cluster, three jobs, a killed and a resumed attempt
-def test_an_async_weights_run_holds_its_bounds_and_resumes_after_kill_9(tmp_path):
+@pytest.mark.parametrize("lora", [[], ["--set", "model.lora_rank=4"]], ids=["full", "lora"])
+def test_an_async_weights_run_holds_its_bounds_and_resumes_after_kill_9(tmp_path, lora):
     """rl.scheduler=async on the multi-host layout (a rollout thread driving the engine job
     while the trainer job trains): every batch within k (no token more than max_lag - 1
     versions behind the weights it trains) and eta (in flight + buffered at most (eta + 1)
@@ -297,6 +336,7 @@ def test_an_async_weights_run_holds_its_bounds_and_resumes_after_kill_9(tmp_path
         *SETS,
         *("--set", "rl.steps=4", "--set", "rl.checkpoint_every=1"),
         *("--set", "rl.scheduler=async", "--set", "rl.max_lag=2", "--set", "rl.eta=1"),
+        *lora,  # LoRA: versions of adapters alone; the restarted jobs read the base again
         *JOBS,
         *("--weights", f"file://{tmp_path}/weights", "--run-dir", str(run), "--quiet"),
     ]
