@@ -13,6 +13,7 @@ scale/launch.py's docstring.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -285,6 +286,17 @@ def engine_role(args) -> EngineRole:
     return EngineRole(make_engine(cfg, tokenizer), store, mesh, rules, base_store(cfg, args))
 
 
+def _evaluate_stored(run, store, base, version: int, weights: StoredWeights) -> dict:
+    """The driver's held-out evaluation of a version read from the TensorStore store (a LoRA
+    version holds the adapters: joined to the base from `base`, the base store)."""
+    from minirl.modeling import lora
+
+    _, params = store.get(weights.version)
+    if base is not None:
+        params = lora.join(params, base.get(BASE_VERSION)[1])
+    return run.evaluate(run.engine(version, params))
+
+
 def drive(args, run, engine, trainer, verifier) -> dict:
     """The controller's side of a multi-host run: the step loop of every run
     (minirl/run/loop.py: lockstep or async, evaluation, rl.time_budget, checkpoints, resume)
@@ -294,7 +306,6 @@ def drive(args, run, engine, trainer, verifier) -> dict:
     store."""
     from minirl.control.controller import Controller
     from minirl.data.mixture import Mixture
-    from minirl.modeling import lora
     from minirl.run.loop import Parts, train
     from minirl.run.run_dir import write_json
     from minirl.run.starting_point import train_prompts
@@ -324,13 +335,7 @@ def drive(args, run, engine, trainer, verifier) -> dict:
         engine.call("load_weights", first.version, first).result()
         c.engine_version = first.version
 
-    base = base_store(cfg, args)
-
-    def evaluate(version: int, weights: StoredWeights) -> dict:
-        _, params = store.store.get(weights.version)
-        if base is not None:  # a LoRA version holds the adapters: join them to the base
-            params = lora.join(params, base.get(BASE_VERSION)[1])
-        return run.evaluate(run.engine(version, params))
+    evaluate = functools.partial(_evaluate_stored, run, store.store, base_store(cfg, args))
 
     trainer_side = trainer.call("checkpoint_directory").result() is not None
     parts = Parts(build, start_engine, evaluate, trainer_side=trainer_side)
