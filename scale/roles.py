@@ -125,17 +125,17 @@ class EngineRole:
 
     def __init__(self, engine, store, mesh, rules, base=None):
         self.engine, self.store, self.mesh, self.rules = engine, store, mesh, rules
-        self.base, self._frozen = base, None  # a LoRA run's base store; its base, once read
+        self.base = base  # a LoRA run's base store, read at this engine's first load only
 
     def load_weights(self, version: int, weights: StoredWeights) -> None:
         from minirl.modeling import lora
         from scale import mesh as mesh_lib
 
         _, params = mesh_lib.load(self.store, weights.version, self.mesh, self.rules)
-        if self.base is not None:  # a LoRA version: the adapters, joined to the base read once
-            if self._frozen is None:
-                _, self._frozen = mesh_lib.load(self.base, BASE_VERSION, self.mesh, self.rules)
-            params = lora.join(params, self._frozen)
+        if self.base is not None:  # LoRA: this engine's first load brings the base; the engine
+            # keeps it and joins every later adapters-only version to it (lora.EngineBase)
+            _, frozen = mesh_lib.load(self.base, BASE_VERSION, self.mesh, self.rules)
+            params, self.base = lora.join(params, frozen), None
         self.engine.load_weights(version, params)
 
     def generate(self, requests):

@@ -121,7 +121,11 @@ class Controller:
         self.cond = threading.Condition()  # guards buffer and counters under the async scheduler
         self.pending_on_restore: list = []  # prompts in flight at the snapshot (async resume)
         self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
-        work = ("decode_tokens", "slot_steps") + ("route_bytes",) * bool(cfg.model.num_experts)
+        work = (
+            "decode_tokens",
+            "slot_steps",
+            "route_bytes",
+        )  # those the engine counts (MoE: routes)
         self._engine_seen = dict.fromkeys(work, 0)  # engine counters at the last step
         self._frozen = None  # a LoRA run's base weights, for engine_weights
 

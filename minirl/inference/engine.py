@@ -102,8 +102,7 @@ class Engine:
             "extended",
             "slot_steps",
             "decode_tokens",
-            "route_bytes",
-        )
+        ) + ("route_bytes",) * bool(model_config.num_experts)  # MoE: the routes recorded
         self.stats = dict.fromkeys(counters, 0)
 
     # ---- the interface -------------------------------------------------------------------
@@ -395,6 +394,7 @@ class Engine:
                     self._sched.release(b)
                 self.stats["finished"] += 1
                 rollout = seq.to_rollout(reason)
-                self.stats["route_bytes"] += 0 if rollout.routes is None else rollout.routes.nbytes
+                if rollout.routes is not None:
+                    self.stats["route_bytes"] += rollout.routes.nbytes
                 return [rollout]
         return []

@@ -140,7 +140,7 @@ def build(setup: Setup, clock: VirtualClock, mixture=None):
         rl=setup.rl,
         engine=setup.engine,
         trainer=SimpleNamespace(bucket_minimum=1),
-        model=SimpleNamespace(lora_rank=0, num_experts=0),  # dense: no routes to record
+        model=SimpleNamespace(lora_rank=0),
     )
     engine = SimEngine(setup.engine, setup.costs, setup.lengths, clock, setup.replicas)
     store = SimStore(keep=max(4, setup.rl.reload_every + 2))
