@@ -33,7 +33,7 @@ import math
 from minirl.configlib import ConfigError
 from minirl.inference.engine_config import EngineConfig
 from minirl.losses.presets import BEHAVIOUR_CAP, get_preset, has_behaviour_cap, with_kl_coef
-from minirl.modeling.model import ModelConfig
+from minirl.modeling.model_config import ModelConfig
 from minirl.modeling.tokenizer import CharTokenizer
 from minirl.training.trainer_config import TrainerConfig
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minirl.configlib import read_json_object
-from minirl.modeling.model import ModelConfig
+from minirl.modeling.model_config import ModelConfig
 
 # Hugging Face architecture name -> (model_type, has q/k/v bias, has q/k RMSNorm).
 ARCHITECTURES = {

@@ -28,7 +28,7 @@ import dataclasses
 from minirl.config import FILE_TASK, RunConfig
 from minirl.configlib import ConfigError
 from minirl.hf.hf_config import read_model_config
-from minirl.modeling.model import ModelConfig
+from minirl.modeling.model_config import ModelConfig
 
 MAX_SLOTS = 64  # decode batch cap: past it a CPU step gains little and the KV cache grows
 MIN_EVAL_PROMPTS = 8

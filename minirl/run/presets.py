@@ -21,7 +21,7 @@ from minirl.config import (
 )
 from minirl.configlib import ConfigError, override
 from minirl.inference.engine import EngineConfig
-from minirl.modeling.model import ModelConfig
+from minirl.modeling.model_config import ModelConfig
 from minirl.run.derived import derive_for_model, resolve_model
 from minirl.training.trainer import TrainerConfig
 

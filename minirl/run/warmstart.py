@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from minirl.configlib import config_hash
 from minirl.modeling import lora
-from minirl.modeling.model import ModelConfig
+from minirl.modeling.model_config import ModelConfig
 from minirl.run.starting_point import initial_params, make_tools
 from minirl.store import serialization
 from minirl.store.hashed_files import atomic_write

@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import math
 
-from minirl.modeling.model import PRESETS, ModelConfig
+from minirl.modeling.model_config import PRESETS, ModelConfig
 
 GB = 1e9
 
@@ -104,7 +104,7 @@ DEVICES: dict[str, Device] = {
     ),
 }
 
-# Shapes of public checkpoints the planner knows besides minirl.modeling.model.PRESETS (config.json).
+# Shapes of public checkpoints the planner knows besides minirl.modeling.model_config.PRESETS (config.json).
 SHAPES: dict[str, ModelConfig] = {
     **PRESETS,
     "qwen2.5-7b": ModelConfig(

@@ -20,7 +20,8 @@ import pytest
 from flax import nnx
 
 from minirl.modeling import exact as exact_ops
-from minirl.modeling.model import PRESETS, KVCache, ModelConfig, Transformer, token_logprobs
+from minirl.modeling.model import KVCache, ModelConfig, Transformer, token_logprobs
+from minirl.modeling.model_config import PRESETS
 from minirl.modeling.sampling import Sampling
 
 # o_proj contracts over heads * head_dim = 32 (one exact-mode chunk) and the cache holds 64 keys:
