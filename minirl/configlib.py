@@ -16,6 +16,7 @@ import ast
 import contextlib
 import dataclasses
 import hashlib
+import importlib
 import inspect
 import io
 import json
@@ -29,6 +30,27 @@ from typing import Any
 
 class ConfigError(ValueError):
     """A bad key or value in a config override or file."""
+
+
+class MissingExtra(ConfigError):
+    """A path the user chose needs an optional package that is not installed."""
+
+
+def optional_import(module: str, extra: str, needed_for: str):
+    """`module`, imported; or MissingExtra, one line naming the extra that installs it.
+
+    minirl's core (`pip install minirl`) runs the built-in main job; Parquet files, TensorBoard,
+    W&B, math-verify and the multi-host layer (scale/) need an extra of pyproject.toml. Every
+    optional package is imported through here, where it is used, so a missing one says what to
+    install instead of raising a traceback deep inside a run."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        top = module.split(".")[0]
+        raise MissingExtra(
+            f"{needed_for} needs the {top!r} package ({e}): pip install 'minirl[{extra}]' "
+            f"(in a checkout: pip install -e '.[{extra}]')"
+        ) from None
 
 
 def _hints(cls) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from minirl.configlib import optional_import
+
 __all__ = ["TrainerCheckpoints"]
 
 
@@ -40,7 +42,7 @@ class TrainerCheckpoints:
     (a local path or a gs:// / s3:// URL that TensorStore reaches)."""
 
     def __init__(self, directory: str):
-        import orbax.checkpoint as ocp
+        ocp = optional_import("orbax.checkpoint", "scale", "Orbax trainer checkpoints")
 
         self.directory = directory
         options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=True)

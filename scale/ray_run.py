@@ -186,11 +186,11 @@ def remote_verifier(args, task=None):
 def run(args) -> None:
     import functools
 
-    import ray
-
+    from minirl.configlib import optional_import
     from minirl.run.config_args import train_config_and_dir
     from minirl.run.runner import Run, summary_json
 
+    ray = optional_import("ray", "scale", "python -m scale.launch ray")
     cfg, run_dir = train_config_and_dir(args)  # as `minirl train`: derived values stay
     # the tokenizer and the dataset file read and checked before Ray starts: a user's mistake
     # there is one line, not a cluster brought up and down. Built once: the driver's task

@@ -41,7 +41,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from minirl.configlib import optional_import
 from minirl.control.workers import WorkerDied, WorkerError, decode, encode, gather
+
+
+def _ray():
+    return optional_import("ray", "scale", "Ray actors (scale/ray_workers.py)")
+
 
 __all__ = ["BuildFailed", "RayJob", "RayPlacement", "RayWorker"]
 
@@ -86,13 +92,13 @@ class _Host:
 
     def node(self) -> str:
         """The Ray node this actor runs on."""
-        import ray
+        ray = _ray()
 
         return ray.get_runtime_context().get_node_id()
 
     def address(self) -> str:
         """host:port on this actor's node with a port free now (for a JAX coordinator)."""
-        import ray
+        ray = _ray()
 
         with socket.socket() as sock:
             sock.bind(("", 0))
@@ -100,7 +106,7 @@ class _Host:
 
 
 def _remote_host():
-    import ray
+    ray = _ray()
 
     return ray.remote(max_concurrency=1, max_restarts=0)(_Host)
 
@@ -186,7 +192,7 @@ class RayWorker:
     def pid(self) -> int:
         """The actor's process id (the first time: starts the actor if needed and waits for it
         and for the calls already made, since calls run in order)."""
-        import ray
+        ray = _ray()
 
         if self._actor is None:
             self.start()
@@ -196,7 +202,7 @@ class RayWorker:
 
     def cpu_seconds(self) -> float:
         """CPU seconds the actor's process has used so far (all its threads)."""
-        import ray
+        ray = _ray()
 
         return ray.get(self._actor.cpu_seconds.remote())
 
@@ -209,7 +215,7 @@ class RayWorker:
         self.start()
 
     def close(self) -> None:
-        import ray
+        ray = _ray()
 
         if self._actor is not None:
             ray.kill(self._actor, no_restart=True)
@@ -263,7 +269,7 @@ class RayJob:
 
     def _reserve(self) -> list[dict]:
         """Each process's options, pointed at its bundle of a placement group made for the job."""
-        import ray
+        ray = _ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -290,7 +296,7 @@ class RayJob:
         ]
 
     def start(self) -> RayJob:
-        import ray
+        ray = _ray()
 
         options = self._reserve()
         self.workers = [
@@ -327,7 +333,7 @@ class RayJob:
         self.start()
 
     def close(self) -> None:
-        import ray
+        ray = _ray()
 
         for w in self.workers:
             w.close()
@@ -390,7 +396,7 @@ class RayPlacement:
     def check(self) -> None:
         """Refuse, naming what is missing, a placement the cluster can never hold (Ray would
         wait for the resources forever, printing nothing)."""
-        import ray
+        ray = _ray()
 
         have = ray.cluster_resources()
         short = {k: (v, have.get(k, 0)) for k, v in self.needs().items() if v > have.get(k, 0)}

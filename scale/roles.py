@@ -13,14 +13,24 @@ scale/launch.py's docstring.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 
-from scale.tensorstore_weights import StoredWeights
+from minirl.control.workers import register_message_type
 
 TOKEN_ENV = "MINIRL_TOKEN"
 BASE_VERSION = 0  # the one version of a LoRA run's base store
+
+
+@register_message_type
+@dataclasses.dataclass(frozen=True)
+class StoredWeights:
+    """A reference to committed weight `version` of a store: what travels between the parts of
+    a multi-host run instead of the weights themselves (scale/launch.py)."""
+
+    version: int
 
 
 # ---------------------------------------------------------------------------------- the roles

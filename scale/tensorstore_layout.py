@@ -16,10 +16,12 @@ from typing import Any
 import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
-import tensorstore as ts
 
+from minirl.configlib import optional_import
 from minirl.store.serialization import to_bytes
 from minirl.store.trees import flatten_tree
+
+ts = optional_import("tensorstore", "scale", "the TensorStore weight store (scale/)")
 
 MANIFESTS = "manifests/"
 _DIGITS = 12  # version numbers in keys are zero-padded, so keys sort like the numbers

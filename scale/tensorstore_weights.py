@@ -52,7 +52,6 @@ Simplified on purpose:
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import os
 import threading
@@ -63,9 +62,8 @@ from typing import Any
 import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
-import tensorstore as ts
 
-from minirl.control.workers import register_message_type
+from minirl.configlib import optional_import
 from minirl.store.serialization import from_bytes
 from minirl.store.trees import flatten_tree
 from minirl.store.weights import (
@@ -87,18 +85,11 @@ from scale.tensorstore_layout import (
     zarr_metadata,
 )
 
+ts = optional_import("tensorstore", "scale", "the TensorStore weight store (scale/)")
+
 FORMAT = "minirl-tensorstore-weights/1"
 
-__all__ = ["FORMAT", "StoredWeights", "TensorStoreWeightStore"]
-
-
-@register_message_type
-@dataclasses.dataclass(frozen=True)
-class StoredWeights:
-    """A reference to committed weight `version` of a store: what travels between the parts of
-    a multi-host run instead of the weights themselves (scale/launch.py)."""
-
-    version: int
+__all__ = ["FORMAT", "TensorStoreWeightStore"]
 
 
 def _as_index(index: Any, ndim: int) -> tuple:

@@ -112,12 +112,6 @@ def resolve_model(cfg: RunConfig, overrides: list[str] = ()) -> RunConfig:
                 f"{key} comes from {cfg.model.path}/config.json; it cannot be set "
                 "together with model.path"
             )
-    try:
-        import safetensors  # noqa: F401  (read_model_config opens the tensor index with it)
-    except ImportError as e:
-        raise ConfigError(
-            f"model.path needs the 'hf' extra (pip install 'minirl[hf]'): {e}"
-        ) from None
     shapes = read_model_config(cfg.model.path, dtype=cfg.model.dtype)
     lora = {
         f: getattr(cfg.model, f)

@@ -38,13 +38,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from minirl.configlib import ConfigError, read_json_object, to_dict
+from minirl.configlib import optional_import, read_json_object, to_dict
 from minirl.measure.metrics_log import MetricsWriter, flatten_metrics
 from minirl.store.hashed_files import atomic_write
 
 SAMPLES_FILE = "samples.jsonl"
 WANDB_FILE = "wandb.json"
-EXTRA = "pip install 'minirl[track]'"
 
 
 def sample_rows(groups: Sequence, n: int, version: int) -> list[dict[str, Any]]:
@@ -199,12 +198,8 @@ def check_available(cfg) -> None:
         "wandb": ("wandb", bool(cfg.log.wandb)),
     }
     for setting, (module, on) in wanted.items():
-        if not on:
-            continue
-        try:
-            __import__(module)
-        except ImportError:
-            raise ConfigError(f"log.{setting} needs the {module} package: {EXTRA}") from None
+        if on:
+            optional_import(module, "track", f"log.{setting}")
 
 
 class Trackers:

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minirl.configlib import optional_import
 from minirl.data.task_api import split_of, stable_hash
 from minirl.tasks.code_rows import code_solution, code_tests
 from minirl.types import Prompt
@@ -245,8 +246,12 @@ def _decode_line(raw: bytes):
         raise ValueError(f"invalid JSON: {e.msg} at column {e.colno}") from None
 
 
+def _pyarrow_parquet():
+    return optional_import("pyarrow.parquet", "hf", "a .parquet data file")
+
+
 def _parquet_rows(path: Path, batch_rows: int = 1024) -> Iterator[tuple[int, object]]:
-    import pyarrow.parquet as pq
+    pq = _pyarrow_parquet()
 
     index = 0
     for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
@@ -267,8 +272,7 @@ class _Rows:
                 f.seek(position)
                 return _decode_line(f.readline())
         if self._table is None:  # Arrow memory, not Python objects; memory-mapped file
-            import pyarrow.parquet as pq
-
+            pq = _pyarrow_parquet()
             self._table = pq.read_table(self.path, memory_map=True)
         return self._table.slice(position, 1).to_pylist()[0]
 

@@ -39,6 +39,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from minirl.configlib import optional_import
 from minirl.data.verifier_api import safe_scores
 from minirl.types import Rollout, Score
 from minirl.verifiers.math_equal import Undecided, judge_equal
@@ -143,6 +144,8 @@ class MathVerifier:
     """`Verifier` for math-style tasks (`meta["answer"]`)."""
 
     def __init__(self, config: MathVerifierConfig = MathVerifierConfig()):
+        if config.backend == "math_verify":  # say so now, not as a zero reward per rollout
+            optional_import("math_verify", "math", "the math verifier's math_verify backend")
         self.config = config
 
     def score(self, rollouts: Sequence[Rollout]) -> list[Score]:

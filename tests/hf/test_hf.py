@@ -11,7 +11,6 @@ Marked `reference` (needs the `reference` extra); part of the default run.
 import dataclasses
 import json
 import shutil
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -331,21 +330,6 @@ def test_missing_files(tmp_path):
     )
     with pytest.raises(CheckpointError, match="neither model.safetensors nor"):
         load_hf(tmp_path)
-
-
-def test_model_path_without_the_hf_extra_is_a_config_error(checkpoints, monkeypatch):
-    from minirl.config import RunConfig
-    from minirl.configlib import ConfigError
-    from minirl.run.derived import resolve_model
-
-    cfg = RunConfig()
-    cfg = dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, path=str(checkpoints["qwen2"][0]))
-    )
-    assert resolve_model(cfg).model.vocab_size == SMALL["vocab_size"]
-    monkeypatch.setitem(sys.modules, "safetensors", None)  # not installed
-    with pytest.raises(ConfigError, match=r"needs the 'hf' extra"):
-        resolve_model(cfg)
 
 
 def test_damaged_files_are_named(checkpoints, tmp_path):

@@ -194,7 +194,7 @@ def test_a_missing_extra_is_a_clear_error(tmp_path, monkeypatch, capsys):
         == 2
     )
     err = capsys.readouterr().err
-    assert "log.tensorboard needs the tensorboardX package" in err and "minirl[track]" in err
+    assert "log.tensorboard needs the 'tensorboardX' package" in err and "minirl[track]" in err
     assert not (tmp_path / "run").exists()  # refused before any work
 
 
