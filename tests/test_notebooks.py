@@ -89,3 +89,64 @@ def test_a_lesson_without_cells_is_refused_with_a_sentence(tmp_path, capsys):
     assert err.startswith("error: 16_new.py: a lesson opens with `# %% [markdown]`")
     with pytest.raises(bn.LessonFormatError):
         bn.lesson_notebook(lesson)
+
+
+_FIND_SPEC = importlib.util.find_spec
+
+
+class _Shell:
+    """The one IPython method the set-up cell uses: `%pip ...` becomes run_line_magic, which
+    expands `{expressions}` in the user's namespace first (IPython's var_expand)."""
+
+    def __init__(self):
+        self.magics, self.user_ns = [], {}
+
+    def run_line_magic(self, name, line):
+        from IPython.core.interactiveshell import InteractiveShell
+
+        shell = InteractiveShell.instance()
+        shell.user_ns.update(self.user_ns)
+        self.magics.append((name, shell.var_expand(line)))
+
+
+def _run_setup_cell(monkeypatch, *, minirl: bool, gpu: bool) -> tuple[dict, _Shell]:
+    """Run a notebook's set-up cell as IPython would, in tutorials/, on a pretend machine."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    lesson = LESSONS[0]
+    cell = json.loads(lesson.with_suffix(".ipynb").read_text())["cells"][1]
+    code = TransformerManager().transform_cell("".join(cell["source"]))
+    missing = set() if minirl else {"minirl"}
+    plugins = {"jax_cuda12_plugin"} if gpu else set()
+
+    def find_spec(name, *args):
+        if name in plugins:
+            return object()  # a spec: the plugin "is installed"
+        return None if name in missing or name.startswith("jax_cuda") else _FIND_SPEC(name)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(shutil, "which", lambda n: "/x/nvidia-smi" if gpu else None)
+    monkeypatch.setattr("sys.argv", ["pytest"])
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.chdir(lesson.parent)
+    shell = _Shell()
+    namespace = shell.user_ns = {"get_ipython": lambda: shell, "__name__": "__main__"}
+    exec(compile(code, "setup-cell", "exec"), namespace)
+    return namespace, shell
+
+
+def test_the_set_up_cell_installs_the_checkout_picks_the_device_and_sets_the_options(
+    monkeypatch, capsys
+):
+    import os
+    import sys
+
+    lesson = LESSONS[0]
+    ns, shell = _run_setup_cell(monkeypatch, minirl=False, gpu=True)  # a hosted GPU runtime
+    assert shell.magics == [("pip", f'install -q -e "{ROOT}"')]
+    assert sys.path[0] == str(ROOT) and os.environ["JAX_PLATFORMS"] == "cuda"
+    assert sys.argv == [str(lesson), "--fast"] and ns["__file__"] == str(lesson)
+    ns, shell = _run_setup_cell(monkeypatch, minirl=True, gpu=False)  # a checkout, a laptop
+    assert shell.magics == [] and os.environ["JAX_PLATFORMS"] == "cpu"
+    assert f"{lesson.name}: JAX will run on 'cpu'" in capsys.readouterr().out
