@@ -7,6 +7,10 @@ printed text contains the lines the lesson's docstring tells the reader to look 
 also checks its own claims and exits non-zero when one fails (e.g. exact mode not bitwise), so a
 regression in the library shows up here as a failing lesson.
 
+Each lesson is also a notebook (tutorials/build_notebooks.py; tests/test_notebooks.py keeps
+them in step): the slow lane runs the notebooks of lessons 01-05 in a Jupyter kernel (nbclient),
+in fast mode, with the same checks as the scripts.
+
 The static tests check the rules of tutorials/README.md: every lesson has a `--fast` flag and
 quotes its measured full-mode output together with the command and the machine, and the table
 of contents lists every lesson.

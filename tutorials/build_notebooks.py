@@ -113,7 +113,8 @@ def show_figures(markdown: str, shown: set[str]) -> str:
             in_code ^= fences % 2 == 1
             continue
         new = [f for f in dict.fromkeys(FIGURE.findall(par)) if f not in shown]
-        paragraphs[i] = FIGURE.sub(lambda m: f"[{m.group(0)}]({m.group(0)})", par)
+        if not par.startswith("#"):  # a heading keeps its words; the figure follows it
+            paragraphs[i] = FIGURE.sub(lambda m: f"[{m.group(0)}]({m.group(0)})", par)
         for f in new:
             paragraphs[i] += f"\n\n![{Path(f).stem}]({f})"
             shown.add(f)
