@@ -238,7 +238,7 @@ def take_screenshots(driver, base: str, lesson: str, folder: Path) -> None:
     wait_for(driver, "document.readyState === 'complete'")
     driver.execute_script(
         "const f = [...document.images].find(i => i.src.includes('figures/'));"
-        "f.scrollIntoView({block: 'center'}); window.scrollBy(0, 120);"
+        "f.scrollIntoView({block: 'start'}); window.scrollBy(0, -150);"
     )
     time.sleep(0.5)  # the header settles after a scroll
     driver.save_screenshot(str(folder / "site_lesson.png"))
