@@ -113,8 +113,10 @@ def show_figures(markdown: str, shown: set[str]) -> str:
             in_code ^= fences % 2 == 1
             continue
         new = [f for f in dict.fromkeys(FIGURE.findall(par)) if f not in shown]
-        if not par.startswith("#"):  # a heading keeps its words; the figure follows it
-            paragraphs[i] = FIGURE.sub(lambda m: f"[{m.group(0)}]({m.group(0)})", par)
+        paragraphs[i] = "\n".join(  # a heading keeps its words; the figure follows it
+            line if line.startswith("#") else FIGURE.sub(r"[\g<0>](\g<0>)", line)
+            for line in par.split("\n")
+        )
         for f in new:
             paragraphs[i] += f"\n\n![{Path(f).stem}]({f})"
             shown.add(f)
