@@ -22,6 +22,9 @@ Every function takes `exact: bool` (a Python bool, static under jit).
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -69,36 +72,60 @@ def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
     return jnp.squeeze(x, axis)
 
 
-@jax.custom_vjp
-def _fast_dense(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., I] @ w [I, O] -> [..., O], with the backward pass written out (below)."""
-    return jnp.einsum("...i,io->...o", x, w)
+def _transposed_rows(x: jax.Array) -> jax.Array:
+    """x [N, I] -> x^T [I, N], written out row-major. Left to itself XLA CPU folds the transpose
+    into the weight-gradient dot (contracting over N, axis 0 of both operands): YNNPACK does not
+    take that form, so XLA runs it with its Eigen kernel, which jaxlib builds for AVX without FMA
+    (half or less of an AVX-512 core's peak), and a bf16 one upcast to float32. The barriers
+    keep the transpose a real copy (not folded into x's producer, when that is a dot, nor into
+    the weight-gradient dot), so that dot is a plain [I, N] @ [N, O]."""
+    n, i = x.shape
+    split = math.gcd(n, 16)  # a 3-D view: over a 2-D one XLA still folds the transpose
+    x = jax.lax.optimization_barrier(x)
+    return jax.lax.optimization_barrier(x.T.reshape(i, n // split, split)).reshape(i, n)
 
 
-def _fast_dense_fwd(x, w):
-    return _fast_dense(x, w), (x, w)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _fast_dense(x: jax.Array, w: jax.Array, out_dtype) -> jax.Array:
+    """x [..., I] @ w [I, O] -> [..., O] in `out_dtype`, computed in x's dtype with float32
+    accumulation (w is cast to x's dtype here, so a float32 master weight gets a float32
+    gradient); the backward pass is written out (below)."""
+    y = jnp.einsum("...i,io->...o", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return y.astype(out_dtype)
 
 
-def _fast_dense_bwd(residuals, dy):
-    """dx = dy @ w^T and dw = sum over rows of x^T dy, each as ONE dot in the layout XLA CPU runs
-    directly. Autodiff's own rule emits dw as [O, I] followed by a transpose; XLA CPU folds that
-    transpose into the operands and materialises dy transposed ([O, rows], often fused with the
-    SwiGLU derivative and computed twice). Those copies took ~20% of a training step's thread
-    time on the `small` model (docs/trainer.md); these two dots need none."""
+def _fast_dense_fwd(x, w, out_dtype):
+    return _fast_dense(x, w, out_dtype), (x, w)
+
+
+def _fast_dense_bwd(out_dtype, residuals, dy):
+    """dx = dy @ w^T and dw = x^T dy, each as ONE dot in a form YNNPACK runs directly, both with
+    float32 accumulation and inputs in x's dtype (bf16 x bf16 -> f32 is the kernel a bf16 CPU
+    runs natively; a bf16 -> bf16 dot XLA CPU upcasts to float32). Autodiff's own rule emits dw
+    as [O, I] followed by a transpose; XLA CPU folds that transpose into the operands and
+    materialises dy transposed ([O, rows], often fused with the SwiGLU derivative and computed
+    twice): ~20% of a training step's thread time on the `small` model (docs/trainer.md)."""
     x, w = residuals
-    dx = jnp.einsum("...o,io->...i", dy, w)
+    dy = dy.astype(x.dtype)
+    dx = jnp.einsum("...o,io->...i", dy, w.astype(x.dtype), preferred_element_type=jnp.float32)
     rows_x, rows_dy = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])  # [N, I], [N, O]
-    dw = jnp.einsum("ni,no->io", rows_x, rows_dy)
-    return dx, dw.astype(w.dtype)
+    dw = jnp.dot(_transposed_rows(rows_x), rows_dy, preferred_element_type=jnp.float32)
+    # the barrier keeps a following transpose (a tied embedding's) out of the dot: XLA would
+    # fold it in as x^T's mirror image, a form only its Eigen kernel takes (and not in bf16)
+    dw = jax.lax.optimization_barrier(dw)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
 _fast_dense.defvjp(_fast_dense_fwd, _fast_dense_bwd)
 
 
-def dense(x: jax.Array, w: jax.Array, exact: bool = False) -> jax.Array:
-    """x [..., I] @ w [I, O] -> [..., O] in x's dtype."""
+def dense(x: jax.Array, w: jax.Array, exact: bool = False, out_dtype=None) -> jax.Array:
+    """x [..., I] @ w [I, O] -> [..., O] in `out_dtype` (default x's dtype), computed in x's
+    dtype (w is cast to it: a float32 master weight under bf16 compute) with float32 sums."""
+    out_dtype = out_dtype or x.dtype
     if not exact:
-        return _fast_dense(x, w)
+        return _fast_dense(x, w, out_dtype)
+    w = w.astype(x.dtype)
     i = x.shape[-1]
     # At least two chunks: with one, XLA drops the chunk axis and a single-row x takes a
     # matrix-vector kernel that sums in another order. The zero chunk adds exact zeros.
@@ -115,7 +142,7 @@ def dense(x: jax.Array, w: jax.Array, exact: bool = False) -> jax.Array:
         precision=jax.lax.Precision.HIGHEST,
         preferred_element_type=jnp.float32,
     )
-    return tree_sum(parts, axis=-2).astype(x.dtype)
+    return tree_sum(parts, axis=-2).astype(out_dtype)
 
 
 def mean_last(x: jax.Array, exact: bool = False) -> jax.Array:
@@ -149,7 +176,8 @@ def attention(q, k, v, visible, exact: bool = False):
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
         scores = jnp.where(visible[:, None, None], scores, NEG)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        return jnp.einsum("bkgts,bskd->btkgd", probs, v)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
+        return out.astype(q.dtype)  # float32 sums: bf16 runs the native kernel (`dense`)
     # Exact: small-axis dot products on XLA CPU are NOT shape-invariant (a [1, S] query row takes
     # a different kernel than a [T, S] block), so attention multiplies elementwise and sums with
     # the fixed tree: over Dh for the scores, over S for the weighted values.

@@ -257,7 +257,7 @@ class Transformer(nnx.Module):
         starts = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
         positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
         inv_freq = rope_frequencies(cfg)
-        x = self.embed[...].astype(cfg.compute_dtype)[tokens]  # [B, T, D]
+        x = self.embed[...][tokens].astype(cfg.compute_dtype)  # [B, T, D]; float32 gradient sums
         new_k, new_v = [], []
         sparse = cfg.moe_layers
         for i, layer in enumerate(self.layers):
@@ -275,7 +275,7 @@ class Transformer(nnx.Module):
         if last_only:  # after the norm: gathered before it, bf16 exact mode rounded differently
             x = jnp.take_along_axis(x, (num_new - 1)[:, None, None], axis=1)  # [B, 1, D]
         head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-        logits = exact_ops.dense(x, head.astype(x.dtype), exact).astype(jnp.float32)  # [B, T, V]
+        logits = exact_ops.dense(x, head, exact, jnp.float32)  # [B, T, V]: float32 (not rounded)
         if cache is None:
             return logits
         return logits, KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
