@@ -150,9 +150,10 @@ class Attention(nnx.Module):
             y = getattr(self, f"{name}_norm")(y, exact)
         return y
 
-    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False):
+    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, segments=None):
         """x [B, T, D]; positions [B, T]; layer_cache (k, v) each [B, S, K, Dh] or None;
-        starts [B] cache index of x[:, 0]. Returns (y [B, T, D], new (k, v) or None)."""
+        starts [B] cache index of x[:, 0]; segments [B, T] (packed rows, no cache): a query
+        sees the keys of its own segment only. Returns (y [B, T, D], new (k, v) or None)."""
         cfg = self.cfg
         b, t, _ = x.shape
         q = apply_rope(self._project(x, "q", cfg.num_heads, exact), positions, inv_freq, exact)
@@ -169,6 +170,9 @@ class Attention(nnx.Module):
             key_index = jnp.arange(keys.shape[1])
         # Causal mask by cache index: query at index starts+t sees keys at index <= its own.
         visible = key_index[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        if segments is not None:  # packed rows: causal by index, within one's own segment
+            same = segments[:, :, None] == segments[:, None, :]
+            visible = (key_index[None, None, :] <= key_index[None, :, None]) & same
         g = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, g, cfg.head_dim)  # [B, T, K, G, Dh]
         attend = exact_ops.causal_attention if layer_cache is None else exact_ops.attention
@@ -207,9 +211,11 @@ class Block(nnx.Module):
         self.mlp = moe.MoE(cfg, rngs, shared) if sparse else MLP(cfg, rngs)
         self.sparse = sparse
 
-    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None):
+    def __call__(
+        self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None, segments=None
+    ):
         h, new_cache = self.attn(
-            self.attn_norm(x, exact), positions, inv_freq, layer_cache, starts, exact
+            self.attn_norm(x, exact), positions, inv_freq, layer_cache, starts, exact, segments
         )
         x = x + h
         normed = self.mlp_norm(x, exact)
@@ -243,6 +249,8 @@ class Transformer(nnx.Module):
         exact=False,
         last_only=False,
         routes=None,
+        positions=None,
+        segments=None,
     ):
         """tokens [B, T] int32, right-padded. Without a cache: full causal forward from position
         0, returns logits [B, T, V] (float32). With a cache: row b's tokens go to cache indices
@@ -251,11 +259,14 @@ class Transformer(nnx.Module):
         row's last real token only — a prefill samples from nothing else, and with a 152k
         vocabulary the LM head over every position is a quarter of a prefill's FLOPs.
         MoE: `routes` int32 [B, T, M, k] (M = len(cfg.moe_layers)) replays those experts, None
-        lets the routers choose; `moe.collect(model)` returns what they did (minirl/modeling/moe.py)."""
+        lets the routers choose; `moe.collect(model)` returns what they did (minirl/modeling/moe.py).
+        Packed rows (no cache): `positions` [B, T] each token's position in its own sequence,
+        `segments` [B, T] which sequence it belongs to (minirl/training/microbatch.py)."""
         cfg = self.cfg
         b, t = tokens.shape
         starts = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
-        positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+        if positions is None:
+            positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
         inv_freq = rope_frequencies(cfg)
         x = self.embed[...][tokens].astype(cfg.compute_dtype)  # [B, T, D]; float32 gradient sums
         new_k, new_v = [], []
@@ -263,9 +274,8 @@ class Transformer(nnx.Module):
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])
             args = (x, positions, inv_freq, layer_cache, starts, exact)
-            if routes is not None and i in sparse:  # replay this MoE layer's routes [B, T, k]
-                args = (*args, routes[:, :, sparse.index(i)])
-            x, kv = layer(*args)
+            replay = routes[:, :, sparse.index(i)] if routes is not None and i in sparse else None
+            x, kv = layer(*args, replay, segments)  # replay: this MoE layer's routes [B, T, k]
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])

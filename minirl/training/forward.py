@@ -83,24 +83,40 @@ class _Checkpointed(nnx.Module):
         self.block = block
         self.policy = policy
 
-    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None):
+    def __call__(
+        self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None, segments=None
+    ):
         assert layer_cache is None, "remat is for the training forward (no KV cache)"
         graphdef, state = nnx.split(self.block)
 
-        def run(state, x, positions, inv_freq, starts, routes):
+        def run(state, x, positions, inv_freq, starts, routes, segments):
             block = nnx.merge(graphdef, state)
-            y = block(x, positions, inv_freq, None, starts, exact, routes)[0]
+            y = block(x, positions, inv_freq, None, starts, exact, routes, segments)[0]
             return y, nnx.pop(block, nnx.Intermediate)  # an MoE layer's record, brought out
 
-        args = (state, x, positions, inv_freq, starts, routes)
+        args = (state, x, positions, inv_freq, starts, routes, segments)
         y, sown = jax.checkpoint(run, policy=self.policy)(*args)
         nnx.update(self.block, sown)
         return y, None
 
 
-def _forward(s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, dropout=None):
+def unpack(x, packing):
+    """Packed rows' per-position values [P, L] -> the row layout [R, Tb] (0 where no row's
+    position is): `packing` from `minirl.training.microbatch.packing_arrays`; None: x as is."""
+    if packing is None:
+        return x
+    source = packing["source"]  # [R, Tb] flat index into [P * L], -1: none
+    got = x.reshape(-1)[jnp.maximum(source, 0)]
+    return jnp.where(source >= 0, got, jnp.zeros((), x.dtype))
+
+
+def _forward(
+    s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, dropout=None, packing=None
+):
     """`logprobs_and_logits` and what the MoE layers did: (log-probs, logits, (routes run
-    [R, Tb, M, k] int32, router probabilities [R, Tb, M, E] float32) or (None, None))."""
+    [R, Tb, M, k] int32, router probabilities [R, Tb, M, E] float32) or (None, None)).
+    `packing` (packed rows, `microbatch.pack_sequences`): tokens and targets are [P, L], the
+    log-probs come back as [R, Tb] rows, the logits stay [P, L, V]."""
     model = nnx.merge(abstract_model(s.model)[0], params)
     if dropout is not None:
         lora.set_dropout(model, s.model.lora_dropout, dropout)
@@ -108,9 +124,11 @@ def _forward(s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, 
     if policy is not None:
         model.layers = nnx.List([_Checkpointed(b, policy) for b in blocks])
     replay = routes.astype(jnp.int32) if s.routing == "replay" and routes is not None else None
-    logits = model(tokens, exact=s.exact, routes=replay)  # [R, Tb, V]
+    where = {} if packing is None else {k: packing[k] for k in ("positions", "segments")}
+    logits = model(tokens, exact=s.exact, routes=replay, **where)  # [R, Tb, V] or [P, L, V]
     model.layers = blocks  # each holds its MoE record (a _Checkpointed put it back)
-    return token_logprobs(logits, targets, s.sampling), logits, moe.collect(model)
+    logp = unpack(token_logprobs(logits, targets, s.sampling), packing)
+    return logp, logits, moe.collect(model)
 
 
 def logprobs_and_logits(
@@ -140,6 +158,7 @@ def accumulate(
     routes=None,
     share=None,
     dropout=None,
+    packing=None,
 ):
     """Phase 2 of `loss` on one micro-batch: add its gradient and loss value to the accumulator
     `acc` = (gradients, loss), or start one if `acc` is None (no zeros to write and add on the
@@ -149,15 +168,18 @@ def accumulate(
     `router_aux_coef`): each counted token's share of the batch's counted tokens; the
     micro-batch adds coef x its load-balancing loss over those tokens x its share, so the sum
     over micro-batches is the token-weighted mean of theirs (the batch's own with one).
-    `dropout`: the micro-batch's LoRA dropout key (None: no dropout). Returns (accumulator, the
+    `dropout`: the micro-batch's LoRA dropout key (None: no dropout). `packing`: the model runs
+    on packed rows (`_forward`); the loss sees the [R, Tb] rows either way. Returns (accumulator, the
     micro-batch's metrics, the training forward's log-probs [R, Tb], for the RLAX Fig. 5
     metrics, and the routers' own choice [R, Tb, M, k] or None: module docstring)."""
 
     def micro_loss(p):
         logp, logits, (run, probs) = _forward(
-            s, lora.join(p, frozen), tokens, targets, True, routes, dropout
+            s, lora.join(p, frozen), tokens, targets, True, routes, dropout, packing
         )
-        entropy = token_entropy(logits, s.sampling.temperature) if loss.needs_entropy else None
+        entropy = None
+        if loss.needs_entropy:
+            entropy = unpack(token_entropy(logits, s.sampling.temperature), packing)
         value, metrics = loss.loss(logp, part, entropy=entropy)
         if getattr(loss, "router_aux_coef", 0.0):  # the load-balancing part (minirl/losses)
             aux = moe.load_balancing_loss(probs, run, s.model.num_experts, share > 0)
@@ -173,11 +195,12 @@ def accumulate(
 
 @functools.lru_cache(maxsize=32)
 def forward_fn(s: ForwardSpec):
-    """jit of (params, tokens [R, Tb], targets [R, Tb], routes=None) -> log-probs [R, Tb], no
-    remat (`routes`: the engine's, replayed under s.routing "replay")."""
+    """jit of (params, tokens [R, Tb], targets [R, Tb], routes=None, packing=None) -> log-probs
+    [R, Tb], no remat (`routes`: the engine's, replayed under s.routing "replay"; `packing`:
+    tokens and targets are packed rows [P, L], see `_forward`)."""
     return jax.jit(
-        lambda params, tokens, targets, routes=None: _forward(
-            s, params, tokens, targets, False, routes
+        lambda params, tokens, targets, routes=None, packing=None: _forward(
+            s, params, tokens, targets, False, routes, packing=packing
         )[0]
     )
 
@@ -202,9 +225,9 @@ def training_forward_fn(s: ForwardSpec):
     too, or XLA would drop the backward pass and the remat with it). For diagnosing what the
     training forward itself changes (minirl diagnose's "training forward" rows)."""
 
-    def run(params, tokens, targets, routes=None):
+    def run(params, tokens, targets, routes=None, packing=None):
         def total(p):
-            logp = logprobs_and_logits(s, p, tokens, targets, remat=True, routes=routes)[0]
+            logp = _forward(s, p, tokens, targets, True, routes, packing=packing)[0]
             return jnp.sum(logp), logp
 
         (_, logp), grads = jax.value_and_grad(total, has_aux=True)(params)

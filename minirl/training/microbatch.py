@@ -31,12 +31,23 @@ from minirl.training.batching import bucket_length
 
 
 @dataclasses.dataclass(frozen=True)
+class Packing:
+    """Where a packed micro-batch's rows sit: row j of `MicroBatch.rows` fills positions
+    offset[j] .. offset[j] + its length - 1 of packed row slot[j], of `shape` [P, L]."""
+
+    slot: np.ndarray  # [n] packed row of each member
+    offset: np.ndarray  # [n] its first position there
+    shape: tuple[int, int]  # (P, L): P rounded by `_round_rows`, L the micro-batch's length
+
+
+@dataclasses.dataclass(frozen=True)
 class MicroBatch:
     """Rows of the batch processed together, and the padded shape they are processed in."""
 
     rows: np.ndarray  # [n] int indices into the batch, longest first
     num_rows: int  # R >= n: rows after padding with empty ones (a power of two)
     length: int  # Tb: positions kept (a bucket length; later positions hold no counted target)
+    packing: Packing | None = None  # the model runs on packed rows [P, L] (`pack_sequences`)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -44,6 +55,9 @@ class MicroBatch:
 
     @property
     def padded_tokens(self) -> int:
+        """Positions the model runs: R x Tb, or P x L when packed."""
+        if self.packing is not None:
+            return self.packing.shape[0] * self.packing.shape[1]
         return self.num_rows * self.length
 
 
@@ -127,3 +141,68 @@ def scatter(values: np.ndarray, mb: MicroBatch, out: np.ndarray) -> None:
     n = len(mb.rows)
     width = min(mb.length, out.shape[1])
     out[mb.rows, :width] = np.asarray(values)[:n, :width]
+
+
+def _round_rows(n: int) -> int:
+    """n packed rows rounded up to four steps per doubling (5, 6, 7, 8, 10, 12, 14, 16, 20, ...):
+    a few shapes, and little padding (a power of two would undo the packing's saving)."""
+    step = max(1, _floor_pow2(n) // 4)
+    return -(-n // step) * step
+
+
+def pack_sequences(
+    lengths: np.ndarray,
+    token_budget: int,
+    bucket_minimum: int = 32,
+    max_length: int | None = None,
+    rows: np.ndarray | None = None,
+) -> list[MicroBatch]:
+    """`pack_rows`' micro-batches, each run on packed rows (AReaL's padding-free packing, kept
+    within bucket lengths): its rows, longest first, go first-fit into packed rows of its
+    length L = Tb, so two rows of 40 share one packed row of 96 where `pack_rows` pads both to
+    96. P packed rows (`_round_rows`, P <= R) cost P x L positions instead of R x Tb. Each row
+    sits at its own positions 0, 1, ... behind a block-diagonal causal mask (`packing_arrays`),
+    and its log-probs come back in the [R, Tb] row layout the loss reads."""
+    out = []
+    for mb in pack_rows(lengths, token_budget, bucket_minimum, max_length, rows):
+        fill: list[int] = []  # positions used in each packed row
+        slot, offset = [], []
+        for r in mb.rows.tolist():
+            n = int(lengths[r])
+            p = next((i for i, used in enumerate(fill) if used + n <= mb.length), len(fill))
+            if p == len(fill):
+                fill.append(0)
+            slot.append(p)
+            offset.append(fill[p])
+            fill[p] += n
+        shape = (min(_round_rows(len(fill)), mb.num_rows), mb.length)
+        out.append(
+            dataclasses.replace(mb, packing=Packing(np.array(slot), np.array(offset), shape))
+        )
+    return out
+
+
+def packed_inputs(x: np.ndarray, mb: MicroBatch, lengths: np.ndarray) -> np.ndarray:
+    """A per-position [B, T] array laid out in the micro-batch's packed rows: [P, L] (0 where
+    no row sits)."""
+    x = np.asarray(x)
+    out = np.zeros(mb.packing.shape, x.dtype)
+    for r, p, o in zip(mb.rows, mb.packing.slot, mb.packing.offset, strict=True):
+        n = int(lengths[r])
+        out[p, o : o + n] = x[r, :n]
+    return out
+
+
+def packing_arrays(mb: MicroBatch, lengths: np.ndarray) -> dict[str, np.ndarray]:
+    """What the packed forward needs: positions and segment ids [P, L] (segment 0: no row),
+    and `source` [R, Tb], each row-layout position's flat index into [P x L] (-1: none)."""
+    p_rows, length = mb.packing.shape
+    positions = np.zeros((p_rows, length), np.int32)
+    segments = np.zeros((p_rows, length), np.int32)
+    source = np.full((mb.num_rows, mb.length), -1, np.int32)
+    for j, (r, p, o) in enumerate(zip(mb.rows, mb.packing.slot, mb.packing.offset, strict=True)):
+        n = int(lengths[r])
+        positions[p, o : o + n] = np.arange(n)
+        segments[p, o : o + n] = j + 1
+        source[j, :n] = p * length + o + np.arange(n)
+    return {"positions": positions, "segments": segments, "source": source}

@@ -29,8 +29,8 @@ step reports `routing/*` (minirl/training/routing.py) from its first update's fo
 Rows meet devices only through `row_layout.rows(x)` / `row_layout.host(x)` (minirl/training/row_layout.py;
 scale/mesh.py's `MeshRows` on a mesh). This file holds the state (params, optimizer state,
 counters) and the order of operations; how it stays fast is in docs/trainer.md, "Speed".
-Simplified on purpose: no mesh of its own; no critic (PPO's advantages use V = 0); rows are
-padded, not packed.
+Simplified on purpose: no mesh of its own; no critic (PPO's advantages use V = 0); packed
+rows (`TrainerConfig.pack`) stay within a micro-batch's bucket length.
 """
 
 from __future__ import annotations
@@ -168,6 +168,11 @@ class Trainer:
         self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
         if cfg.routing == "replay" and not model_cfg.num_experts:
             raise ValueError("trainer.routing=replay needs a mixture-of-experts model")
+        if cfg.pack and (sampling.exact or model_cfg.num_experts):
+            raise ValueError(
+                "trainer.pack runs dense models in fast mode only (not exact mode, whose "
+                "reductions are pinned to one row per sequence, nor a mixture of experts)"
+            )
         self._spec = ForwardSpec(model_cfg, sampling, cfg.remat, cfg.routing)
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
         self._params = self._check_params(params)
@@ -324,7 +329,8 @@ class Trainer:
     # ---- the steps' parts --------------------------------------------------------------------
 
     def _plan(self, batch: Batch, rows=None) -> list[mbt.MicroBatch]:
-        return mbt.pack_rows(
+        plan = mbt.pack_sequences if self.cfg.pack else mbt.pack_rows
+        return plan(
             mbt.row_lengths(batch.mask),
             self.cfg.micro_batch_tokens,
             self.cfg.bucket_minimum,
@@ -360,11 +366,33 @@ class Trainer:
 
     def _logprobs(self, params, batch: Batch, plan, fn=None) -> np.ndarray:
         fn = fn or forward_fn(self._spec)
-        results = [fn(params, *self._inputs(batch, mb), self._replayed(batch, mb)) for mb in plan]
+        results = [
+            fn(
+                params,
+                *self._inputs(batch, mb),
+                self._replayed(batch, mb),
+                self._packing(batch, mb),
+            )
+            for mb in plan
+        ]
         return self._masked(self._scatter(results, plan, batch.mask.shape), batch)  # [B, T]
 
     def _inputs(self, batch: Batch, mb: mbt.MicroBatch) -> tuple:
-        return self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
+        """The micro-batch's tokens and targets: [R, Tb] rows, or [P, L] packed rows."""
+        if mb.packing is None:
+            return self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
+        lengths = mbt.row_lengths(batch.mask)
+        return tuple(
+            self._row_layout.rows(mbt.packed_inputs(x, mb, lengths))
+            for x in (batch.tokens, batch.targets)
+        )
+
+    def _packing(self, batch: Batch, mb: mbt.MicroBatch) -> dict | None:
+        """A packed micro-batch's positions, segments and row layout (None: not packed)."""
+        if mb.packing is None:
+            return None
+        arrays = mbt.packing_arrays(mb, mbt.row_lengths(batch.mask))
+        return {k: self._row_layout.rows(v) for k, v in arrays.items()}
 
     def routing(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """An MoE model's recompute forward under `trainer.routing`, with what it routed:
@@ -434,7 +462,14 @@ class Trainer:
             key = lora.dropout_key(self.cfg.seed, self.step, update, i) if drop else None
             extra = (self._replayed(batch, mb), None if share is None else self._rows(share, mb))
             acc, m, logp, choice = accumulate(
-                train, acc, *self._inputs(batch, mb), part, frozen, *extra, key
+                train,
+                acc,
+                *self._inputs(batch, mb),
+                part,
+                frozen,
+                *extra,
+                key,
+                self._packing(batch, mb),
             )
             metrics.append(m)
             logps.append(logp)
