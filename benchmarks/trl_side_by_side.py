@@ -18,7 +18,7 @@ Variants (`--variants`, comma separated, run in this order inside every round):
   minirl            `minirl train --model DIR --data FILE --verifier math` with the work above, in
                     minirl's defaults for a user's model (the engine's slots and cache, and the
                     compute dtype, derived: bf16 mixed precision where the CPU multiplies bf16
-                    natively, minirl/modeling/precision.py)
+                    natively, minirl/run/precision.py)
   minirl-f32        the same with model.dtype=float32
   minirl-tuned      the same with the engine sized by hand (64 slots, a 128-position cache, one
                     prefill bucket): issue #40's configuration

@@ -22,9 +22,6 @@ Every function takes `exact: bool` (a Python bool, static under jit).
 
 from __future__ import annotations
 
-import functools
-import math
-
 import jax
 import jax.numpy as jnp
 
@@ -73,23 +70,16 @@ def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
 
 
 def _transposed_rows(x: jax.Array) -> jax.Array:
-    """x [N, I] -> x^T [I, N], written out row-major. Left to itself XLA CPU folds the transpose
-    into the weight-gradient dot (contracting over N, axis 0 of both operands): YNNPACK does not
-    take that form, so XLA runs it with its Eigen kernel, which jaxlib builds for AVX without FMA
-    (half or less of an AVX-512 core's peak), and a bf16 one upcast to float32. The barriers
-    keep the transpose a real copy (not folded into x's producer, when that is a dot, nor into
-    the weight-gradient dot), so that dot is a plain [I, N] @ [N, O]."""
+    """x [N, I] -> x^T [I, N], a real copy (barriers: XLA folded it into the dot, then ran x^T dy
+    with its Eigen kernel, built for AVX without FMA, bf16 upcast): x^T dy runs in YNNPACK."""
     n, i = x.shape
-    split = math.gcd(n, 16)  # a 3-D view: over a 2-D one XLA still folds the transpose
+    split = 16 if n % 16 == 0 else 1  # a 3-D view: over a 2-D one XLA still folds it
     x = jax.lax.optimization_barrier(x)
     return jax.lax.optimization_barrier(x.T.reshape(i, n // split, split)).reshape(i, n)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _fast_dense(x: jax.Array, w: jax.Array, out_dtype) -> jax.Array:
-    """x [..., I] @ w [I, O] -> [..., O] in `out_dtype`, computed in x's dtype with float32
-    accumulation (w is cast to x's dtype here, so a float32 master weight gets a float32
-    gradient); the backward pass is written out (below)."""
+    """x @ w in x's dtype (w cast here: a float32 master gets a float32 gradient), f32 sums."""
     y = jnp.einsum("...i,io->...o", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
     return y.astype(out_dtype)
 
@@ -99,39 +89,31 @@ def _fast_dense_fwd(x, w, out_dtype):
 
 
 def _fast_dense_bwd(out_dtype, residuals, dy):
-    """dx = dy @ w^T and dw = x^T dy, each as ONE dot in a form YNNPACK runs directly, both with
-    float32 accumulation and inputs in x's dtype (bf16 x bf16 -> f32 is the kernel a bf16 CPU
-    runs natively; a bf16 -> bf16 dot XLA CPU upcasts to float32). Autodiff's own rule emits dw
-    as [O, I] followed by a transpose; XLA CPU folds that transpose into the operands and
-    materialises dy transposed ([O, rows], often fused with the SwiGLU derivative and computed
-    twice): ~20% of a training step's thread time on the `small` model (docs/trainer.md)."""
+    """dx = dy @ w^T, dw = x^T dy: ONE dot each, inputs in x's dtype, f32 sums (bf16 x bf16 ->
+    f32 is the native kernel). Autodiff's dw [O, I] + transpose cost ~20% (docs/trainer.md)."""
     x, w = residuals
     dy = dy.astype(x.dtype)
     dx = jnp.einsum("...o,io->...i", dy, w.astype(x.dtype), preferred_element_type=jnp.float32)
     rows_x, rows_dy = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])  # [N, I], [N, O]
     dw = jnp.dot(_transposed_rows(rows_x), rows_dy, preferred_element_type=jnp.float32)
-    # the barrier keeps a following transpose (a tied embedding's) out of the dot: XLA would
-    # fold it in as x^T's mirror image, a form only its Eigen kernel takes (and not in bf16)
-    dw = jax.lax.optimization_barrier(dw)
+    dw = jax.lax.optimization_barrier(dw)  # a tied embedding's transpose stays out of the dot
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
+_fast_dense = jax.custom_vjp(_fast_dense, nondiff_argnums=(2,))
 _fast_dense.defvjp(_fast_dense_fwd, _fast_dense_bwd)
 
 
 def dense(x: jax.Array, w: jax.Array, exact: bool = False, out_dtype=None) -> jax.Array:
-    """x [..., I] @ w [I, O] -> [..., O] in `out_dtype` (default x's dtype), computed in x's
-    dtype (w is cast to it: a float32 master weight under bf16 compute) with float32 sums."""
-    out_dtype = out_dtype or x.dtype
+    """x [..., I] @ w [I, O] -> [..., O] in `out_dtype` (default x's), computed in x's dtype."""
     if not exact:
-        return _fast_dense(x, w, out_dtype)
-    w = w.astype(x.dtype)
+        return _fast_dense(x, w, out_dtype or x.dtype)
     i = x.shape[-1]
     # At least two chunks: with one, XLA drops the chunk axis and a single-row x takes a
     # matrix-vector kernel that sums in another order. The zero chunk adds exact zeros.
     n = max(2, _next_pow2(-(-i // CHUNK)))
     xc = _pad_axis(x, -1, n * CHUNK).reshape(*x.shape[:-1], n, CHUNK)  # [..., n, C]
-    wc = _pad_axis(w, 0, n * CHUNK).reshape(n, CHUNK, w.shape[-1])  # [n, C, O]
+    wc = _pad_axis(w.astype(x.dtype), 0, n * CHUNK).reshape(n, CHUNK, w.shape[-1])  # [n, C, O]
     # bf16 inputs are upcast: a bf16 x bf16 product is exact in float32, sums accumulate in fp32.
     # HIGHEST: true float32 products on every backend (a GPU's default runs float32 dots in TF32,
     # 10 bits of mantissa; the CPU's are float32 either way, so its bits are unchanged).
@@ -142,7 +124,7 @@ def dense(x: jax.Array, w: jax.Array, exact: bool = False, out_dtype=None) -> ja
         precision=jax.lax.Precision.HIGHEST,
         preferred_element_type=jnp.float32,
     )
-    return tree_sum(parts, axis=-2).astype(out_dtype)
+    return tree_sum(parts, axis=-2).astype(out_dtype or x.dtype)
 
 
 def mean_last(x: jax.Array, exact: bool = False) -> jax.Array:

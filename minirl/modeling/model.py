@@ -152,8 +152,8 @@ class Attention(nnx.Module):
 
     def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, segments=None):
         """x [B, T, D]; positions [B, T]; layer_cache (k, v) each [B, S, K, Dh] or None;
-        starts [B] cache index of x[:, 0]; segments [B, T] (packed rows, no cache): a query
-        sees the keys of its own segment only. Returns (y [B, T, D], new (k, v) or None)."""
+        starts [B] cache index of x[:, 0]; segments [B, T]: packed rows (no cache). Returns
+        (y [B, T, D], new (k, v) or None)."""
         cfg = self.cfg
         b, t, _ = x.shape
         q = apply_rope(self._project(x, "q", cfg.num_heads, exact), positions, inv_freq, exact)
@@ -171,8 +171,8 @@ class Attention(nnx.Module):
         # Causal mask by cache index: query at index starts+t sees keys at index <= its own.
         visible = key_index[None, None, :] <= positions[:, :, None]  # [B, T, S]
         if segments is not None:  # packed rows: causal by index, within one's own segment
-            same = segments[:, :, None] == segments[:, None, :]
-            visible = (key_index[None, None, :] <= key_index[None, :, None]) & same
+            same = segments[:, :, None] == segments[:, None]  # [B, T, T]
+            visible = (key_index <= key_index[:, None]) & same
         g = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, g, cfg.head_dim)  # [B, T, K, G, Dh]
         attend = exact_ops.causal_attention if layer_cache is None else exact_ops.attention
@@ -249,8 +249,7 @@ class Transformer(nnx.Module):
         exact=False,
         last_only=False,
         routes=None,
-        positions=None,
-        segments=None,
+        packed=None,
     ):
         """tokens [B, T] int32, right-padded. Without a cache: full causal forward from position
         0, returns logits [B, T, V] (float32). With a cache: row b's tokens go to cache indices
@@ -260,13 +259,13 @@ class Transformer(nnx.Module):
         vocabulary the LM head over every position is a quarter of a prefill's FLOPs.
         MoE: `routes` int32 [B, T, M, k] (M = len(cfg.moe_layers)) replays those experts, None
         lets the routers choose; `moe.collect(model)` returns what they did (minirl/modeling/moe.py).
-        Packed rows (no cache): `positions` [B, T] each token's position in its own sequence,
-        `segments` [B, T] which sequence it belongs to (minirl/training/microbatch.py)."""
+        `packed`: rows packed with sequences (no cache): their `positions`, `segments` [B, T]."""
         cfg = self.cfg
         b, t = tokens.shape
         starts = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
-        if positions is None:
-            positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+        positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+        segments = None if packed is None else packed["segments"]  # [B, T]
+        positions = positions if packed is None else packed["positions"]
         inv_freq = rope_frequencies(cfg)
         x = self.embed[...][tokens].astype(cfg.compute_dtype)  # [B, T, D]; float32 gradient sums
         new_k, new_v = [], []

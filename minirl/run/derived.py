@@ -15,7 +15,7 @@ asks for. With `model.path` and a dataset file (`minirl train --model DIR --data
                          MIN_EVAL_PROMPTS (a 2-step smoke run evaluates little, a long run fully)
     model.dtype          the compute dtype: bfloat16 where this machine multiplies bf16 natively
                          (an accelerator; a CPU with AVX512-BF16 or AMX-BF16), float32 elsewhere
-                         (minirl/modeling/precision.py); the weights stay model.param_dtype
+                         (minirl/run/precision.py); the weights stay model.param_dtype
 
 The results are ordinary values of the RunConfig, so the run directory's config.json records
 them and a resumed run uses them as they were: `keep_recorded` takes them from there when the
@@ -31,8 +31,8 @@ import dataclasses
 from minirl.config import FILE_TASK, RunConfig
 from minirl.configlib import ConfigError
 from minirl.hf.hf_config import read_model_config
-from minirl.modeling import precision
 from minirl.modeling.model_config import ModelConfig
+from minirl.run import precision
 
 MAX_SLOTS = 64  # decode batch cap: past it a CPU step gains little and the KV cache grows
 MIN_EVAL_PROMPTS = 8

@@ -169,10 +169,7 @@ class Trainer:
         if cfg.routing == "replay" and not model_cfg.num_experts:
             raise ValueError("trainer.routing=replay needs a mixture-of-experts model")
         if cfg.pack and (sampling.exact or model_cfg.num_experts):
-            raise ValueError(
-                "trainer.pack runs dense models in fast mode only (not exact mode, whose "
-                "reductions are pinned to one row per sequence, nor a mixture of experts)"
-            )
+            raise ValueError("trainer.pack runs dense models in fast mode only (not exact, MoE)")
         self._spec = ForwardSpec(model_cfg, sampling, cfg.remat, cfg.routing)
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
         self._params = self._check_params(params)
@@ -329,8 +326,7 @@ class Trainer:
     # ---- the steps' parts --------------------------------------------------------------------
 
     def _plan(self, batch: Batch, rows=None) -> list[mbt.MicroBatch]:
-        plan = mbt.pack_sequences if self.cfg.pack else mbt.pack_rows
-        return plan(
+        return (mbt.pack_sequences if self.cfg.pack else mbt.pack_rows)(
             mbt.row_lengths(batch.mask),
             self.cfg.micro_batch_tokens,
             self.cfg.bucket_minimum,
@@ -366,33 +362,17 @@ class Trainer:
 
     def _logprobs(self, params, batch: Batch, plan, fn=None) -> np.ndarray:
         fn = fn or forward_fn(self._spec)
-        results = [
-            fn(
-                params,
-                *self._inputs(batch, mb),
-                self._replayed(batch, mb),
-                self._packing(batch, mb),
-            )
-            for mb in plan
-        ]
+        results = [fn(params, *self._inputs(batch, mb)) for mb in plan]
         return self._masked(self._scatter(results, plan, batch.mask.shape), batch)  # [B, T]
 
     def _inputs(self, batch: Batch, mb: mbt.MicroBatch) -> tuple:
-        """The micro-batch's tokens and targets: [R, Tb] rows, or [P, L] packed rows."""
+        """(tokens, targets, routes, packing): [R, Tb] rows, or [P, Tb] packed (`mbt.packed`)."""
+        routes = self._replayed(batch, mb)
         if mb.packing is None:
-            return self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
-        lengths = mbt.row_lengths(batch.mask)
-        return tuple(
-            self._row_layout.rows(mbt.packed_inputs(x, mb, lengths))
-            for x in (batch.tokens, batch.targets)
-        )
-
-    def _packing(self, batch: Batch, mb: mbt.MicroBatch) -> dict | None:
-        """A packed micro-batch's positions, segments and row layout (None: not packed)."""
-        if mb.packing is None:
-            return None
-        arrays = mbt.packing_arrays(mb, mbt.row_lengths(batch.mask))
-        return {k: self._row_layout.rows(v) for k, v in arrays.items()}
+            return self._rows(batch.tokens, mb), self._rows(batch.targets, mb), routes, None
+        arrays = mbt.packed(mb, mbt.row_lengths(batch.mask), batch.tokens, batch.targets)
+        arrays = {k: self._row_layout.rows(v) for k, v in arrays.items()}
+        return arrays.pop("tokens"), arrays.pop("targets"), routes, arrays
 
     def routing(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """An MoE model's recompute forward under `trainer.routing`, with what it routed:
@@ -402,7 +382,7 @@ class Trainer:
         if not self.model_cfg.num_experts:
             raise ValueError("routing() needs a mixture-of-experts model")
         plan, fn = self._plan(batch), routing_fn(self._spec)
-        out = [fn(self._params, *self._inputs(batch, mb), self._replayed(batch, mb)) for mb in plan]
+        out = [fn(self._params, *self._inputs(batch, mb)[:3]) for mb in plan]
         b, t = batch.mask.shape
         shape = (b, t, len(self.model_cfg.moe_layers), self.model_cfg.experts_per_token)
         logp, ran, choice = (
@@ -460,16 +440,10 @@ class Trainer:
         for i, mb in enumerate(plan):
             part = jax.tree.map(lambda x, mb=mb: self._rows(x, mb), prepared)
             key = lora.dropout_key(self.cfg.seed, self.step, update, i) if drop else None
-            extra = (self._replayed(batch, mb), None if share is None else self._rows(share, mb))
+            tokens, targets, routes, packing = self._inputs(batch, mb)
+            shares = None if share is None else self._rows(share, mb)
             acc, m, logp, choice = accumulate(
-                train,
-                acc,
-                *self._inputs(batch, mb),
-                part,
-                frozen,
-                *extra,
-                key,
-                self._packing(batch, mb),
+                train, acc, tokens, targets, part, frozen, routes, shares, key, packing
             )
             metrics.append(m)
             logps.append(logp)

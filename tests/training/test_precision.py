@@ -1,4 +1,4 @@
-"""bf16 mixed precision (minirl/modeling/precision.py, `exact.dense`): bf16 products summed in
+"""bf16 mixed precision (minirl/run/precision.py, `exact.dense`): bf16 products summed in
 float32, float32 master weights and optimizer state, float32 logits; every dense dot runs in
 YNNPACK (none left to XLA's Eigen kernel, none upcast to float32); the compute dtype a user's
 model gets on this machine.
@@ -19,8 +19,9 @@ import pytest
 from test_trainer import CFG, GRAD_CFG, _tree_max_diff, batch, full_step, params  # noqa: F401
 
 from minirl.losses import get_preset
-from minirl.modeling import exact, precision
+from minirl.modeling import exact
 from minirl.modeling.model import init_model
+from minirl.run import precision
 from minirl.training.trainer import Trainer, TrainerConfig
 
 BF16 = dataclasses.replace(CFG, dtype="bfloat16")  # float32 weights (param_dtype), bf16 compute

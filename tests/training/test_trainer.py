@@ -405,18 +405,27 @@ def test_pack_sequences_by_hand():
     lengths = np.array([60, 50, 46, 40, 30, 11, 20, 8])
     (mb,) = mbt.pack_sequences(lengths, 512)
     assert mb.rows.tolist() == [0, 1, 2, 3, 4, 6, 5, 7] and mb.shape == (8, 64)
-    assert mb.packing.slot.tolist() == [0, 1, 2, 3, 4, 3, 1, 2]
-    assert mb.packing.offset.tolist() == [0, 0, 0, 0, 0, 40, 50, 46]
-    assert mb.packing.shape == (5, 64) and mb.padded_tokens == 320
-    arrays = mbt.packing_arrays(mb, lengths)
+    slot, offset, p_rows = mb.packing
+    assert slot.tolist() == [0, 1, 2, 3, 4, 3, 1, 2] and offset.tolist() == [
+        0,
+        0,
+        0,
+        0,
+        0,
+        40,
+        50,
+        46,
+    ]
+    assert p_rows == 5 and mb.padded_tokens == 320
+    tokens = np.arange(8 * 64).reshape(8, 64)
+    arrays = mbt.packed(mb, lengths, tokens, tokens + 1)
     row = arrays["segments"][3]  # members 4 (40 positions) and 6 (row 6: 20 positions)
     assert (row[:40] == 4).all() and (row[40:60] == 6).all() and (row[60:] == 0).all()
     assert arrays["positions"][3, 38:42].tolist() == [38, 39, 0, 1]  # each row from 0
     assert arrays["source"][5, :3].tolist() == [3 * 64 + 40, 3 * 64 + 41, 3 * 64 + 42]
     assert arrays["source"][5, 20] == -1  # past row 6's 20 positions
-    tokens = np.arange(8 * 64).reshape(8, 64)
-    packed = mbt.packed_inputs(tokens, mb, lengths)
-    assert packed[1, 50:52].tolist() == [5 * 64, 5 * 64 + 1]  # row 5 behind row 1's 50
+    assert arrays["tokens"][1, 50:52].tolist() == [5 * 64, 5 * 64 + 1]  # row 5 behind row 1
+    assert arrays["targets"][1, 50] == 5 * 64 + 1
 
 
 def test_packed_step_equals_the_unpacked_step(params, batch, full_step):
