@@ -16,6 +16,8 @@ asks for. With `model.path` and a dataset file (`minirl train --model DIR --data
     model.dtype          the compute dtype: bfloat16 where this machine multiplies bf16 natively
                          (an accelerator; a CPU with AVX512-BF16 or AMX-BF16), float32 elsewhere
                          (minirl/run/precision.py); the weights stay model.param_dtype
+    engine.dtype         with model.dtype derived bf16 on a CPU (not in exact mode): float32,
+                         as the decode step measured slower in bf16 there (docs/trainer.md)
 
 The results are ordinary values of the RunConfig, so the run directory's config.json records
 them and a resumed run uses them as they were: `keep_recorded` takes them from there when the
@@ -43,6 +45,7 @@ DERIVED = (
     "engine.slots",
     "eval.prompts",
     "model.dtype",
+    "engine.dtype",
 )
 
 
@@ -76,11 +79,14 @@ def derive_for_model(cfg, overrides=()):
         rollouts = rl.steps * rl.prompts_per_step * rl.group_size
         prompts = min(prompts, max(MIN_EVAL_PROMPTS, rollouts // (2 * cfg.eval.samples)))
     dtype = cfg.model.dtype if "model.dtype" in given else precision.fastest_compute_dtype()
+    engine_dtype = cfg.engine.dtype
+    if not given & {"model.dtype", "engine.dtype"} and not cfg.engine.exact:
+        engine_dtype = precision.engine_dtype(dtype)
     return dataclasses.replace(
         cfg,
         model=dataclasses.replace(cfg.model, dtype=dtype),
         data=dataclasses.replace(cfg.data, max_new_tokens=new),
-        engine=dataclasses.replace(cfg.engine, cache_len=cache, slots=slots),
+        engine=dataclasses.replace(cfg.engine, cache_len=cache, slots=slots, dtype=engine_dtype),
         eval=dataclasses.replace(cfg.eval, prompts=prompts),
     )
 

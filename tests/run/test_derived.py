@@ -135,8 +135,14 @@ def test_a_user_models_compute_dtype_follows_the_machine(dirs, monkeypatch):
     assert _config(dirs, "short").model.dtype == "float32"  # pinned by tests/conftest.py
     monkeypatch.setenv("MINIRL_COMPUTE_DTYPE", "bfloat16")
     cfg = _config(dirs, "short")
-    assert (cfg.model.dtype, cfg.model.param_dtype) == ("bfloat16", "float32")
+    assert (cfg.model.dtype, cfg.model.param_dtype, cfg.engine.dtype) == (
+        "bfloat16",
+        "float32",
+        "float32",  # the engine decodes in float32 on a CPU (faster there)
+    )
     assert _config(dirs, "short", "model.dtype=float32").model.dtype == "float32"
+    assert _config(dirs, "short", "engine.exact=true").engine.dtype is None  # the model's: bitwise
+    assert _config(dirs, "short", "model.dtype=bfloat16").engine.dtype is None
     params = initial_params(cfg, seed=0)
     stored = load_file(str(dirs["short"] / "model.safetensors"))["model.embed_tokens.weight"]
     assert params["embed"].dtype == np.float32 and (np.asarray(params["embed"]) == stored).all()
