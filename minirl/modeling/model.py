@@ -273,8 +273,9 @@ class Transformer(nnx.Module):
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])
             args = (x, positions, inv_freq, layer_cache, starts, exact)
-            replay = routes[:, :, sparse.index(i)] if routes is not None and i in sparse else None
-            x, kv = layer(*args, replay, segments)  # replay: this MoE layer's routes [B, T, k]
+            if routes is not None and i in sparse:  # replay this MoE layer's routes [B, T, k]
+                args = (*args, routes[:, :, sparse.index(i)])
+            x, kv = layer(*args) if segments is None else layer(*args, segments=segments)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])

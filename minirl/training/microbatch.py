@@ -117,9 +117,8 @@ def scatter(values: np.ndarray, mb: MicroBatch, out: np.ndarray) -> None:
 
 
 def pack_sequences(lengths: np.ndarray, *args, **kwargs) -> list[MicroBatch]:
-    """`pack_rows(lengths, ...)`, each micro-batch's rows (longest first) first-fit in packed rows
-    of its length Tb (two rows of 40 share one of 96): P x Tb positions run, not R x Tb. Rows keep
-    positions 0, 1, ... behind a block-diagonal causal mask; the loss reads [R, Tb] rows."""
+    """`pack_rows(lengths, ...)` with each micro-batch's rows first-fit (longest first) in packed
+    rows of its length Tb, each from position 0: P x Tb positions run, not R x Tb."""
     out = []
     for mb in pack_rows(lengths, *args, **kwargs):
         fill, slot, offset = [], [], []  # fill: positions used in each packed row
