@@ -291,6 +291,8 @@ class RunConfig:
             )
         moe_knobs = {"trainer.routing=replay": self.trainer.routing == "replay"}
         moe_knobs["rl.router_aux_coef"] = rl.router_aux_coef > 0
+        if self.trainer.pack and (self.engine.exact or self.model.num_experts):
+            raise ConfigError("trainer.pack: dense models in fast mode only (not exact, MoE)")
         for knob, used in moe_knobs.items():
             if used and not self.model.num_experts:
                 raise ConfigError(f"{knob} needs a mixture-of-experts model (model.num_experts)")

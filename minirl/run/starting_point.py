@@ -137,7 +137,8 @@ def initial_params(cfg: RunConfig, seed: int) -> dict:
         return nnx.to_pure_dict(nnx.split(init_model(lora.base_config(cfg.model), seed=seed))[1])
     from minirl.hf.model_files import load_hf
 
-    loaded, model = load_hf(cfg.model.path, dtype=cfg.model.dtype)
+    # read at the storage dtype: bf16 compute over float32 weights keeps the checkpoint's bits
+    loaded, model = load_hf(cfg.model.path, dtype=cfg.model.param_dtype)
     return checked_params(cfg, loaded, nnx.to_pure_dict(nnx.split(model)[1]))
 
 
@@ -145,7 +146,9 @@ def checked_params(cfg: RunConfig, loaded, params: dict) -> dict:
     """A checkpoint's params as this run uses them: its config (`loaded`) must still be the run's
     model (a directory edited since the run started is refused), cast to the run's storage dtype.
     The params may be host arrays or sharded ones (scale.mesh.load_checkpoint)."""
-    mine = dataclasses.replace(lora.base_config(cfg.model), path="", param_dtype=loaded.param_dtype)
+    mine = dataclasses.replace(
+        lora.base_config(cfg.model), path="", dtype=loaded.dtype, param_dtype=loaded.param_dtype
+    )
     if dataclasses.replace(loaded, path="") != mine:
         raise ConfigError(
             f"{cfg.model.path} no longer matches this run's model config (was the "
