@@ -13,12 +13,15 @@
     ppo              token_mean     1                     gae(1, 1)           clipped_ratio(.2,.2,dual 3)  -
     decoupled_ppo    token_mean     c 1[c <= 5]           group_norm+whiten   clipped_ratio(.2,.2)    -
     naive_ppo        token_mean     c = pi_prox/mu        group_norm+whiten   clipped_ratio on pi/mu  -
+    distill          token_mean     c = pi_prox/mu        teacher: -(log mu - log pi_T)  clipped_ratio(.2,.2)  -
 
 Variants, for any preset, by function or by name suffix (applied left to right):
     with_tis(p, cap=2.0)                    `<name>_tis`: IS *= min(c, cap) (replaces c if present)
     with_behaviour_cap(p, cap)              decoupled PPO's bound on c (None: the paper's uncapped c)
     with_kl_coef(p, beta)                   the KL term's coefficient; 0 drops the term (and with it
                                             the trainer's reference model and its forward)
+    with_teacher(p, coef, discount)         + coef x the teacher's per-token advantage (distill.py):
+                                            on-policy distillation mixed with the verifier's reward
     with_rejection(p, token=(lo, hi),       `<name>_mis`: token rejection (0.5, 5.0) then sequence
                    sequence=(stat, U))      rejection ("mean_k1", 0.01)
 e.g. `get_preset("grpo_tis")`, `get_preset("decoupled_ppo_tis_mis", log_ratio_clamp=5.0)`.
@@ -29,7 +32,9 @@ advantages; its released trainer drops tokens with c > 5 from the loss, see `Cor
 REINFORCE++'s k2 coefficient 1e-3 and the `_mis` thresholds are our choices (the
 token band is IcePop's [0.5, 5]; the sequence threshold 0.01 on |mean log c| keeps sequences whose
 geometric-mean correction is within 1%): tune them. PPO here has no critic (AReaL's set-up: GAE
-with gamma = lambda = 1 and V = 0 gives every token the sequence reward).
+with gamma = lambda = 1 and V = 0 gives every token the sequence reward). `distill` is on-policy
+distillation (Agarwal et al. 2024; Lu et al. 2025): the teacher's per-token advantage with discount
+0, through decoupled PPO's surrogate without a bound on c (on-policy data has c = 1 up to mismatch).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from collections.abc import Callable
 
 from minirl.losses.advantages import GAE, GroupMean, GroupNorm, LeaveOneOut, batch_whiten
 from minirl.losses.aggregation import LastToken, MaxLength, SequenceMean, TokenMean
+from minirl.losses.distill import Distill
 from minirl.losses.importance import (
     ClippedTokenRatio,
     Correction,
@@ -192,6 +198,19 @@ def naive_ppo() -> Objective:
     )
 
 
+def distill() -> Objective:
+    """On-policy distillation (GKD with the reverse KL, Agarwal et al. 2024; Lu et al. 2025):
+    per-token advantage -(log mu - log pi_T), token mean, sum_t sg[c] min(u A, clip(u) A) with
+    u = pi_theta/pi_prox and c = pi_prox/mu as in decoupled PPO (no bound on c)."""
+    return Objective(
+        name="distill",
+        aggregation=TokenMean(),
+        importance=(Correction(),),
+        advantage=Distill(coef=1.0, discount=0.0),
+        gradient_term=ClippedRatio(eps_lo=0.2, eps_hi=0.2),
+    )
+
+
 PRESETS: dict[str, Callable[[], Objective]] = {
     f.__name__: f
     for f in (
@@ -207,6 +226,7 @@ PRESETS: dict[str, Callable[[], Objective]] = {
         ppo,
         decoupled_ppo,
         naive_ppo,
+        distill,
     )
 }
 
@@ -251,6 +271,26 @@ def with_kl_coef(objective: Objective, beta: float) -> Objective:
     return dataclasses.replace(objective, regularizers=parts)
 
 
+def with_teacher(objective: Objective, coef: float = 1.0, discount: float = 0.0) -> Objective:
+    """The objective with the teacher's per-token advantage (minirl/losses/distill.py): added,
+    times `coef`, to its own reward advantage, or (an objective that already has one, e.g. the
+    `distill` preset) its coefficient and discount set. A sequence-level loss (`last_token`
+    aggregation, `sequence_logprob` term) reads one advantage per sequence and refuses."""
+    if isinstance(objective.aggregation, LastToken) or isinstance(
+        objective.gradient_term, SequenceLogProb
+    ):
+        raise ValueError(
+            f"loss {objective.name!r} is sequence-level (one advantage per sequence): it cannot "
+            "take the teacher's per-token advantage; use a token-level loss (e.g. grpo, distill)"
+        )
+    adv = objective.advantage
+    if isinstance(adv, Distill):
+        adv = dataclasses.replace(adv, coef=coef, discount=discount)
+    else:
+        adv = Distill(coef=coef, discount=discount, reward=adv)
+    return dataclasses.replace(objective, advantage=adv)
+
+
 def with_router_aux(objective: Objective, coef: float) -> Objective:
     """The objective plus `coef` x the routers' load-balancing loss (a mixture-of-experts
     model's: E sum_e f_e P_e per MoE layer, minirl/modeling/moe.py), which the trainer's forward
@@ -259,13 +299,23 @@ def with_router_aux(objective: Objective, coef: float) -> Objective:
 
 
 def make_objective(
-    name: str, behaviour_cap: float, kl_coef: float | None = None, router_aux_coef: float = 0.0
+    name: str,
+    behaviour_cap: float,
+    kl_coef: float | None = None,
+    router_aux_coef: float = 0.0,
+    distill_coef: float | None = None,
+    distill_discount: float = 0.0,
 ) -> Objective:
     """The loss a run trains with (`rl.loss`, `rl.behaviour_cap`, `rl.kl_coef`,
-    `rl.router_aux_coef`): the preset `name`, its KL coefficient set to `kl_coef` (None = the
-    preset's), the load-balancing part added with `router_aux_coef`, its bound on c set to
+    `rl.router_aux_coef`, `rl.distill_coef`, `rl.distill_discount`): the preset `name`, its KL
+    coefficient set to `kl_coef` (None = the preset's), the load-balancing part added with
+    `router_aux_coef`, the teacher's advantage with `distill_coef` (None = the preset's: 1 for
+    `distill`, none for the others; 0 = none) and `distill_discount`, its bound on c set to
     `behaviour_cap` (0 = uncapped) if it has one."""
     objective = get_preset(name)
+    if objective.needs_teacher or distill_coef:
+        coef = objective.advantage.coef if distill_coef is None else distill_coef
+        objective = with_teacher(objective, coef, distill_discount)
     if router_aux_coef:
         objective = with_router_aux(objective, router_aux_coef)
     if kl_coef is not None:
