@@ -1,44 +1,23 @@
-"""On-policy distillation as an advantage part of RLAX Eq. 3: a teacher's per-token opinion.
+"""On-policy distillation as an advantage part of RLAX Eq. 3 (docs/distillation.md).
 
-The student samples (the rollout engine, behaviour log-probs log mu); a frozen teacher scores the
-student's OWN tokens (log pi_T, one forward over the batch, minirl/training/teacher.py). The
-per-token reverse-KL sample
-
-    k_it = log mu_it - log pi_T,it          (> 0 where the student likes a token more than the teacher)
-
-is a dense, per-token (negative) reward, where a verifier gives one number per sequence:
+The student samples (behaviour log-probs log mu); a frozen teacher scores the student's own
+tokens (log pi_T). The per-token reverse-KL sample k_it = log mu_it - log pi_T,it is a dense
+(negative) reward, where a verifier gives one number per sequence:
 
     Adv_it = coef * sum_{t' >= t} discount^(t' - t) m_it' (-k_it')   [+ the reward's Adv_it]
 
-so the rest of Eq. 3 (importance weights, clipping, aggregation, rejection, every metric) applies
-unchanged. The `distill` preset (presets.py) is this advantage alone, token mean, decoupled PPO's
-surrogate; `with_teacher` adds it, times `coef`, to any other preset's reward advantage.
+and the rest of Eq. 3 (importance weights, clip, aggregation, rejection, metrics) is unchanged.
+What it optimises is the reverse KL(pi_theta || pi_T) = E_y sum_t (log pi_theta - log pi_T)(y_t),
+whose gradient is E_y[sum_t grad log pi_theta(y_t) sum_{t' >= t} k_t'] on-policy: discount 1 is
+that unbiased estimate (tests/losses/test_distill.py checks it exactly, enumerating every
+sequence of a small policy); discount 0, the default, keeps each token's own term (lower
+variance, biased), as Thinking Machines' on-policy distillation does (Lu et al. 2025). Papers:
+GKD (Agarwal et al. 2024), MiniLLM (Gu et al. 2024); Qwen3's small models were trained this way.
 
-WHAT IT OPTIMISES. The student's reverse KL to the teacher over its own sequences,
-KL(pi_theta || pi_T) = E_{y ~ pi_theta} sum_t (log pi_theta - log pi_T)(y_t | y_<t). Its gradient is
-the score function with the cost-to-go (the term E[sum_t grad log pi_theta] is 0, and a token does
-not change the cost of the tokens before it):
-
-    grad KL = E_y[ sum_t grad log pi_theta(y_t) * sum_{t' >= t} k_t' ]      (on-policy: mu = pi_theta)
-
-so discount = 1 makes -grad J an unbiased estimate of grad KL (tests/losses/test_distill.py checks
-this exactly, by enumerating every sequence of a small policy). discount = 0, the default, keeps
-only each token's own term: lower variance, biased (it ignores how a token changes the teacher's
-opinion of the tokens after it); it is what Thinking Machines' on-policy distillation (Lu et al.
-2025, the Tinker cookbook) uses. GKD (Agarwal et al. 2024) and MiniLLM (Gu et al. 2024) are the
-papers; Qwen3's small models were post-trained this way (the Qwen3 report's strong-to-weak
-distillation).
-
-Choices made here, on purpose:
-- The student's side is log mu, what the engine recorded when it sampled (no extra forward, as the
-  Tinker cookbook does). On fresh data in exact mode log mu IS log pi_prox, bit for bit; on stale
-  data the advantage measures the behaviour policy's distance to the teacher, and the importance
-  weights correct only which tokens were sampled.
-- k is clamped to [-C, C] (C = the objective's `log_ratio_clamp`): under top-k/top-p a token
-  outside the teacher's truncated set has log pi_T of about -1e30 (minirl/modeling/sampling.py).
-- The discounted sum is `advantages.gae` with lambda = 1 and V = 0 (token rewards -k).
-- A reward advantage that whitens (`whiten=True`) whitens the reward part only; the teacher's part
-  is added after, in its own units (nats per token).
+On purpose: the student's side is log mu, what the engine recorded (no extra forward; on fresh
+exact-mode data it is log pi_prox bit for bit); k is clamped to [-C, C] with the objective's C (a
+token outside the teacher's top-k/top-p set has log pi_T ~ -1e30); the discounted sum is
+`advantages.gae` with lambda = 1, V = 0; a whitened reward advantage whitens the reward part only.
 """
 
 from __future__ import annotations
@@ -67,7 +46,6 @@ def teacher_log_ratio(inputs: LossInputs, valid: jax.Array, clamp: float) -> jax
 @dataclasses.dataclass(frozen=True)
 class Distill:
     """Adv_it = coef sum_{t' >= t} discount^(t'-t) (log pi_T - log mu)_it' [+ reward's Adv_it].
-
     `reward`: the verifier's advantage part (None: the teacher alone, the `distill` preset).
     `clamp`: C for k; the objective sets it to its own `log_ratio_clamp`."""
 

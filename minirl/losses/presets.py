@@ -32,9 +32,7 @@ advantages; its released trainer drops tokens with c > 5 from the loss, see `Cor
 REINFORCE++'s k2 coefficient 1e-3 and the `_mis` thresholds are our choices (the
 token band is IcePop's [0.5, 5]; the sequence threshold 0.01 on |mean log c| keeps sequences whose
 geometric-mean correction is within 1%): tune them. PPO here has no critic (AReaL's set-up: GAE
-with gamma = lambda = 1 and V = 0 gives every token the sequence reward). `distill` is on-policy
-distillation (Agarwal et al. 2024; Lu et al. 2025): the teacher's per-token advantage with discount
-0, through decoupled PPO's surrogate without a bound on c (on-policy data has c = 1 up to mismatch).
+with gamma = lambda = 1 and V = 0 gives every token the sequence reward).
 """
 
 from __future__ import annotations
@@ -199,9 +197,8 @@ def naive_ppo() -> Objective:
 
 
 def distill() -> Objective:
-    """On-policy distillation (GKD with the reverse KL, Agarwal et al. 2024; Lu et al. 2025):
-    per-token advantage -(log mu - log pi_T), token mean, sum_t sg[c] min(u A, clip(u) A) with
-    u = pi_theta/pi_prox and c = pi_prox/mu as in decoupled PPO (no bound on c)."""
+    """On-policy distillation (GKD's reverse KL, Agarwal et al. 2024; Lu et al. 2025) through
+    decoupled PPO's surrogate sum_t sg[c] min(u A, clip(u) A), c unbounded; A = -(log mu - log pi_T)."""
     return Objective(
         name="distill",
         aggregation=TokenMean(),
@@ -272,23 +269,13 @@ def with_kl_coef(objective: Objective, beta: float) -> Objective:
 
 
 def with_teacher(objective: Objective, coef: float = 1.0, discount: float = 0.0) -> Objective:
-    """The objective with the teacher's per-token advantage (minirl/losses/distill.py): added,
-    times `coef`, to its own reward advantage, or (an objective that already has one, e.g. the
-    `distill` preset) its coefficient and discount set. A sequence-level loss (`last_token`
-    aggregation, `sequence_logprob` term) reads one advantage per sequence and refuses."""
-    if isinstance(objective.aggregation, LastToken) or isinstance(
-        objective.gradient_term, SequenceLogProb
-    ):
-        raise ValueError(
-            f"loss {objective.name!r} is sequence-level (one advantage per sequence): it cannot "
-            "take the teacher's per-token advantage; use a token-level loss (e.g. grpo, distill)"
-        )
+    """The objective with `coef` x the teacher's per-token advantage (distill.py) added to its
+    reward advantage (or, for `distill`, its own coefficient and discount set)."""
+    if isinstance(objective.gradient_term, SequenceLogProb):  # reads one advantage per sequence
+        raise ValueError(f"loss {objective.name!r} is sequence-level: use a token-level loss")
     adv = objective.advantage
-    if isinstance(adv, Distill):
-        adv = dataclasses.replace(adv, coef=coef, discount=discount)
-    else:
-        adv = Distill(coef=coef, discount=discount, reward=adv)
-    return dataclasses.replace(objective, advantage=adv)
+    reward = adv.reward if isinstance(adv, Distill) else adv
+    return dataclasses.replace(objective, advantage=Distill(coef, discount, reward))
 
 
 def with_router_aux(objective: Objective, coef: float) -> Objective:
@@ -304,18 +291,18 @@ def make_objective(
     kl_coef: float | None = None,
     router_aux_coef: float = 0.0,
     distill_coef: float | None = None,
-    distill_discount: float = 0.0,
+    discount: float = 0.0,
 ) -> Objective:
     """The loss a run trains with (`rl.loss`, `rl.behaviour_cap`, `rl.kl_coef`,
     `rl.router_aux_coef`, `rl.distill_coef`, `rl.distill_discount`): the preset `name`, its KL
     coefficient set to `kl_coef` (None = the preset's), the load-balancing part added with
     `router_aux_coef`, the teacher's advantage with `distill_coef` (None = the preset's: 1 for
-    `distill`, none for the others; 0 = none) and `distill_discount`, its bound on c set to
+    `distill`, none for the others; 0 = none) and `discount`, its bound on c set to
     `behaviour_cap` (0 = uncapped) if it has one."""
     objective = get_preset(name)
     if objective.needs_teacher or distill_coef:
         coef = objective.advantage.coef if distill_coef is None else distill_coef
-        objective = with_teacher(objective, coef, distill_discount)
+        objective = with_teacher(objective, coef, discount)
     if router_aux_coef:
         objective = with_router_aux(objective, router_aux_coef)
     if kl_coef is not None:
