@@ -155,8 +155,7 @@ class Prepared:
     seq_rejected: jax.Array  # [B] 1.0 if sequence rejection dropped the row
     ref_logp: jax.Array | None = None  # [B, T] log pi_ref, 0 off `valid` (only if a KL term)
     teacher_kl: jax.Array | None = None  # [B, T] clamp(log mu - log pi_T), 0 off `valid` (teacher)
-    teacher_logp: jax.Array | None = None  # [B, T] log mu - teacher_kl: log pi_T, floored at
-    # log mu - C like the advantage's log-ratio (only with a teacher term)
+    teacher_logp: jax.Array | None = None  # [B, T] log mu - teacher_kl (log pi_T >= log mu - C)
 
 
 def take_rows(prepared: Prepared, rows) -> Prepared:

@@ -138,8 +138,8 @@ class Run:
         """The RL loop as `train` runs it: a trainer starting from `base`, a weight store, the
         prompt mixture, a distillation teacher (with rl.teacher) and a controller driving the
         engine (`engine` itself when the placement keeps it in this process), all placed by
-        `self.placement`. Weights are not yet in the
-        store (the caller publishes the start: `controller.params()`)."""
+        `self.placement`. Weights are not yet in the store (the caller publishes the start:
+        `controller.params()`)."""
         cfg, rl = self.cfg, self.cfg.rl
         model_cfg, tokenizer = cfg.model, self.tokenizer
         loss = make_objective(

@@ -204,7 +204,7 @@ def teacher_model(cfg: RunConfig, tokenizer):
 
         try:
             theirs = HFTokenizer.from_dir(name).vocabulary()
-        except (OSError, ValueError) as e:
+        except (ImportError, OSError, ValueError) as e:  # ImportError: no 'hf' extra
             raise ConfigError(f"teacher {name}: no usable tokenizer ({e})") from None
         _same_vocabulary(name, theirs, tokenizer.vocabulary())
         model_cfg = read_model_config(name, dtype=cfg.model.dtype)
@@ -218,6 +218,11 @@ def teacher_model(cfg: RunConfig, tokenizer):
     else:
         raise ConfigError(
             f"rl.teacher={name!r} is neither a directory nor a model preset ({', '.join(PRESETS)})"
+        )
+    if model_cfg.vocab_size < cfg.model.vocab_size:  # it must score any id the student samples
+        raise ConfigError(
+            f"teacher {name}: its model has {model_cfg.vocab_size} token ids, fewer than the "
+            f"student's {cfg.model.vocab_size}"
         )
     if model_cfg.max_seq_len < cfg.engine.cache_len:
         raise ConfigError(
