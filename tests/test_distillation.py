@@ -18,7 +18,7 @@ import json
 
 import numpy as np
 import pytest
-from hf_tiny import make_model_dir
+from hf_tiny import make_model_dir, make_tokenizer_dir
 
 from minirl import cli
 from minirl.measure.metrics_log import read_metrics
@@ -59,7 +59,7 @@ def files(tmp_path_factory):
     student = make_model_dir(root / "student", arch="qwen2", seed=0)
     teacher = make_model_dir(root / "teacher", arch="qwen2", seed=1, dims=TEACHER_DIMS)
     assert (student / "tokenizer.json").read_bytes() == (teacher / "tokenizer.json").read_bytes()
-    other = make_model_dir(root / "llama", arch="qwen2", style="llama", seed=2)
+    other = make_tokenizer_dir(root / "llama", style="llama")  # refused before any config is read
     return {"data": data, "student": student, "teacher": teacher, "other": other}
 
 

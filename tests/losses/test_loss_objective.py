@@ -28,7 +28,7 @@ from minirl.losses import (
     with_rejection,
 )
 from minirl.losses.advantages import GAE
-from minirl.losses.presets import decoupled_ppo, grpo, with_teacher, with_tis
+from minirl.losses.presets import decoupled_ppo, with_tis
 
 # micro-batch row counts drawn from {1, 2, 3, 5} (+ the full 8): few shapes, few compiles
 SPLITS = {
@@ -49,7 +49,6 @@ INVARIANCE_PRESETS = {
         with_tis(decoupled_ppo()), token=(0.6, 1.8), sequence=("mean_k1", 0.12)
     ),
     "ppo_gae": lambda: get_preset("ppo", advantage=GAE(gamma=0.9, lam=0.8)),
-    "grpo_with_teacher": lambda: with_teacher(grpo(), 0.5, 0.9),  # distill/* metrics too
 }
 
 
