@@ -1,6 +1,6 @@
 """Lesson 17 — on-policy distillation: a teacher in the loop, against GRPO and SFT on its samples.
 
-    python tutorials/17_on_policy_distillation.py         # full mode (see the measured output)
+    python tutorials/17_on_policy_distillation.py         # full mode (36 CPU-minutes, 2 cores)
     python tutorials/17_on_policy_distillation.py --fast  # fast mode (a minute or two; fixture task)
 
 Writes `distillation.png` and `results.json` into `--out` (default
@@ -37,12 +37,12 @@ Two baselines from the same student base:
              student imitates the teacher's text, sampled by the teacher, not its own
 
 All three see the same prompts each step (the run's prompt stream for the seed). Each arm runs
-STEPS steps; held-out pass@1 is measured every EVAL_EVERY steps on the same prompts and sampling
+150 steps; held-out pass@1 is measured every 25 steps on the same prompts and sampling
 keys (paired); the clock is this process's CPU time with evaluation taken out, and it includes
 what each arm's teacher costs: the teacher's forward (distillation) or its sampling (SFT).
 
 The teacher is made from nothing first: a model 2x the student's size (1.6M parameters against
-0.75M), the same 40-step warm start recipe (60 steps), then 300 GRPO steps; then exported as a
+0.75M), a 60-step warm start (the student's has 40), then 300 GRPO steps; then exported as a
 Hugging Face directory, so `--teacher DIR` reads it the way it reads yours (the tokenizer.json of
 the character tokenizer: the vocabulary check passes token for token).
 
@@ -51,14 +51,82 @@ WHAT THE SCRIPT DOES
 1. Builds (or reuses) the teacher: `Run(cfg).train()` on the countdown task with a larger model,
    then `minirl export`. Prints its held-out pass@1 / pass@4.
 2. The student base: the default countdown warm start (cached), evaluated with each seed's keys.
-3. For 3 seeds, the three arms from that base, evaluated every EVAL_EVERY steps.
+3. For 3 seeds, the three arms from that base, evaluated every 25 steps (fast mode: 3 steps).
 4. Prints pass@1 at the end of each arm and each seed, the steps and CPU-seconds each needed to
    first reach GRPO's final level, the distillation arm's reverse KL to the teacher over steps,
    and the claims, checked; plots pass@1 against steps and against CPU-seconds.
 
 Expected output (full mode, measured)
 -------------------------------------
-(to be measured: see the full run in docs/distillation.md)
+Measured on 2026-11-28 with `python tutorials/17_on_policy_distillation.py --out /tmp/l17/full`
+(the teacher built in the same run, the student's 40-step warm start cached), library at commit
+239e45a, on a virtual machine with 2 cores (nproc = 2) shared with other jobs (load average 9-14
+throughout). It took 4,476 s of wall time and 2,164 s of CPU time (user + sys 2,166 s): 604 s
+for the teacher, ~520 s per seed for the three arms with their evaluations. Lockstep runs are
+deterministic, so the load changed only the wall time. The figure is
+figures/17_on_policy_distillation.png.
+
+Mean held-out pass@1 over the 3 seeds at each evaluation (256 prompts x 4 samples, paired), from
+the run's results.json:
+
+    step            0      25     50     75     100    125    150     CPU-s per step
+    distillation  0.071  0.183  0.260  0.315  0.365  0.441  0.432    1.23
+    GRPO          0.071  0.167  0.245  0.331  0.365  0.388  0.436    1.10
+    SFT (teacher) 0.071  0.271  0.299  0.354  0.330  0.377  0.396    0.98
+    teacher       0.467 (pass@4 0.621)
+
+What the numbers say. The mechanics work as designed: the reverse KL to the teacher falls from
+1.46-1.49 to 0.13-0.25 nats per token over 150 steps in every seed, and the distilled student
+ends at the teacher's level (0.432 against 0.467; seed 0 passes it, 0.479). But the claim the
+method is known for, RL's accuracy in a fraction of RL's steps, does NOT reproduce at this
+size: per step, distillation and GRPO are level within seed noise (0.432 vs 0.436 at step 150,
+0.365 vs 0.365 at step 100; the seeds spread by +-0.07), and per CPU-second distillation is
+behind, because the teacher's forward makes its steps 1.12x as expensive (and the 604 CPU-s of
+building the teacher are not on the x axis at all). Three reasons, each visible in the run:
+(1) the teacher is weak: 0.467, a level GRPO itself reaches within these 150 steps (seed 1:
+0.526), so there is little for a dense signal to add; (2) countdown's completions are about six
+tokens, so a per-token reward carries little more than one per sequence would; (3) the teacher
+is only 2.1x the student, where the reported gains come from teachers orders of magnitude
+larger than their students. SFT on the teacher's samples is the fastest start (0.271 at step 25)
+but levels off below both (0.396): it imitates the teacher's text on prompts the teacher
+chose, not the student's own mistakes, and sampling from the teacher costs about what its
+forward does. pass@4 rises most for SFT (0.648 against 0.600 distillation and 0.583 GRPO): the
+off-policy data keeps the teacher's diversity, the reverse KL is mode-seeking.
+
+    mode: full
+
+    Step 1. [  1237s wall,    604s cpu] the teacher, exported to /tmp/l17/full/teacher: held-out pass@1 0.467
+
+    Step 2. [  1237s wall,    604s cpu] the student base: 0.75M parameters, 40 warm-start steps
+
+    Step 3. [  1237s wall,    604s cpu] 3 seeds x ('distill', 'grpo', 'sft'), 150 steps each
+        seed 0  distill  pass@1 0.059 -> 0.479  (191 CPU-s, 480 s wall)
+        seed 0  grpo     pass@1 0.059 -> 0.390  (169 CPU-s, 395 s wall)
+        seed 0  sft      pass@1 0.059 -> 0.427  (145 CPU-s, 313 s wall)
+        seed 1  distill  pass@1 0.078 -> 0.444  (184 CPU-s, 444 s wall)
+        seed 1  grpo     pass@1 0.078 -> 0.526  (160 CPU-s, 303 s wall)
+        seed 1  sft      pass@1 0.078 -> 0.385  (149 CPU-s, 229 s wall)
+        seed 2  distill  pass@1 0.076 -> 0.373  (179 CPU-s, 352 s wall)
+        seed 2  grpo     pass@1 0.076 -> 0.393  (164 CPU-s, 322 s wall)
+        seed 2  sft      pass@1 0.076 -> 0.378  (149 CPU-s, 258 s wall)
+
+    Step 4. [  4475s wall,   2163s cpu] held-out pass@1 at the end (student base 0.071, teacher 0.467):
+        distill  0.479  0.444  0.373   mean 0.432   CPU-s per step 1.23
+        grpo     0.390  0.526  0.393   mean 0.436   CPU-s per step 1.10
+        sft      0.427  0.385  0.378   mean 0.396   CPU-s per step 0.98
+        distill  first reached GRPO's final pass@1 at steps [100, None, None], CPU-s [128, None, None]
+        grpo     first reached GRPO's final pass@1 at steps [150, 150, 150], CPU-s [169, 160, 164]
+        sft      first reached GRPO's final pass@1 at steps [150, None, None], CPU-s [145, None, None]
+        distillation's reverse KL to the teacher, first -> last step: 1.488 -> 0.132  1.479 -> 0.215  1.459 -> 0.253
+
+      claims:
+        the teacher is better than the student base             True
+        every curve is finite                                   True
+        the reverse KL is logged every distillation step        True
+        distillation lowers the reverse KL to the teacher       True
+        distillation lifts pass@1 above the base                True
+
+    [  4476s wall,   2164s cpu] wrote /tmp/l17/full/distillation.png and /tmp/l17/full/results.json
 """
 
 from __future__ import annotations
