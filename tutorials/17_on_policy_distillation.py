@@ -200,11 +200,11 @@ def build_teacher(mode: dict, out: Path) -> tuple[Path, dict]:
 # Step 3: the arms. Each is `step()` (one more training step) and `params()`.
 
 
-@dataclasses.dataclass
 class Arm:
-    step: object
-    params: object
-    log: list
+    """`step()`: one more training step; `params()`: the weights now; `log`: a record per step."""
+
+    def __init__(self, step, params, log: list):
+        self.step, self.params, self.log = step, params, log
 
 
 def rl_arm(run, base) -> Arm:
