@@ -271,6 +271,25 @@ EXPECTED = {
             and all(len(a["heldout_pass@1"]) == 1 for a in r["runs"].values())
         ),
     ),
+    "17_on_policy_distillation.py": dict(
+        files=["distillation.png", "teacher/config.json", "teacher/tokenizer.json"],
+        prints=[
+            "Step 1.",
+            "the teacher, exported to",
+            "distillation's reverse KL to the teacher",
+            "the teacher is better than the student base             True",
+        ],
+        check=lambda r: (
+            all(r["claims"].values())
+            and sorted(r["per_seed"]) == ["0", "1", "2"]
+            and all(
+                sorted(arms) == ["distill", "grpo", "sft"]
+                and all(len(a["curve"]) == 2 for a in arms.values())
+                for arms in r["per_seed"].values()
+            )
+            and all(len(k) == r["steps"] for k in r["summary"]["reverse_kl"])
+        ),
+    ),
 }
 
 

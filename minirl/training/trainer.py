@@ -497,11 +497,10 @@ class Trainer:
 
     def _check_batch(self, batch: Batch) -> None:
         b, t = batch.tokens.shape
-        for name in ("targets", "mask", "behaviour_logprobs", "versions"):
-            if getattr(batch, name).shape != (b, t):
-                raise ValueError(
-                    f"batch.{name} must be [B, T] = {(b, t)}, got {getattr(batch, name).shape}"
-                )
+        for name in ("targets", "mask", "behaviour_logprobs", "versions", "teacher_logprobs"):
+            x = getattr(batch, name)  # teacher_logprobs: None without a teacher
+            if x is not None and x.shape != (b, t):
+                raise ValueError(f"batch.{name} must be [B, T] = {(b, t)}, got {x.shape}")
         for name in ("rewards", "group_ids"):
             if getattr(batch, name).shape != (b,):
                 raise ValueError(
