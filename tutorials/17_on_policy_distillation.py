@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 17 — on-policy distillation: a teacher in the loop, against GRPO and SFT on its samples.
 
     python tutorials/17_on_policy_distillation.py         # full mode (36 CPU-minutes, 2 cores)
@@ -129,6 +130,7 @@ off-policy data keeps the teacher's diversity, the reverse KL is mode-seeking.
     [  4476s wall,   2164s cpu] wrote /tmp/l17/full/distillation.png and /tmp/l17/full/results.json
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -139,6 +141,7 @@ from pathlib import Path
 
 import numpy as np
 
+# %%
 TEACHER_MODEL = [  # 1.59M parameters, against the student's 0.75M (dim 128, 3 layers)
     "model.dim=192",
     "model.num_layers=4",
@@ -167,10 +170,11 @@ ARMS = ("distill", "grpo", "sft")
 COLOURS = {"distill": "C0", "grpo": "C1", "sft": "C2"}
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 1: the teacher, made from nothing and exported
 
 
+# %%
 def build_teacher(mode: dict, out: Path) -> tuple[Path, dict]:
     """A larger model trained by `minirl train`'s loop, exported as a Hugging Face directory;
     reused when `out/teacher` was exported from the same settings."""
@@ -196,10 +200,11 @@ def build_teacher(mode: dict, out: Path) -> tuple[Path, dict]:
     return out / "teacher", summary["after"]
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 3: the arms. Each is `step()` (one more training step) and `params()`.
 
 
+# %%
 class Arm:
     """`step()`: one more training step; `params()`: the weights now; `log`: a record per step."""
 
@@ -207,6 +212,7 @@ class Arm:
         self.step, self.params, self.log = step, params, log
 
 
+# %%
 def rl_arm(run, base) -> Arm:
     """`minirl train`'s loop (Run.build_loop, so a distillation teacher in it too), one step at a
     time."""
@@ -224,6 +230,7 @@ def rl_arm(run, base) -> Arm:
     return Arm(step, lambda: controller.params(host=False), log)
 
 
+# %%
 def sft_arm(run, base, teacher_dir: Path) -> Arm:
     """Supervised training on the teacher's samples: per step the teacher samples `group_size`
     completions of the step's `prompts_per_step` prompts (the seed's prompt stream, as the RL
@@ -277,12 +284,14 @@ def sft_arm(run, base, teacher_dir: Path) -> Arm:
     return Arm(step, lambda: student.params(), log)
 
 
+# %%
 def _rows(batch, rows):
     """The batch's rows `rows` (a Batch of those rows)."""
     fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
     return type(batch)(**{k: v if v is None else v[rows] for k, v in fields.items()})
 
 
+# %%
 def measure(run, arm: Arm, steps: int, eval_every: int) -> dict:
     """Train `steps` steps, evaluating held-out pass@k at 0 and every `eval_every` steps; the
     clock (CPU and wall seconds of this process) stops while evaluating."""
@@ -299,6 +308,7 @@ def measure(run, arm: Arm, steps: int, eval_every: int) -> dict:
     return {"curve": points, "log": arm.log, "cpu_s": cpu, "wall_s": wall}
 
 
+# %%
 def run_arms(mode: dict, seed: int, teacher_dir: Path, base) -> dict:
     from minirl.run.presets import make_config
     from minirl.run.runner import Run
@@ -319,15 +329,17 @@ def run_arms(mode: dict, seed: int, teacher_dir: Path, base) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 4: what the curves say
 
 
+# %%
 def first_reaching(curve: list[dict], level: float, key: str):
     """The first evaluation point (its `key`: step or cpu_s) with pass@1 >= level, or None."""
     return next((p[key] for p in curve if p["pass@1"] >= level), None)
 
 
+# %%
 def summarise(per_seed: dict, teacher: dict) -> dict:
     final = {arm: [per_seed[s][arm]["curve"][-1]["pass@1"] for s in per_seed] for arm in ARMS}
     base = [per_seed[s]["grpo"]["curve"][0]["pass@1"] for s in per_seed]
@@ -352,6 +364,7 @@ def summarise(per_seed: dict, teacher: dict) -> dict:
     }
 
 
+# %%
 def plot(per_seed: dict, summary: dict, path: Path) -> None:
     import matplotlib
 
@@ -415,6 +428,7 @@ def plot(per_seed: dict, summary: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# %%
 def main() -> None:
     p = argparse.ArgumentParser(description="Lesson 17: on-policy distillation")
     p.add_argument("--fast", action="store_true", help="the fixture task, 3 steps per arm (CI)")
@@ -509,5 +523,6 @@ def main() -> None:
         raise SystemExit(f"a claim of the lesson failed: {claims}")
 
 
+# %%
 if __name__ == "__main__":
     main()
