@@ -5,27 +5,42 @@ XLA's CPU matmul picks its blocking from the row count M, so a decode step (M = 
 training forward (M = B*T) sum the same products in different orders and disagree in the last
 bits; those bits compound through layers into |Δlogp| > 0 even when the weights are identical.
 
-Exact mode removes the freedom: every reduction is split into fixed chunks of `CHUNK` elements
-along the contraction axis (zero-padded), each chunk is one small dot product, and the partial
-results are added in a fixed pairwise tree over a power-of-two number of chunks. The order of
-additions then depends only on the contraction length, never on M, batch or slot, and trailing
-zero padding adds exact zeros — so a length-37 attention row gives the same bits whether it
-lives in a 64- or a 512-slot cache. Elementwise reductions (norms, softmax sums) use the same
-pairwise tree directly. Cost: more, smaller kernels; measured in benchmarks/.
+Exact mode removes the freedom: every contraction is split into fixed chunks of at most `CHUNK`
+elements (zero-padded), each chunk is one small dot product, and the partial results are added
+in a fixed pairwise tree. The order of additions then depends only on the contraction length,
+never on M, batch or slot, and trailing zero padding adds exact zeros — so a length-37 attention
+row gives the same bits whether it lives in a 64- or a 512-slot cache. Elementwise reductions
+(norms, softmax sums) use the same pairwise tree directly. Cost: more, smaller kernels; measured
+in benchmarks/.
 
-A fixed order is not enough on its own: XLA CPU may fuse a multiply into the add that consumes it
-(an FMA, one rounding) or route an exp to a kernel library in one shape and not in another;
-`fusion_barrier` pins those values (every term of a sum, every exp input) to one computation.
+The same bits on any device layout. An addition of two floats gives the same bits on any device;
+what a device mesh can change is which numbers a single dot kernel sums, and a collective's own
+order (a tensor-parallel o_proj ends in an all-reduce). So the tree is built to be cut at shard
+boundaries: a contraction is first split into `GROUPS` equal groups (`chunking`), every chunk
+lies inside one group, and `tree_sum` pairs neighbours, so each aligned block of groups is one
+subtree. Split the contraction 2, 4 or 8 ways over devices (weights sharded by GSPMD, scale/mesh.py)
+and each device's chunks form its own subtree: it computes its partial sum, and the partial sums
+meet in the tree's top levels as ordinary elementwise adds (XLA moves them between devices; no
+psum decides an order). Max is exact in any order. A split into other counts (3 ways, 16 ways)
+would cut a group: `check_layout` refuses it. tests/scale/test_exact_layouts.py measures the bits
+on fake CPU meshes; docs/mismatch.md explains the tree with a picture.
 
-Every function takes `exact: bool` (a Python bool, static under jit).
+Every function takes `exact: bool` (a Python bool, static under jit). On an accelerator the
+dense product runs as a batch-invariant Pallas kernel with the same tree
+(minirl/modeling/exact_kernels.py): there XLA's matmul library picks its blocking from M.
 """
 
 from __future__ import annotations
+
+import math
+import os
 
 import jax
 import jax.numpy as jnp
 
 CHUNK = 32  # contraction elements per partial dot product in exact mode
+GROUPS = 8  # equal groups a contraction is first cut into: its shards may be 2, 4 or 8
+KERNEL_ENV = "MINIRL_EXACT_KERNEL"  # auto | xla | pallas | interpret: see kernel_mode
 NEG = -1e30  # mask value: finite, so a fully masked row cannot produce nan
 
 
@@ -40,6 +55,29 @@ def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def check_layout(params, what: str = "exact mode") -> None:
+    """ValueError unless every array leaf of `params` (a pytree; sharded jax.Arrays or host
+    arrays) is split over devices 1, 2, 4 or 8 equal ways along each dimension: the splits whose
+    shards hold whole groups of `chunking` (any other count cuts a group, so some chunk's dot
+    would be summed by two devices and a collective)."""
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        sharding = getattr(x, "sharding", None)
+        if sharding is None or not hasattr(sharding, "shard_shape"):
+            continue
+        for dim, (size, shard) in enumerate(
+            zip(x.shape, sharding.shard_shape(x.shape), strict=True)
+        ):
+            ways = -(-size // max(shard, 1))
+            if ways > 1 and (GROUPS % ways or size % ways):
+                name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+                raise ValueError(
+                    f"{what}: {name} {tuple(x.shape)} is split {ways} ways along dim {dim} "
+                    f"(shards of {shard}); "
+                    f"exact mode adds a contraction's shards in a fixed tree of {GROUPS} equal "
+                    "groups, so a weight may be split only 2, 4 or 8 ways (evenly)"
+                )
 
 
 def fusion_barrier(x: jax.Array) -> jax.Array:
@@ -58,14 +96,16 @@ def fusion_barrier(x: jax.Array) -> jax.Array:
 
 
 def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
-    """Sum over `axis` in a fixed pairwise order (zero-padded to a power of two)."""
+    """Sum over `axis` in a fixed pairwise tree (zero-padded to a power of two) whose leaves are
+    paired with their neighbours: level 1 adds (0+1), (2+3), ..., level 2 adds those pairs, and
+    so on. Any aligned block of 2^j elements is one subtree, so a reduction split into 2, 4 or 8
+    equal shards is the shards' own subtrees added in the same order (the layout-invariant tree)."""
     axis = axis % x.ndim
-    x = _pad_axis(fusion_barrier(x), axis, _next_pow2(x.shape[axis]))
-    while x.shape[axis] > 1:
-        half = x.shape[axis] // 2
-        x = jax.lax.slice_in_dim(x, 0, half, axis=axis) + jax.lax.slice_in_dim(
-            x, half, 2 * half, axis=axis
-        )
+    n = _next_pow2(x.shape[axis])
+    x = _pad_axis(fusion_barrier(x), axis, n)
+    while n > 1:
+        x = jax.lax.slice_in_dim(x, 0, n, 2, axis) + jax.lax.slice_in_dim(x, 1, n, 2, axis)
+        n //= 2
     return jnp.squeeze(x, axis)
 
 
@@ -96,26 +136,84 @@ _fast_dense.defvjp(_fast_dense_fwd, _fast_dense_bwd)
 
 
 def dense(x: jax.Array, w: jax.Array, exact: bool = False) -> jax.Array:
-    """x [..., I] @ w [I, O] -> [..., O] in x's dtype."""
+    """x [..., I] @ w [I, O] -> [..., O] in x's dtype. With a 3-D w [E, F, O], x is [..., E, F]
+    and the contraction runs over both (a mixture of experts' down projection: each expert's F
+    is chunked on its own, so a split of E or of F keeps every chunk on one device).
+
+    Exact: the contraction is cut as `chunking` says; each chunk is one small dot product in
+    float32, a group's chunk results are added in order (as a kernel walks the contraction),
+    and the group sums meet in `tree_sum`. On a GPU the same sums run as a Pallas kernel."""
     if not exact:
+        if w.ndim == 3:
+            x, w = x.reshape(*x.shape[:-2], -1), w.reshape(-1, w.shape[-1])
         return _fast_dense(x, w)
-    i = x.shape[-1]
-    # At least two chunks: with one, XLA drops the chunk axis and a single-row x takes a
-    # matrix-vector kernel that sums in another order. The zero chunk adds exact zeros.
-    n = max(2, _next_pow2(-(-i // CHUNK)))
-    xc = _pad_axis(x, -1, n * CHUNK).reshape(*x.shape[:-1], n, CHUNK)  # [..., n, C]
-    wc = _pad_axis(w, 0, n * CHUNK).reshape(n, CHUNK, w.shape[-1])  # [n, C, O]
-    # bf16 inputs are upcast: a bf16 x bf16 product is exact in float32, sums accumulate in fp32.
-    # HIGHEST: true float32 products on every backend (a GPU's default runs float32 dots in TF32,
-    # 10 bits of mantissa; the CPU's are float32 either way, so its bits are unchanged).
+    mode = kernel_mode()
+    if mode != "xla":  # the Pallas kernel: the same sums, in one fixed order on a GPU too
+        from minirl.modeling.exact_kernels import dense_kernel
+
+        return dense_kernel(x, w, mode == "interpret")
+    xc, wc = chunk_layout(x, w)  # [..., S, n, C], [S, n, C, O]: S groups of n chunks
+    s, n, c = wc.shape[:3]
+    # One batched dot over all S * n chunks (a size-1 batch axis would let XLA pick another
+    # kernel). bf16 inputs are upcast: a bf16 x bf16 product is exact in float32, sums
+    # accumulate in fp32. HIGHEST: true float32 products on every backend (a GPU's default runs
+    # float32 dots in TF32, 10 bits of mantissa; the CPU's are float32 either way).
     parts = jnp.einsum(
         "...nc,nco->...no",
-        xc.astype(jnp.float32),
-        wc.astype(jnp.float32),
+        xc.reshape(*xc.shape[:-3], s * n, c).astype(jnp.float32),
+        wc.reshape(s * n, c, -1).astype(jnp.float32),
         precision=jax.lax.Precision.HIGHEST,
         preferred_element_type=jnp.float32,
     )
-    return tree_sum(parts, axis=-2).astype(x.dtype)
+    # [..., S, n, O]; the barrier keeps each dot's result rounded on its own before the adds
+    parts = fusion_barrier(parts).reshape(*parts.shape[:-2], s, n, parts.shape[-1])
+    sums = parts[..., 0, :]  # [..., S, O]
+    for k in range(1, parts.shape[-2]):  # each group left to right
+        sums = sums + parts[..., k, :]
+    return tree_sum(sums, axis=-2).astype(x.dtype)
+
+
+def kernel_mode() -> str:
+    """How exact dense products run: "xla" (the chunked XLA dots above: row-invariant on the
+    CPU), "pallas" (minirl/modeling/exact_kernels.py, on a GPU, where XLA's matmul library picks
+    its blocking, and so its order of additions, from the row count) or "interpret" (that kernel
+    through XLA, on any backend: the CPU tests). $MINIRL_EXACT_KERNEL chooses; "auto" (its
+    default) means "pallas" on a GPU backend and "xla" elsewhere. Read when a function traces."""
+    mode = os.environ.get(KERNEL_ENV, "auto")
+    if mode == "auto":
+        return "pallas" if jax.default_backend() in ("gpu", "cuda", "rocm") else "xla"
+    if mode not in ("xla", "pallas", "interpret"):
+        raise ValueError(f"${KERNEL_ENV} must be auto, xla, pallas or interpret, got {mode!r}")
+    return mode
+
+
+def chunking(i: int) -> tuple[int, int, int]:
+    """(groups G, chunks per group n, chunk size C) of an exact contraction over `i` elements.
+
+    The contraction is cut into G = gcd(i, GROUPS) equal groups (8 when 8 divides i) and each
+    group into n chunks of C elements: C = 32, or 16 for a group of at most 16 elements (sizes a
+    GPU kernel's dot accepts), the group zero-padded to n * C. A split of the contraction into
+    2, 4 or 8 equal shards cuts at group boundaries, so no chunk straddles two devices."""
+    g = math.gcd(i, GROUPS)
+    c = 16 if i // g <= 16 else CHUNK
+    n = -(-(i // g) // c)
+    # At least two chunks: with one, XLA drops the chunk axis and a single-row x takes a
+    # matrix-vector kernel that sums in another order. The zero chunk adds exact zeros.
+    return g, max(n, 2 // g), c
+
+
+def chunk_layout(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x [..., I] and w [I, O] cut as `chunking(I)` says: [..., G, n, C] and [G, n, C, O]. A
+    3-D w [E, F, O] (x [..., E, F]): each expert cut by `chunking(F)`, its groups side by side:
+    [..., E*G, n, C] and [E*G, n, C, O]."""
+    lead = w.shape[:-2]  # () or (E,)
+    i, o = w.shape[-2], w.shape[-1]
+    g, n, c = chunking(i)
+    groups = math.prod(lead) * g
+    rows = x.shape[: x.ndim - 1 - len(lead)]
+    xc = _pad_axis(x.reshape(*rows, groups, i // g), -1, n * c)  # [..., S, n*C]
+    wc = _pad_axis(w.reshape(groups, i // g, o), 1, n * c)  # [S, n*C, O]
+    return xc.reshape(*rows, groups, n, c), wc.reshape(groups, n, c, o)
 
 
 def mean_last(x: jax.Array, exact: bool = False) -> jax.Array:
