@@ -393,6 +393,34 @@ class MeshRows:
         return jax.tree.map(to_host, tree)
 
 
+def check_exact(model_cfg: Any, mesh_cfg: MeshConfig, devices: int, rules: ShardingRules) -> None:
+    """ValueError (one line) if exact mode cannot keep its bits with `model_cfg`'s weights laid
+    out by `rules` on a `mesh_cfg` mesh of `devices` devices (minirl.modeling.exact's
+    `layout_problem`: every weight split 1, 2, 4 or 8 ways). Nothing is placed: what a launcher
+    checks before it starts any job."""
+    from minirl.modeling.exact import layout_problem
+    from minirl.modeling.model import param_shapes
+
+    sizes = dict(zip(AXES, mesh_cfg.shape(devices), strict=True))
+    mesh = _Sizes(sizes)
+    for path, leaf in flatten_tree(param_shapes(model_cfg)).items():
+        spec = rules.spec(param_axes(path, len(leaf.shape)), tuple(leaf.shape), mesh)
+        ways = [
+            math.prod(sizes[a] for a in ((e,) if isinstance(e, str) else (e or ()))) for e in spec
+        ]
+        problem = layout_problem(path, leaf.shape, ways)
+        if problem:
+            axes = ",".join(f"{a}={n}" for a, n in sizes.items() if n > 1)
+            raise ValueError(f"exact mode on the {rules.name} mesh {axes}: {problem}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+    """A mesh's axis sizes, all that `ShardingRules.spec` reads of a mesh."""
+
+    shape: dict
+
+
 def describe(params: Any) -> dict[str, str]:
     """{leaf path: "P('fsdp', None)"} — for logs and tests."""
     return {

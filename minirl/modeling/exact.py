@@ -57,27 +57,34 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def layout_problem(name: str, shape, ways) -> str | None:
+    """Why exact mode cannot keep its bits with array `name` [shape] split `ways[d]` ways along
+    each dim d over devices, or None. It can when every split is 1, 2, 4 or 8 equal ways: the
+    shards then hold whole groups of `chunking` (any other count cuts a group, so one chunk's
+    dot would be summed on two devices and finished by a collective)."""
+    for dim, (size, n) in enumerate(zip(shape, ways, strict=True)):
+        if n > 1 and (GROUPS % n or size % n):
+            return (
+                f"{name} {tuple(shape)} is split {n} ways along dim {dim}; exact mode adds a "
+                f"contraction's shards in a fixed tree of {GROUPS} equal groups, so a weight "
+                "may be split only 2, 4 or 8 ways (evenly)"
+            )
+    return None
+
+
 def check_layout(params, what: str = "exact mode") -> None:
-    """ValueError unless every array leaf of `params` (a pytree; sharded jax.Arrays or host
-    arrays) is split over devices 1, 2, 4 or 8 equal ways along each dimension: the splits whose
-    shards hold whole groups of `chunking` (any other count cuts a group, so some chunk's dot
-    would be summed by two devices and a collective)."""
+    """ValueError naming the first array leaf of `params` (sharded jax.Arrays or host arrays)
+    whose split over devices `layout_problem` refuses."""
     for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
         sharding = getattr(x, "sharding", None)
         if sharding is None or not hasattr(sharding, "shard_shape"):
             continue
-        for dim, (size, shard) in enumerate(
-            zip(x.shape, sharding.shard_shape(x.shape), strict=True)
-        ):
-            ways = -(-size // max(shard, 1))
-            if ways > 1 and (GROUPS % ways or size % ways):
-                name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-                raise ValueError(
-                    f"{what}: {name} {tuple(x.shape)} is split {ways} ways along dim {dim} "
-                    f"(shards of {shard}); "
-                    f"exact mode adds a contraction's shards in a fixed tree of {GROUPS} equal "
-                    "groups, so a weight may be split only 2, 4 or 8 ways (evenly)"
-                )
+        shard = sharding.shard_shape(x.shape)
+        ways = [-(-size // max(n, 1)) for size, n in zip(x.shape, shard, strict=True)]
+        name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        problem = layout_problem(name, x.shape, ways)
+        if problem:
+            raise ValueError(f"{what}: {problem}")
 
 
 def fusion_barrier(x: jax.Array) -> jax.Array:

@@ -165,3 +165,43 @@ def test_the_ray_weights_run_logs_zero_mismatch(tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=TIMEOUT)
     assert done.returncode == 0, (done.stdout + done.stderr).decode()[-3000:]
     _check_zero_mismatch(run_dir, 3)
+
+
+# ---- layouts exact mode cannot keep its bits on: refused in one line --------------------------
+
+
+def test_a_split_into_3_is_refused_before_anything_runs(tmp_path, capsys):
+    from minirl.modeling.model_config import ModelConfig
+    from scale import mesh as mesh_lib
+
+    cfg = ModelConfig(dim=64, num_layers=1, num_heads=4, head_dim=16, mlp_dim=96)
+    tp = mesh_lib.tensor_parallel()
+    for tensor in (2, 4, 8):  # 2, 4, 8 ways: accepted (with 8, 96 / 8 = 12 MLP columns each)
+        mesh_lib.check_exact(cfg, mesh_lib.MeshConfig(tensor=tensor), tensor, tp)
+    with pytest.raises(
+        ValueError, match=r"tensor=3: layers/0/mlp/down_proj \(96, 64\) is split 3 ways"
+    ):
+        mesh_lib.check_exact(cfg, mesh_lib.MeshConfig(tensor=-1), 3, tp)
+    mesh_lib.check_exact(cfg, mesh_lib.MeshConfig(fsdp=3), 3, mesh_lib.fsdp())  # 64: not split
+
+    pytest.importorskip("ray")
+    from scale.launch import main
+
+    with pytest.raises(SystemExit) as exit_:  # the launcher: before Ray or any job starts
+        main(
+            [
+                "ray",
+                "--preset",
+                "fixture",
+                "--set",
+                "engine.exact=true",
+                "--set",
+                "model.mlp_dim=96",
+            ]
+            + ["--weights", f"file://{tmp_path}/w", "--run-dir", str(tmp_path / "run")]
+            + ["--cpu-devices", "3", "--engine-mesh", "tensor=-1"]
+        )
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("python -m scale.launch ray: error: exact mode on the tensor_parallel")
+    assert "is split 3 ways" in err
