@@ -7,31 +7,25 @@ bits; those bits compound through layers into |Δlogp| > 0 even when the weights
 
 Exact mode removes the freedom: every contraction is split into fixed chunks of at most `CHUNK`
 elements (zero-padded), each chunk is one small dot product, and the partial results are added
-in a fixed pairwise tree. The order of additions then depends only on the contraction length,
+in a fixed order (`dense`). The order of additions then depends only on the contraction length,
 never on M, batch or slot, and trailing zero padding adds exact zeros — so a length-37 attention
 row gives the same bits whether it lives in a 64- or a 512-slot cache. Elementwise reductions
 (norms, softmax sums) use the same pairwise tree directly. Cost: more, smaller kernels; measured
 in benchmarks/.
 
-The same bits on any device layout. An addition of two floats gives the same bits on any device;
-what a device mesh can change is which numbers a single dot kernel sums, and a collective's own
-order (a tensor-parallel o_proj ends in an all-reduce). So the tree is built to be cut at shard
-boundaries: a contraction is first split into `GROUPS` equal groups (`chunking`), every chunk
-lies inside one group, and `tree_sum` pairs neighbours, so each aligned block of groups is one
-subtree. Split the contraction 2, 4 or 8 ways over devices (weights sharded by GSPMD, scale/mesh.py)
-and each device's chunks form its own subtree: it computes its partial sum, and the partial sums
-meet in the tree's top levels as ordinary elementwise adds (XLA moves them between devices; no
-psum decides an order). Max is exact in any order. A split into other counts (3 ways, 16 ways)
-would cut a group: `check_layout` refuses it. tests/scale/test_exact_layouts.py measures the bits
-on fake CPU meshes; docs/mismatch.md explains the tree with a picture.
+On any device layout too: a contraction is first cut into `GROUPS` equal groups (`chunking`)
+and `tree_sum` pairs neighbours, so a weight split 2, 4 or 8 ways over devices leaves every
+chunk's dot on one device, each device adds its own subtree, and the partial sums meet in the
+tree's top levels as plain adds (no psum picks an order; max is exact in any order). Any other
+split is refused (`check_layout`). docs/mismatch.md, "Sharding", draws the tree.
 
-Every function takes `exact: bool` (a Python bool, static under jit). On an accelerator the
-dense product runs as a batch-invariant Pallas kernel with the same tree
-(minirl/modeling/exact_kernels.py): there XLA's matmul library picks its blocking from M.
+Every function takes `exact: bool` (a Python bool, static under jit). On a GPU the dense
+product is a Pallas kernel with the same order (minirl/modeling/exact_kernels.py, `kernel_mode`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -57,34 +51,22 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def layout_problem(name: str, shape, ways) -> str | None:
-    """Why exact mode cannot keep its bits with array `name` [shape] split `ways[d]` ways along
-    each dim d over devices, or None. It can when every split is 1, 2, 4 or 8 equal ways: the
-    shards then hold whole groups of `chunking` (any other count cuts a group, so one chunk's
-    dot would be summed on two devices and finished by a collective)."""
-    for dim, (size, n) in enumerate(zip(shape, ways, strict=True)):
-        if n > 1 and (GROUPS % n or size % n):
-            return (
-                f"{name} {tuple(shape)} is split {n} ways along dim {dim}; exact mode adds a "
-                f"contraction's shards in a fixed tree of {GROUPS} equal groups, so a weight "
-                "may be split only 2, 4 or 8 ways (evenly)"
-            )
-    return None
-
-
 def check_layout(params, what: str = "exact mode") -> None:
-    """ValueError naming the first array leaf of `params` (sharded jax.Arrays or host arrays)
-    whose split over devices `layout_problem` refuses."""
+    """ValueError naming the first array of `params` split over devices other than 1, 2, 4 or 8
+    equal ways along some dim: such a split cuts a group of `chunking`, so one chunk's dot would
+    be summed on two devices and finished by a collective."""
     for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
-        sharding = getattr(x, "sharding", None)
-        if sharding is None or not hasattr(sharding, "shard_shape"):
-            continue
-        shard = sharding.shard_shape(x.shape)
-        ways = [-(-size // max(n, 1)) for size, n in zip(x.shape, shard, strict=True)]
-        name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-        problem = layout_problem(name, x.shape, ways)
-        if problem:
-            raise ValueError(f"{what}: {problem}")
+        shape = getattr(x, "shape", ())
+        shard = getattr(getattr(x, "sharding", None), "shard_shape", lambda s: s)(shape)
+        for dim, (size, part) in enumerate(zip(shape, shard, strict=True)):
+            ways = -(-size // max(part, 1))
+            if ways > 1 and (GROUPS % ways or size % ways):
+                name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+                raise ValueError(
+                    f"{what}: {name} {tuple(shape)} is split {ways} ways along dim {dim}; "
+                    f"exact mode adds a contraction's shards in a fixed tree of {GROUPS} equal "
+                    "groups, so a weight may be split only 2, 4 or 8 ways (evenly)"
+                )
 
 
 def fusion_barrier(x: jax.Array) -> jax.Array:
@@ -103,10 +85,8 @@ def fusion_barrier(x: jax.Array) -> jax.Array:
 
 
 def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
-    """Sum over `axis` in a fixed pairwise tree (zero-padded to a power of two) whose leaves are
-    paired with their neighbours: level 1 adds (0+1), (2+3), ..., level 2 adds those pairs, and
-    so on. Any aligned block of 2^j elements is one subtree, so a reduction split into 2, 4 or 8
-    equal shards is the shards' own subtrees added in the same order (the layout-invariant tree)."""
+    """Sum over `axis` in a fixed pairwise tree of neighbours, (0+1), (2+3), ..., zero-padded to a
+    power of two: any aligned block of 2^j elements is one subtree (a shard's own sum)."""
     axis = axis % x.ndim
     n = _next_pow2(x.shape[axis])
     x = _pad_axis(fusion_barrier(x), axis, n)
@@ -143,28 +123,20 @@ _fast_dense.defvjp(_fast_dense_fwd, _fast_dense_bwd)
 
 
 def dense(x: jax.Array, w: jax.Array, exact: bool = False) -> jax.Array:
-    """x [..., I] @ w [I, O] -> [..., O] in x's dtype. With a 3-D w [E, F, O], x is [..., E, F]
-    and the contraction runs over both (a mixture of experts' down projection: each expert's F
-    is chunked on its own, so a split of E or of F keeps every chunk on one device).
-
-    Exact: the contraction is cut as `chunking` says; each chunk is one small dot product in
-    float32, a group's chunk results are added in order (as a kernel walks the contraction),
-    and the group sums meet in `tree_sum`. On a GPU the same sums run as a Pallas kernel."""
+    """x [..., I] @ w [I, O] -> [..., O] in x's dtype; a 3-D w [E, F, O] takes x [..., E, F]
+    and contracts both (the MoE down projection: each expert's F chunked on its own). Exact:
+    cut as `chunking` says, one float32 dot per chunk, a group's chunks added in order, the
+    group sums by `tree_sum`."""
     if not exact:
         if w.ndim == 3:
             x, w = x.reshape(*x.shape[:-2], -1), w.reshape(-1, w.shape[-1])
         return _fast_dense(x, w)
-    mode = kernel_mode()
-    if mode != "xla":  # the Pallas kernel: the same sums, in one fixed order on a GPU too
-        from minirl.modeling.exact_kernels import dense_kernel
-
-        return dense_kernel(x, w, mode == "interpret")
+    if kernel_mode() != "xla":
+        return kernel_dense(x, w, kernel_mode() == "interpret")
     xc, wc = chunk_layout(x, w)  # [..., S, n, C], [S, n, C, O]: S groups of n chunks
     s, n, c = wc.shape[:3]
-    # One batched dot over all S * n chunks (a size-1 batch axis would let XLA pick another
-    # kernel). bf16 inputs are upcast: a bf16 x bf16 product is exact in float32, sums
-    # accumulate in fp32. HIGHEST: true float32 products on every backend (a GPU's default runs
-    # float32 dots in TF32, 10 bits of mantissa; the CPU's are float32 either way).
+    # One batched dot over all S * n chunks (a size-1 batch axis lets XLA pick another kernel).
+    # bf16 is upcast (its products are exact in float32); HIGHEST: no TF32 on a GPU.
     parts = jnp.einsum(
         "...nc,nco->...no",
         xc.reshape(*xc.shape[:-3], s * n, c).astype(jnp.float32),
@@ -172,20 +144,40 @@ def dense(x: jax.Array, w: jax.Array, exact: bool = False) -> jax.Array:
         precision=jax.lax.Precision.HIGHEST,
         preferred_element_type=jnp.float32,
     )
-    # [..., S, n, O]; the barrier keeps each dot's result rounded on its own before the adds
-    parts = fusion_barrier(parts).reshape(*parts.shape[:-2], s, n, parts.shape[-1])
+    parts = fusion_barrier(parts).reshape(*parts.shape[:-2], s, n, -1)  # each dot rounded alone
     sums = parts[..., 0, :]  # [..., S, O]
-    for k in range(1, parts.shape[-2]):  # each group left to right
+    for k in range(1, n):  # each group left to right
         sums = sums + parts[..., k, :]
     return tree_sum(sums, axis=-2).astype(x.dtype)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def kernel_dense(x: jax.Array, w: jax.Array, interpret: bool) -> jax.Array:
+    """`dense`'s exact sums as the Pallas kernel; the backward pass is plain XLA dots (exact
+    mode promises the forward's bits, not the gradient's)."""
+    from minirl.modeling.exact_kernels import group_sums
+
+    experts = math.prod(w.shape[:-2])  # 1: a 2-D w
+    out = group_sums(*chunk_layout(x, w), experts, interpret)  # [E, ..., O] float32
+    return (out[0] if w.ndim == 2 else tree_sum(out, axis=0)).astype(x.dtype)
+
+
+def kernel_dense_bwd(interpret, residuals, dy):
+    x, w = residuals
+    dx, dw = _fast_dense_bwd((x.reshape(*dy.shape[:-1], -1), w.reshape(-1, w.shape[-1])), dy)
+    return dx.reshape(x.shape), dw.reshape(w.shape)
+
+
+kernel_dense.defvjp(
+    lambda x, w, interpret: (kernel_dense(x, w, interpret), (x, w)), kernel_dense_bwd
+)
+
+
 def kernel_mode() -> str:
-    """How exact dense products run: "xla" (the chunked XLA dots above: row-invariant on the
-    CPU), "pallas" (minirl/modeling/exact_kernels.py, on a GPU, where XLA's matmul library picks
-    its blocking, and so its order of additions, from the row count) or "interpret" (that kernel
-    through XLA, on any backend: the CPU tests). $MINIRL_EXACT_KERNEL chooses; "auto" (its
-    default) means "pallas" on a GPU backend and "xla" elsewhere. Read when a function traces."""
+    """How exact dense products run, from $MINIRL_EXACT_KERNEL (read when a function traces):
+    "xla" (the chunked XLA dots: row-invariant on the CPU), "pallas" (the kernel, for a GPU,
+    whose matmul library picks its blocking from the row count), "interpret" (the kernel run
+    through XLA: the CPU tests), or "auto" (the default): "pallas" on a GPU, else "xla"."""
     mode = os.environ.get(KERNEL_ENV, "auto")
     if mode == "auto":
         return "pallas" if jax.default_backend() in ("gpu", "cuda", "rocm") else "xla"
@@ -195,31 +187,24 @@ def kernel_mode() -> str:
 
 
 def chunking(i: int) -> tuple[int, int, int]:
-    """(groups G, chunks per group n, chunk size C) of an exact contraction over `i` elements.
-
-    The contraction is cut into G = gcd(i, GROUPS) equal groups (8 when 8 divides i) and each
-    group into n chunks of C elements: C = 32, or 16 for a group of at most 16 elements (sizes a
-    GPU kernel's dot accepts), the group zero-padded to n * C. A split of the contraction into
-    2, 4 or 8 equal shards cuts at group boundaries, so no chunk straddles two devices."""
+    """(groups G, chunks per group n, chunk size C) of an exact contraction over `i` elements:
+    G = gcd(i, GROUPS) equal groups, each cut into n chunks of C = 32 elements (16 for a group
+    of at most 16: sizes a GPU dot accepts), zero-padded to n * C. At least two chunks: with
+    one, XLA drops the chunk axis and a single row takes a matrix-vector kernel."""
     g = math.gcd(i, GROUPS)
     c = 16 if i // g <= 16 else CHUNK
-    n = -(-(i // g) // c)
-    # At least two chunks: with one, XLA drops the chunk axis and a single-row x takes a
-    # matrix-vector kernel that sums in another order. The zero chunk adds exact zeros.
-    return g, max(n, 2 // g), c
+    return g, max(-(-(i // g) // c), 2 // g), c
 
 
 def chunk_layout(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """x [..., I] and w [I, O] cut as `chunking(I)` says: [..., G, n, C] and [G, n, C, O]. A
-    3-D w [E, F, O] (x [..., E, F]): each expert cut by `chunking(F)`, its groups side by side:
-    [..., E*G, n, C] and [E*G, n, C, O]."""
-    lead = w.shape[:-2]  # () or (E,)
-    i, o = w.shape[-2], w.shape[-1]
+    """x [..., I], w [I, O] cut by `chunking(I)`: [..., G, n, C] and [G, n, C, O]. A 3-D w
+    [E, F, O] (x [..., E, F]): each expert cut by `chunking(F)`, [..., E*G, n, C], [E*G, n, C, O]."""
+    i, o = w.shape[-2:]
     g, n, c = chunking(i)
-    groups = math.prod(lead) * g
-    rows = x.shape[: x.ndim - 1 - len(lead)]
-    xc = _pad_axis(x.reshape(*rows, groups, i // g), -1, n * c)  # [..., S, n*C]
-    wc = _pad_axis(w.reshape(groups, i // g, o), 1, n * c)  # [S, n*C, O]
+    groups = math.prod(w.shape[:-2]) * g
+    rows = x.shape[: x.ndim - w.ndim + 1]
+    xc = _pad_axis(x.reshape(*rows, groups, i // g), -1, n * c)
+    wc = _pad_axis(w.reshape(groups, i // g, o), 1, n * c)
     return xc.reshape(*rows, groups, n, c), wc.reshape(groups, n, c, o)
 
 

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from minirl.modeling import exact
-from minirl.modeling.exact_kernels import dense_kernel
 
 # (rows, I, O): groups of 8 in one 16-chunk; of 25 in one 32-chunk; of 80 in a chain of three
 # 32-chunks; an odd I (one group and a zero chunk); O not a multiple of the column tile.
@@ -24,7 +23,7 @@ SHAPES = [((3, 7), 64, 40), ((2, 5), 200, 32), ((9,), 640, 16), ((4,), 37, 20)]
 
 def _both(x, w):
     """(the XLA path's exact dense, the interpreted kernel's), one compile for both."""
-    return jax.jit(lambda x, w: (exact.dense(x, w, True), dense_kernel(x, w, True)))(x, w)
+    return jax.jit(lambda x, w: (exact.dense(x, w, True), exact.kernel_dense(x, w, True)))(x, w)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -46,7 +45,7 @@ def test_kernel_gradient_is_the_products():
     rng = np.random.default_rng(1)
     x, w = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((5, 64), (64, 8)))
     c = jnp.asarray(rng.standard_normal((5, 8)), jnp.float32)
-    ours = jax.jit(jax.grad(lambda x, w: (dense_kernel(x, w, True) * c).sum(), (0, 1)))(x, w)
+    ours = jax.jit(jax.grad(lambda x, w: (exact.kernel_dense(x, w, True) * c).sum(), (0, 1)))(x, w)
     plain = jax.grad(lambda x, w: ((x @ w) * c).sum(), (0, 1))(x, w)
     for a, b in zip(ours, plain, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
