@@ -18,10 +18,12 @@ and compare them with each other and with the same computations on one device:
   decode on the engine mesh vs one device       the engine's layout alone
   divergent: engine-mesh decode vs train-mesh   both at once: what a sharded run's mismatch/*
              recompute                          holds beside the decode-vs-forward gap
-  exact: the same, in exact mode                exact mode's reductions have a fixed order on
-                                                one device (the "exact" rows are 0); the
-                                                collectives of a sharded layout add their own
-`--fast` keeps the two "divergent" rows.
+  exact: the same, in exact mode                0: exact mode's fixed tree is cut at shard
+                                                boundaries, each device adds its own subtree
+                                                and no collective picks an order
+                                                (minirl/modeling/exact.py)
+`--fast` keeps the two "divergent" rows. A layout exact mode cannot make invariant (a weight
+split 3 ways, say) is refused with a one-line error.
 
 Fake CPU devices must be configured before JAX starts, hence --cpu-devices (the other rows run
 on the first device, as they would without a mesh).
@@ -75,7 +77,8 @@ def sharding_rows(ctx, train_mesh: str = "fsdp=2,tensor=2", engine_mesh: str = "
             out.append(ctx.compare_arrays("sharding", f"{name} vs one device", a, b))
     for exact, name in ((False, "divergent"), (True, "exact")):
         compares = f"{name}: decode on {e_name} vs recompute on {t_name}"
-        out.append(ctx.compare_arrays("sharding", compares, decode(exact), recompute(exact)))
+        row = ctx.compare_arrays("sharding", compares, decode(exact), recompute(exact), exact)
+        out.append(row)
     return out
 
 

@@ -35,9 +35,11 @@ inference with tensor parallelism). `place_params` reshards between them inside 
 across jobs the weights travel through the TensorStore weight store: `publish` writes each
 process's FSDP shards, `load` reads only the slices of the engine's own layout.
 
-Different shardings reduce in different orders, so trainer and engine log-probs drift apart
-even in minirl's exact mode — RLAX's "divergent parallelism" source of training-inference
-mismatch; `python -m scale.diagnose` adds it to minirl's mismatch table (scale/diagnose.py).
+Different shardings reduce in different orders, so in fast mode trainer and engine log-probs
+drift apart — RLAX's "divergent parallelism" source of training-inference mismatch;
+`python -m scale.diagnose` adds it to minirl's mismatch table (scale/diagnose.py). Exact mode
+keeps its bits on any layout that splits each weight 1, 2, 4 or 8 ways (its fixed tree is cut at
+shard boundaries: minirl/modeling/exact.py); `check_exact` refuses any other before a job starts.
 
 Mixture-of-experts weights ([E, D, F] per projection) follow the same tables (`EXPERT_AXES`);
 `expert_parallel(rules)` adds expert parallelism, the experts' axis over one of the mesh axes.
@@ -391,6 +393,44 @@ class MeshRows:
 
     def host(self, tree: Any) -> Any:
         return jax.tree.map(to_host, tree)
+
+
+def check_exact(model_cfg: Any, mesh_cfg: MeshConfig, devices: int, rules: ShardingRules) -> None:
+    """ValueError (one line) if exact mode cannot keep its bits with `model_cfg`'s weights laid
+    out by `rules` on a `mesh_cfg` mesh of `devices` devices (minirl.modeling.exact's
+    `check_layout`: every weight split 1, 2, 4 or 8 ways). Nothing is placed: what a launcher
+    checks before it starts any job."""
+    from minirl.modeling.exact import check_layout
+    from minirl.modeling.model import param_shapes
+
+    sizes = dict(zip(AXES, mesh_cfg.shape(devices), strict=True))
+    planned = {}
+    for path, leaf in flatten_tree(param_shapes(model_cfg)).items():
+        spec = rules.spec(param_axes(path, len(leaf.shape)), tuple(leaf.shape), _Sizes(sizes))
+        axes = [(e,) if isinstance(e, str) else e or () for e in spec]  # mesh axes per dim
+        ways = [math.prod(sizes[a] for a in dim) for dim in axes]
+        shard = tuple(-(-d // n) for d, n in zip(leaf.shape, ways, strict=True))
+        planned[path] = _Planned(leaf.shape, shard)
+    axes = ",".join(f"{a}={n}" for a, n in sizes.items() if n > 1)
+    check_layout(planned, f"exact mode on the {rules.name} mesh {axes}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+    """A mesh's axis sizes: all that `ShardingRules.spec` reads of a mesh."""
+
+    shape: dict
+
+
+class _Planned:
+    """A weight's shape and the shard shape a layout would give it: all check_layout reads of
+    an array and of its sharding."""
+
+    def __init__(self, shape, shard):
+        self.shape, self.sharding, self._shard = shape, self, shard
+
+    def shard_shape(self, shape) -> tuple:
+        return self._shard
 
 
 def describe(params: Any) -> dict[str, str]:

@@ -28,6 +28,7 @@ arrays through the driver's weight store to each engine actor: fine for models o
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 
@@ -211,6 +212,8 @@ def run(args) -> None:
     log = functools.partial(print, flush=True)  # read line by line by scripts
     run = Run(cfg, run_dir, log=log, progress=not args.quiet)
     run.placement = placement = placement_from_args(args, run.task, bool(cfg.rl.teacher))
+    if args.weights and cfg.engine.exact:
+        check_exact_meshes(args, cfg)
     if args.address:
         _reachable(args.address)
         ray.init(address=args.address, log_to_driver=not args.quiet)
@@ -235,6 +238,25 @@ def run(args) -> None:
         placement.close()
         ray.shutdown()
     print(summary_json(run_dir, summary))
+
+
+def check_exact_meshes(args, cfg) -> None:
+    """Exact mode (engine.exact) keeps its bits only on layouts that split each weight 1, 2, 4
+    or 8 ways (scale.mesh.check_exact): refuse any other before a job starts. A mesh whose size
+    is "-1" (all devices) is checked here when --cpu-devices says how many; otherwise by the
+    job itself, once it has its devices."""
+    from scale import mesh as mesh_lib
+
+    jobs = (
+        (args.trainer_mesh, args.trainer_hosts, mesh_lib.fsdp()),
+        (args.engine_mesh, args.engine_hosts, mesh_lib.tensor_parallel()),
+    )
+    for text, hosts, rules in jobs:
+        mesh_cfg = mesh_lib.MeshConfig.parse(text)
+        sizes = (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor)
+        devices = args.cpu_devices * hosts or (0 if -1 in sizes else math.prod(sizes))
+        if devices > 0:  # known: fake devices, or no -1 among the sizes
+            mesh_lib.check_exact(cfg.model, mesh_cfg, devices, rules)
 
 
 def _reachable(address: str, timeout_s: float = 10.0) -> None:

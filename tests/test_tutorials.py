@@ -184,11 +184,17 @@ EXPECTED = {
     ),
     "11_scaling_out.py": dict(
         files=["scaling_out.png"],
-        prints=["two processes x 2 fake devices", "remote scores == local scores: True", "lost 0"],
+        prints=[
+            "two processes x 2 fake devices",
+            "remote scores == local scores: True",
+            "lost 0",
+            "bitwise equal: True",
+        ],
         check=lambda r: (
             all(r["claims"].values())
             and [p["processes"] for p in r["two_processes"]["processes"]] == [2, 2]
             and r["meshes"]["devices"] == 4
+            and r["exact"]["mismatch"]["max_abs_dlogp"] == 0.0
         ),
     ),
     "12_your_own_model.py": dict(

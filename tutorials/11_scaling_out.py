@@ -32,7 +32,11 @@ over many accelerators and hosts. minirl's answer (and RLAX's) has three parts.
      tensor_parallel()  inference (Megatron): heads, KV-cache heads and MLP columns over
                         "tensor", so a decode step needs only two all-reduces per layer
    The trainer and the engine use different layouts. That is RLAX's "divergent parallelism",
-   one more source of training–inference mismatch (lesson 08), measured below.
+   one more source of training–inference mismatch (lesson 08), measured below. minirl's exact
+   mode removes it: its fixed-order sums are cut at shard boundaries (a contraction is first
+   split into 8 equal groups, so a device holding 1/2, 1/4 or 1/8 of a weight adds its own
+   subtree, and no all-reduce picks an order), so a tensor-parallel engine and an FSDP trainer
+   give the same bits.
    On a laptop the devices are fake: `XLA_FLAGS=--xla_force_host_platform_device_count=4`
    (set before JAX starts) turns one CPU into 4 devices. They share the same cores, so they show
    the layouts and the numbers, not the speed.
@@ -59,7 +63,8 @@ WHAT THE SCRIPT DOES
 2. Runs minirl's own Engine on the tensor-parallel mesh and its Trainer on the FSDP mesh, and
    compares them with the same work on one device: the same tokens, log-probs equal to ~1e-6,
    the same gradient norm and AdamW update (to ~1e-4 relative); and the mismatch between the
-   tensor-parallel engine and the FSDP trainer ("divergent parallelism").
+   tensor-parallel engine and the FSDP trainer ("divergent parallelism"). Then the same in
+   exact mode: the tensor-parallel engine's log-probs equal the FSDP trainer's bit for bit.
 3. Two processes x 2 fake devices = one 4-device job through `jax.distributed` on 127.0.0.1
    (this script started twice, with --process-id 0 and 1). Together they run the same trainer
    step on the same batch, publish the new weights to a TensorStore store (each process writes
@@ -87,7 +92,9 @@ What reproduces: the layouts change WHERE the work runs and not WHAT it computes
 within 3.3e-6), the FSDP trainer's recompute is within 5.2e-6 and its gradient norm within 7e-8
 (relative) of one device's, and each device holds about a quarter of the weights (3.2 MB of 12.7
 MB). Divergent parallelism (tensor-parallel engine, FSDP trainer) adds no measurable mismatch here:
-mean |Δ log p| 8.9e-7 against 8.8e-7 with one device on both sides. Two processes running one job
+mean |Δ log p| 8.9e-7 against 8.8e-7 with one device on both sides. In exact mode (step 2b,
+added and measured 2026-11-28 in a full run at load 9.6: 368 s wall) the tensor-parallel engine
+and the FSDP trainer agree on all 1536 tokens bit for bit. Two processes running one job
 reproduce the one-process FSDP step bit for bit (recompute difference 0, the same gradient norm),
 each writes half of the weights to the TensorStore store and reads back only its half in the
 inference layout, equal to an in-process reshard. The verifier service scores exactly as the local
@@ -127,6 +134,9 @@ rounding noise, amplified.
       training-inference mismatch, engine log μ vs trainer recompute:
         one device engine vs one device trainer  mean 8.8e-07  p95 2.1e-06  max 4.8e-06
         tensor=4 engine vs fsdp trainer          mean 8.9e-07  p95 2.1e-06  max 4.3e-06
+
+    Step 2b. the same layouts in exact mode (engine.exact=true)
+      tensor=4 engine vs fsdp trainer, exact: mean 0.0e+00  max 0.0e+00 over 1536 tokens; bitwise equal: True
 
     Step 3. two processes x 2 fake devices = one 4-device job (jax.distributed, 127.0.0.1)
       process 0 of 2: local devices ['cpu:0', 'cpu:1'], global 4; wrote 50% and read 50% of the weights' bytes; loaded == resharded: True
@@ -423,6 +433,39 @@ def step_meshes(s: dict) -> tuple[dict, Batch, dict]:
             f"max {m['max_abs_dlogp']:.1e}"
         )
     return result, batch_tp, sharded
+
+
+# %%
+def step_exact(s: dict, params, batch_tp: Batch) -> dict:
+    """Step 2b: the same two layouts in exact mode (minirl/modeling/exact.py): its fixed tree is
+    cut at shard boundaries, so the tensor-parallel engine and the FSDP trainer agree bit for bit
+    where fast mode differs by rounding noise."""
+    cfg = s["model"]
+    train_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(fsdp=2, tensor=2))
+    infer_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(tensor=4))
+    exact = dataclasses.replace(engine_config(s), exact=True)
+    engine = Engine(cfg, exact, seed=SEED)
+    engine.load_weights(0, mesh_lib.place_params(params, infer_mesh, mesh_lib.tensor_parallel()))
+    rollouts = engine.generate(requests(s, cfg.vocab_size))
+    for r in rollouts:
+        r.score = Score(1.0 if r.sample_index == 0 else 0.0)
+    batch = make_batch(rollouts, pad_id=0, bucket_minimum=32)
+    fsdp_params = mesh_lib.place_params(params, train_mesh, mesh_lib.fsdp())
+    trainer = Trainer(cfg, fsdp_params, None, TRAINER, sampling=exact.sampling.scoring)
+    prox = trainer.recompute_logprobs(batch)
+    real = batch.mask > 0
+    result = {
+        "bitwise": bool(np.array_equal(prox[real], batch.behaviour_logprobs[real])),
+        "mismatch": mismatch_metrics(batch.behaviour_logprobs, prox, batch.mask),
+    }
+    m = result["mismatch"]
+    print("\nStep 2b. the same layouts in exact mode (engine.exact=true)")
+    print(
+        f"  tensor=4 engine vs fsdp trainer, exact: mean {m['mean_abs_dlogp']:.1e}  "
+        f"max {m['max_abs_dlogp']:.1e} over {m['tokens']:.0f} tokens; bitwise equal: "
+        f"{result['bitwise']}"
+    )
+    return result
 
 
 # %% [markdown]
@@ -885,6 +928,7 @@ def main() -> None:
     )
 
     meshes, batch, sharded = step_meshes(s)
+    exact = step_exact(s, host_params(s["model"]), batch)
     processes = step_two_processes(s, args.fast, batch, sharded, out / "two_processes")
     verifier = step_verifier_service(s, out / "verifier")
     launcher = step_launcher(out / "launcher") if s["launcher"] else None
@@ -894,6 +938,8 @@ def main() -> None:
         "sharded_decode_samples_the_same_tokens": meshes["tokens_equal"],
         "sharded_logprobs_within_1e-5": meshes["decode_max_abs_dlogp"] < 1e-5
         and meshes["recompute_max_abs_diff"] < 1e-5,
+        "exact_tp_engine_equals_fsdp_trainer": exact["bitwise"]
+        and exact["mismatch"]["max_abs_dlogp"] == 0.0,
         "fsdp_step_matches_one_device": rel(meshes["grad_norm"]) < 1e-5
         and meshes["update_difference"]["relative_l2"] < 1e-3,
         "two_processes_match_one_process": processes["recompute_max_abs_diff_vs_one_process"] < 1e-5
@@ -918,6 +964,7 @@ def main() -> None:
         "mode": "fast" if args.fast else "full",
         "model_params": s["model"].num_params(),
         "meshes": meshes,
+        "exact": exact,
         "two_processes": processes,
         "verifier": verifier,
         "launcher": launcher,

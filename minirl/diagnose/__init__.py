@@ -24,8 +24,9 @@ mean / p95 / max of |log p_a - log p_b| over the completion tokens:
              recompute with free routing (the label gives the     experts removes; the rest is
              share of tokens whose top-k expert set differs)      the rest of the mismatch
              and with the engine's routes replayed
-  sharding   (scale/) the recompute on an FSDP mesh and the        RLAX's "divergent parallelism"
-             decode on a tensor-parallel mesh vs one device
+  sharding   (scale/) the recompute on an FSDP mesh and the        RLAX's "divergent parallelism";
+             decode on a tensor-parallel mesh vs one device and    its exact row must be 0 (exact
+             vs each other, fast and exact                         mode's tree is layout-invariant)
 
 `--fast` (CI) keeps one row per source: the fixture preset, 4 prompts.
 

@@ -46,6 +46,7 @@ from minirl.inference.cache_layout import layout_of
 from minirl.inference.decoding import Settings, compiled, prepare_params
 from minirl.inference.engine_config import EngineConfig
 from minirl.inference.scheduler import Request, Scheduler, finish_reason, prefill_groups
+from minirl.modeling import exact as exact_ops
 from minirl.modeling import lora
 from minirl.modeling.model import ModelConfig
 from minirl.modeling.sampling import request_ids
@@ -114,8 +115,10 @@ class Engine:
         to the base that load brought); the base's arrays are used as given, never merged."""
         if self._lora is not None:
             params = self._lora.whole(params)
-        self._params = prepare_params(params, self.model_config)
-        self._version = int(version)
+        params = prepare_params(params, self.model_config)
+        if self.config.exact:  # on a device mesh: only splits the fixed tree can be cut at
+            exact_ops.check_layout(params, "exact mode (engine weights)")
+        self._params, self._version = params, int(version)
 
     def submit(self, requests: Iterable[Request]) -> None:
         requests = list(requests)

@@ -5,27 +5,36 @@ XLA's CPU matmul picks its blocking from the row count M, so a decode step (M = 
 training forward (M = B*T) sum the same products in different orders and disagree in the last
 bits; those bits compound through layers into |Δlogp| > 0 even when the weights are identical.
 
-Exact mode removes the freedom: every reduction is split into fixed chunks of `CHUNK` elements
-along the contraction axis (zero-padded), each chunk is one small dot product, and the partial
-results are added in a fixed pairwise tree over a power-of-two number of chunks. The order of
-additions then depends only on the contraction length, never on M, batch or slot, and trailing
-zero padding adds exact zeros — so a length-37 attention row gives the same bits whether it
-lives in a 64- or a 512-slot cache. Elementwise reductions (norms, softmax sums) use the same
-pairwise tree directly. Cost: more, smaller kernels; measured in benchmarks/.
+Exact mode removes the freedom: every contraction is split into fixed chunks of at most `CHUNK`
+elements (zero-padded), each chunk is one small dot product, and the partial results are added
+in a fixed order (`dense`). The order of additions then depends only on the contraction length,
+never on M, batch or slot, and trailing zero padding adds exact zeros — so a length-37 attention
+row gives the same bits whether it lives in a 64- or a 512-slot cache. Elementwise reductions
+(norms, softmax sums) use the same pairwise tree directly. Cost: more, smaller kernels; measured
+in benchmarks/.
 
-A fixed order is not enough on its own: XLA CPU may fuse a multiply into the add that consumes it
-(an FMA, one rounding) or route an exp to a kernel library in one shape and not in another;
-`fusion_barrier` pins those values (every term of a sum, every exp input) to one computation.
+On any device layout too: a contraction is first cut into `GROUPS` equal groups (`chunking`)
+and `tree_sum` pairs neighbours, so a weight split 2, 4 or 8 ways over devices leaves every
+chunk's dot on one device, each device adds its own subtree, and the partial sums meet in the
+tree's top levels as plain adds (no psum picks an order; max is exact in any order). Any other
+split is refused (`check_layout`). docs/mismatch.md, "Sharding", draws the tree.
 
-Every function takes `exact: bool` (a Python bool, static under jit).
+Every function takes `exact: bool` (a Python bool, static under jit). On a GPU the dense
+product is a Pallas kernel with the same order (minirl/modeling/exact_kernels.py, `kernel_mode`).
 """
 
 from __future__ import annotations
+
+import functools
+import math
+import os
 
 import jax
 import jax.numpy as jnp
 
 CHUNK = 32  # contraction elements per partial dot product in exact mode
+GROUPS = 8  # equal groups a contraction is first cut into: its shards may be 2, 4 or 8
+KERNEL_ENV = "MINIRL_EXACT_KERNEL"  # auto | xla | pallas | interpret: see kernel_mode
 NEG = -1e30  # mask value: finite, so a fully masked row cannot produce nan
 
 
@@ -40,6 +49,24 @@ def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def check_layout(params, what: str = "exact mode") -> None:
+    """ValueError naming the first array of `params` split over devices other than 1, 2, 4 or 8
+    equal ways along some dim: such a split cuts a group of `chunking`, so one chunk's dot would
+    be summed on two devices and finished by a collective."""
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        shape = getattr(x, "shape", ())
+        shard = getattr(getattr(x, "sharding", None), "shard_shape", lambda s: s)(shape)
+        for dim, (size, part) in enumerate(zip(shape, shard, strict=True)):
+            ways = -(-size // max(part, 1))
+            if ways > 1 and (GROUPS % ways or size % ways):
+                name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+                raise ValueError(
+                    f"{what}: {name} {tuple(shape)} is split {ways} ways along dim {dim}; "
+                    f"exact mode adds a contraction's shards in a fixed tree of {GROUPS} equal "
+                    "groups, so a weight may be split only 2, 4 or 8 ways (evenly)"
+                )
 
 
 def fusion_barrier(x: jax.Array) -> jax.Array:
@@ -58,14 +85,14 @@ def fusion_barrier(x: jax.Array) -> jax.Array:
 
 
 def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
-    """Sum over `axis` in a fixed pairwise order (zero-padded to a power of two)."""
+    """Sum over `axis` in a fixed pairwise tree of neighbours, (0+1), (2+3), ..., zero-padded to a
+    power of two: any aligned block of 2^j elements is one subtree (a shard's own sum)."""
     axis = axis % x.ndim
-    x = _pad_axis(fusion_barrier(x), axis, _next_pow2(x.shape[axis]))
-    while x.shape[axis] > 1:
-        half = x.shape[axis] // 2
-        x = jax.lax.slice_in_dim(x, 0, half, axis=axis) + jax.lax.slice_in_dim(
-            x, half, 2 * half, axis=axis
-        )
+    n = _next_pow2(x.shape[axis])
+    x = _pad_axis(fusion_barrier(x), axis, n)
+    while n > 1:
+        x = jax.lax.slice_in_dim(x, 0, n, 2, axis) + jax.lax.slice_in_dim(x, 1, n, 2, axis)
+        n //= 2
     return jnp.squeeze(x, axis)
 
 
@@ -105,26 +132,93 @@ _fast_dense.defvjp(_fast_dense_fwd, _fast_dense_bwd)
 
 
 def dense(x: jax.Array, w: jax.Array, exact: bool = False, out_dtype=None) -> jax.Array:
-    """x [..., I] @ w [I, O] -> [..., O] in `out_dtype` (default x's), computed in x's dtype."""
+    """x [..., I] @ w [I, O] -> [..., O] in `out_dtype` (default x's), computed in x's dtype (w
+    is cast: a float32 master weight meets bf16 activations as bf16); a 3-D w [E, F, O] takes
+    x [..., E, F] and contracts both (the MoE down projection: each expert's F chunked on its
+    own). Exact: cut as `chunking` says, one float32 dot per chunk, a group's chunks added in
+    order, the group sums by `tree_sum`."""
+    out_dtype = out_dtype or x.dtype
     if not exact:
-        return _fast_dense(x, w, out_dtype or x.dtype)
-    i = x.shape[-1]
-    # At least two chunks: with one, XLA drops the chunk axis and a single-row x takes a
-    # matrix-vector kernel that sums in another order. The zero chunk adds exact zeros.
-    n = max(2, _next_pow2(-(-i // CHUNK)))
-    xc = _pad_axis(x, -1, n * CHUNK).reshape(*x.shape[:-1], n, CHUNK)  # [..., n, C]
-    wc = _pad_axis(w.astype(x.dtype), 0, n * CHUNK).reshape(n, CHUNK, w.shape[-1])  # [n, C, O]
-    # bf16 inputs are upcast: a bf16 x bf16 product is exact in float32, sums accumulate in fp32.
-    # HIGHEST: true float32 products on every backend (a GPU's default runs float32 dots in TF32,
-    # 10 bits of mantissa; the CPU's are float32 either way, so its bits are unchanged).
+        if w.ndim == 3:
+            x, w = x.reshape(*x.shape[:-2], -1), w.reshape(-1, w.shape[-1])
+        return _fast_dense(x, w, out_dtype)
+    w = w.astype(x.dtype)
+    if kernel_mode() != "xla":
+        return kernel_dense(x, w, kernel_mode() == "interpret").astype(out_dtype)
+    xc, wc = chunk_layout(x, w)  # [..., S, n, C], [S, n, C, O]: S groups of n chunks
+    s, n, c = wc.shape[:3]
+    # One batched dot over all S * n chunks (a size-1 batch axis lets XLA pick another kernel).
+    # bf16 is upcast (its products are exact in float32); HIGHEST: no TF32 on a GPU.
     parts = jnp.einsum(
         "...nc,nco->...no",
-        xc.astype(jnp.float32),
-        wc.astype(jnp.float32),
+        xc.reshape(*xc.shape[:-3], s * n, c).astype(jnp.float32),
+        wc.reshape(s * n, c, -1).astype(jnp.float32),
         precision=jax.lax.Precision.HIGHEST,
         preferred_element_type=jnp.float32,
     )
-    return tree_sum(parts, axis=-2).astype(out_dtype or x.dtype)
+    parts = fusion_barrier(parts).reshape(*parts.shape[:-2], s, n, -1)  # each dot rounded alone
+    sums = parts[..., 0, :]  # [..., S, O]
+    for k in range(1, n):  # each group left to right
+        sums = sums + parts[..., k, :]
+    return tree_sum(sums, axis=-2).astype(out_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def kernel_dense(x: jax.Array, w: jax.Array, interpret: bool) -> jax.Array:
+    """`dense`'s exact sums as the Pallas kernel, in float32; the backward pass is plain XLA
+    dots (exact mode promises the forward's bits, not the gradient's)."""
+    from minirl.modeling.exact_kernels import group_sums
+
+    experts = math.prod(w.shape[:-2])  # 1: a 2-D w
+    out = group_sums(*chunk_layout(x, w), experts, interpret)  # [E, ..., O] float32
+    return out[0] if w.ndim == 2 else tree_sum(out, axis=0)
+
+
+def kernel_dense_bwd(interpret, residuals, dy):
+    x, w = residuals
+    rows = (x.reshape(*dy.shape[:-1], -1), w.reshape(-1, w.shape[-1]))
+    dx, dw = _fast_dense_bwd(x.dtype, rows, dy)
+    return dx.reshape(x.shape), dw.reshape(w.shape)
+
+
+kernel_dense.defvjp(
+    lambda x, w, interpret: (kernel_dense(x, w, interpret), (x, w)), kernel_dense_bwd
+)
+
+
+def kernel_mode() -> str:
+    """How exact dense products run, from $MINIRL_EXACT_KERNEL (read when a function traces):
+    "xla" (the chunked XLA dots: row-invariant on the CPU), "pallas" (the kernel, for a GPU,
+    whose matmul library picks its blocking from the row count), "interpret" (the kernel run
+    through XLA: the CPU tests), or "auto" (the default): "pallas" on a GPU, else "xla"."""
+    mode = os.environ.get(KERNEL_ENV, "auto")
+    if mode == "auto":
+        return "pallas" if jax.default_backend() in ("gpu", "cuda", "rocm") else "xla"
+    if mode not in ("xla", "pallas", "interpret"):
+        raise ValueError(f"${KERNEL_ENV} must be auto, xla, pallas or interpret, got {mode!r}")
+    return mode
+
+
+def chunking(i: int) -> tuple[int, int, int]:
+    """(groups G, chunks per group n, chunk size C) of an exact contraction over `i` elements:
+    G = gcd(i, GROUPS) equal groups, each cut into n chunks of C = 32 elements (16 for a group
+    of at most 16: sizes a GPU dot accepts), zero-padded to n * C. At least two chunks: with
+    one, XLA drops the chunk axis and a single row takes a matrix-vector kernel."""
+    g = math.gcd(i, GROUPS)
+    c = 16 if i // g <= 16 else CHUNK
+    return g, max(-(-(i // g) // c), 2 // g), c
+
+
+def chunk_layout(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x [..., I], w [I, O] cut by `chunking(I)`: [..., G, n, C] and [G, n, C, O]. A 3-D w
+    [E, F, O] (x [..., E, F]): each expert cut by `chunking(F)`, [..., E*G, n, C], [E*G, n, C, O]."""
+    i, o = w.shape[-2:]
+    g, n, c = chunking(i)
+    groups = math.prod(w.shape[:-2]) * g
+    rows = x.shape[: x.ndim - w.ndim + 1]
+    xc = _pad_axis(x.reshape(*rows, groups, i // g), -1, n * c)
+    wc = _pad_axis(w.reshape(groups, i // g, o), 1, n * c)
+    return xc.reshape(*rows, groups, n, c), wc.reshape(groups, n, c, o)
 
 
 def mean_last(x: jax.Array, exact: bool = False) -> jax.Array:

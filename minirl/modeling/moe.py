@@ -115,8 +115,7 @@ class MoE(nnx.Module):
         up = exact_ops.dense(x, wide(self.up_proj), exact).reshape(*x.shape[:-1], e, f)
         fb = exact_ops.fusion_barrier if exact else (lambda v: v)  # no FMA: same bits in any shape
         h = fb(fb(fb(jax.nn.silu(gate)) * up) * combine.astype(x.dtype)[..., None])  # [B, T, E, F]
-        down = self.down_proj[...].astype(x.dtype).reshape(e * f, d)
-        y = exact_ops.dense(h.reshape(*x.shape[:-1], e * f), down, exact)
+        y = exact_ops.dense(h, self.down_proj[...].astype(x.dtype), exact)  # over E and F
         if not hasattr(self, "shared_expert"):
             return y
         s = exact_ops.dense(x, self.shared_expert_gate[...].astype(x.dtype), exact)

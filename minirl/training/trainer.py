@@ -48,6 +48,7 @@ from flax import nnx
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
 from minirl.losses.inputs import clamped_difference
 from minirl.measure.diagnostics import first_update_dlogp
+from minirl.modeling import exact as exact_ops
 from minirl.modeling import lora
 from minirl.modeling.model import ModelConfig, abstract_model
 from minirl.modeling.sampling import Sampling
@@ -493,7 +494,10 @@ class Trainer:
         if isinstance(params, nnx.State):
             params = nnx.to_pure_dict(params)
         template = abstract_model(self.model_cfg)[1]
-        return jax.tree.map(jnp.asarray, match_template(params, template, what="parameter"))
+        params = jax.tree.map(jnp.asarray, match_template(params, template, what="parameter"))
+        if self._spec.exact:  # on a device mesh: only splits the fixed tree can be cut at
+            exact_ops.check_layout(params, "exact mode (trainer weights)")
+        return params
 
     def _check_batch(self, batch: Batch) -> None:
         b, t = batch.tokens.shape
