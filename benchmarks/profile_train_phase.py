@@ -6,7 +6,7 @@
 On the Hugging Face directory DIR/model (the side-by-side benchmark's 25M Qwen2), at one
 micro-batch shape [rows, length], both in this process one after the other, best of 2 after a
 warm-up: float32 [2048, 2048] matmul rate (XLA, torch); forward + backward of the summed target
-log-probs and the forward alone (minirl's `logprobs_and_logits` under `jax.jit`; transformers'
+log-probs and the forward alone (minirl's `logprobs` under `jax.jit`; transformers'
 model in eager torch with `torch.set_num_threads(2)`); an AdamW update of every parameter
 (minirl's compiled update, the accumulator copy it donates included; `torch.optim.AdamW`); and
 copying the gradient tree, the order of the step's own host/device traffic. Prints one JSON line.
@@ -38,10 +38,10 @@ def _best(fn, n: int = 2) -> float:
 def profile_minirl(cfg, params, tokens, targets) -> dict:
     from minirl.modeling.sampling import Sampling
     from minirl.training import optimizer
-    from minirl.training.forward import ForwardSpec, logprobs_and_logits
+    from minirl.training.forward import ForwardSpec, logprobs
 
     spec = ForwardSpec(cfg, Sampling(), "none")
-    logp = lambda p, a, b: logprobs_and_logits(spec, p, a, b, remat=False)[0]
+    logp = lambda p, a, b: logprobs(spec, p, a, b, remat=False)
     grad = jax.jit(jax.grad(lambda p, a, b: logp(p, a, b).sum()))
     forward = jax.jit(logp)
     init, apply = optimizer.compiled(optimizer.AdamW(0.9, 0.95, 1e-8, 0.0, 1.0))[:2]

@@ -252,6 +252,19 @@ class Transformer(nnx.Module):
         vocabulary the LM head over every position is a quarter of a prefill's FLOPs.
         MoE: `routes` int32 [B, T, M, k] (M = len(cfg.moe_layers)) replays those experts, None
         lets the routers choose; `moe.collect(model)` returns what they did (minirl/modeling/moe.py)."""
+        x, new_cache = self.hidden(tokens, cache, num_new, exact, routes)
+        if last_only:  # after the norm: gathered before it, bf16 exact mode rounded differently
+            last = (tokens.shape[1] if num_new is None else num_new) - 1  # [B] or a number
+            x = jnp.take_along_axis(x, jnp.broadcast_to(last, x.shape[:1])[:, None, None], axis=1)
+        head = self.head().T if self.cfg.tie_embeddings else self.head()  # [D, V]
+        logits = exact_ops.dense(x, head.astype(x.dtype), exact).astype(jnp.float32)
+        return logits if cache is None else (logits, new_cache)  # logits [B, T, V]
+
+    def hidden(self, tokens, cache: KVCache | None = None, num_new=None, exact=False, routes=None):
+        """The decoder without its LM head: (final-normed hidden states [B, T, D] in the compute
+        dtype, the new cache or None). `logits = dense(hidden, head())`; the trainer takes this
+        path so that it never holds [B, T, V] logits at once (minirl/modeling/chunked_logprobs.py).
+        Arguments as in `__call__`."""
         cfg = self.cfg
         b, t = tokens.shape
         starts = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
@@ -269,16 +282,17 @@ class Transformer(nnx.Module):
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
+        x = self.final_norm(x, exact)
+        if cache is None:
+            return x, None
         if num_new is None:
             num_new = jnp.full((b,), t, jnp.int32)
-        x = self.final_norm(x, exact)
-        if last_only:  # after the norm: gathered before it, bf16 exact mode rounded differently
-            x = jnp.take_along_axis(x, (num_new - 1)[:, None, None], axis=1)  # [B, 1, D]
-        head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-        logits = exact_ops.dense(x, head.astype(x.dtype), exact).astype(jnp.float32)  # [B, T, V]
-        if cache is None:
-            return logits
-        return logits, KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
+        return x, KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
+
+    def head(self) -> jax.Array:
+        """The LM head's weight as stored: [D, V], or the embedding [V, D] when
+        cfg.tie_embeddings (whose transpose is the head)."""
+        return self.embed[...] if self.cfg.tie_embeddings else self.lm_head[...]
 
 
 def token_logprobs(logits, targets, sampling: Sampling = Sampling()):

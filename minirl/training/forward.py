@@ -19,6 +19,10 @@ Numerics match the engine (RLAX §5.1): the same model call (`exact` flag) and t
 and the engine's behaviour log-probs differ only where the computation itself does (exact mode:
 not at all; docs/trainer.md).
 
+The LM head runs `ForwardSpec.logit_chunk` positions at a time from the model's final hidden
+states (minirl/modeling/chunked_logprobs.py), so the micro-batch's [R, Tb, V] logits never exist
+at once, in the forward or the backward pass (0: all positions at once).
+
 Remat (`ForwardSpec.remat`, only under the gradient): each decoder block is wrapped in
 `jax.checkpoint` with XLA's `dots_saveable` ("dots": keep matmul outputs, recompute the cheap
 elementwise work) or `nothing_saveable` ("nothing": recompute the whole block in the backward
@@ -40,7 +44,8 @@ import optax
 from flax import nnx
 
 from minirl.modeling import lora, moe
-from minirl.modeling.model import ModelConfig, abstract_model, token_entropy, token_logprobs
+from minirl.modeling.chunked_logprobs import head_logprobs
+from minirl.modeling.model import ModelConfig, abstract_model
 from minirl.modeling.sampling import Sampling
 
 __all__ = [
@@ -50,7 +55,7 @@ __all__ = [
     "accumulate",
     "accumulate_fn",
     "forward_fn",
-    "logprobs_and_logits",
+    "logprobs",
     "routing_fn",
 ]
 
@@ -70,6 +75,7 @@ class ForwardSpec(NamedTuple):
     sampling: Sampling  # the engine's, in scoring form (temperature > 0)
     remat: str  # a key of REMAT_POLICIES
     routing: str = "free"  # MoE: "free" (the router chooses) | "replay" (the engine's experts)
+    logit_chunk: int = 0  # positions per LM-head chunk (chunked_logprobs.py); 0 = all at once
 
     @property
     def exact(self) -> bool:
@@ -98,9 +104,12 @@ class _Checkpointed(nnx.Module):
         return y, None
 
 
-def _forward(s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, dropout=None):
-    """`logprobs_and_logits` and what the MoE layers did: (log-probs, logits, (routes run
-    [R, Tb, M, k] int32, router probabilities [R, Tb, M, E] float32) or (None, None))."""
+def _forward(
+    s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, dropout=None, entropy=False
+):
+    """`logprobs`, the entropies (with `entropy`, else None) and what the MoE layers did:
+    (log-probs [R, Tb], entropies [R, Tb] or None, (routes run [R, Tb, M, k] int32, router
+    probabilities [R, Tb, M, E] float32) or (None, None))."""
     model = nnx.merge(abstract_model(s.model)[0], params)
     if dropout is not None:
         lora.set_dropout(model, s.model.lora_dropout, dropout)
@@ -108,19 +117,20 @@ def _forward(s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, 
     if policy is not None:
         model.layers = nnx.List([_Checkpointed(b, policy) for b in blocks])
     replay = routes.astype(jnp.int32) if s.routing == "replay" and routes is not None else None
-    logits = model(tokens, exact=s.exact, routes=replay)  # [R, Tb, V]
+    hidden = model.hidden(tokens, exact=s.exact, routes=replay)[0]  # [R, Tb, D]
     model.layers = blocks  # each holds its MoE record (a _Checkpointed put it back)
-    return token_logprobs(logits, targets, s.sampling), logits, moe.collect(model)
+    head, tied = model.head(), s.model.tie_embeddings  # [D, V], or tied: [V, D]
+    logp, ent = head_logprobs(hidden, head, targets, s.sampling, s.logit_chunk, entropy, tied)
+    return logp, ent, moe.collect(model)
 
 
-def logprobs_and_logits(
-    s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, dropout=None
-):
-    """tokens, targets [R, Tb] -> (log-probs [R, Tb], logits [R, Tb, V]): the model's forward
-    and the engine's `token_logprobs` with the engine's settings; `remat` applies s.remat;
-    `routes` [R, Tb, M, k]: the engine's experts, replayed if s.routing is "replay";
-    `dropout` (a key: the training forward of a run with model.lora_dropout) drops adapter inputs."""
-    return _forward(s, params, tokens, targets, remat, routes, dropout)[:2]
+def logprobs(s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, dropout=None):
+    """tokens, targets [R, Tb] -> log-probs [R, Tb]: the model's forward and the engine's
+    `token_logprobs` with the engine's settings, the LM head in chunks of s.logit_chunk
+    positions; `remat` applies s.remat; `routes` [R, Tb, M, k]: the engine's experts, replayed
+    if s.routing is "replay"; `dropout` (a key: the training forward of a run with
+    model.lora_dropout) drops adapter inputs."""
+    return _forward(s, params, tokens, targets, remat, routes, dropout)[0]
 
 
 def _choice(s: ForwardSpec, probs):
@@ -154,10 +164,9 @@ def accumulate(
     metrics, and the routers' own choice [R, Tb, M, k] or None: module docstring)."""
 
     def micro_loss(p):
-        logp, logits, (run, probs) = _forward(
-            s, lora.join(p, frozen), tokens, targets, True, routes, dropout
+        logp, entropy, (run, probs) = _forward(
+            s, lora.join(p, frozen), tokens, targets, True, routes, dropout, loss.needs_entropy
         )
-        entropy = token_entropy(logits, s.sampling.temperature) if loss.needs_entropy else None
         value, metrics = loss.loss(logp, part, entropy=entropy)
         if getattr(loss, "router_aux_coef", 0.0):  # the load-balancing part (minirl/losses)
             aux = moe.load_balancing_loss(probs, run, s.model.num_experts, share > 0)
@@ -204,7 +213,7 @@ def training_forward_fn(s: ForwardSpec):
 
     def run(params, tokens, targets, routes=None):
         def total(p):
-            logp = logprobs_and_logits(s, p, tokens, targets, remat=True, routes=routes)[0]
+            logp = logprobs(s, p, tokens, targets, remat=True, routes=routes)
             return jnp.sum(logp), logp
 
         (_, logp), grads = jax.value_and_grad(total, has_aux=True)(params)

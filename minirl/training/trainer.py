@@ -49,6 +49,7 @@ from minirl.losses import LossInputs, finalize_metrics, validate_inputs
 from minirl.losses.inputs import clamped_difference
 from minirl.measure.diagnostics import first_update_dlogp
 from minirl.modeling import lora
+from minirl.modeling.chunked_logprobs import chunk_positions
 from minirl.modeling.model import ModelConfig, abstract_model
 from minirl.modeling.sampling import Sampling
 from minirl.store.trees import match_template
@@ -168,7 +169,8 @@ class Trainer:
         self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
         if cfg.routing == "replay" and not model_cfg.num_experts:
             raise ValueError("trainer.routing=replay needs a mixture-of-experts model")
-        self._spec = ForwardSpec(model_cfg, sampling, cfg.remat, cfg.routing)
+        chunk = chunk_positions(model_cfg.vocab_size, cfg.logit_chunk_mb)
+        self._spec = ForwardSpec(model_cfg, sampling, cfg.remat, cfg.routing, chunk)
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
         self._params = self._check_params(params)
         self._ref_params = None
