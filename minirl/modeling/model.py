@@ -235,15 +235,7 @@ class Transformer(nnx.Module):
                     for name, value in leaves.items():
                         setattr(getattr(self.layers[i], part), name, nnx.Param(value))
 
-    def __call__(
-        self,
-        tokens,
-        cache: KVCache | None = None,
-        num_new=None,
-        exact=False,
-        last_only=False,
-        routes=None,
-    ):
+    def __call__(self, tokens, cache=None, num_new=None, exact=False, last_only=False, routes=None):
         """tokens [B, T] int32, right-padded. Without a cache: full causal forward from position
         0, returns logits [B, T, V] (float32). With a cache: row b's tokens go to cache indices
         cache.lengths[b] + t, `num_new` [B] (default T) of them are real; returns
@@ -256,15 +248,13 @@ class Transformer(nnx.Module):
         if last_only:  # after the norm: gathered before it, bf16 exact mode rounded differently
             last = (tokens.shape[1] if num_new is None else num_new) - 1  # [B] or a number
             x = jnp.take_along_axis(x, jnp.broadcast_to(last, x.shape[:1])[:, None, None], axis=1)
-        head = self.head().T if self.cfg.tie_embeddings else self.head()  # [D, V]
+        head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]  # [D, V]
         logits = exact_ops.dense(x, head.astype(x.dtype), exact).astype(jnp.float32)
         return logits if cache is None else (logits, new_cache)  # logits [B, T, V]
 
     def hidden(self, tokens, cache: KVCache | None = None, num_new=None, exact=False, routes=None):
-        """The decoder without its LM head: (final-normed hidden states [B, T, D] in the compute
-        dtype, the new cache or None). `logits = dense(hidden, head())`; the trainer takes this
-        path so that it never holds [B, T, V] logits at once (minirl/modeling/chunked_logprobs.py).
-        Arguments as in `__call__`."""
+        """`__call__` without the LM head: (final-normed hidden states [B, T, D], the new cache
+        or None); the trainer's way to never hold [B, T, V] logits (chunked_logprobs.py)."""
         cfg = self.cfg
         b, t = tokens.shape
         starts = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
@@ -282,17 +272,11 @@ class Transformer(nnx.Module):
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
-        x = self.final_norm(x, exact)
-        if cache is None:
-            return x, None
         if num_new is None:
             num_new = jnp.full((b,), t, jnp.int32)
-        return x, KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
-
-    def head(self) -> jax.Array:
-        """The LM head's weight as stored: [D, V], or the embedding [V, D] when
-        cfg.tie_embeddings (whose transpose is the head)."""
-        return self.embed[...] if self.cfg.tie_embeddings else self.lm_head[...]
+        if cache is not None:
+            cache = KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
+        return self.final_norm(x, exact), cache
 
 
 def token_logprobs(logits, targets, sampling: Sampling = Sampling()):
@@ -309,12 +293,6 @@ def token_logprobs(logits, targets, sampling: Sampling = Sampling()):
         z = truncate_logits(z, s.top_k, s.top_p, s.exact)
     logp = exact_ops.log_softmax(z, s.exact)
     return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-
-
-def token_entropy(logits, temperature: float = 1.0):
-    """Entropy of softmax(logits / temperature) per position: [B, T, V] -> [B, T]."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:

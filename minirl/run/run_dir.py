@@ -34,8 +34,8 @@ from minirl.config import RunConfig
 from minirl.configlib import ConfigError, config_hash, from_dict, read_json_object, to_dict
 from minirl.control.controller import Controller
 from minirl.control.workers import from_plain, to_plain
-from minirl.measure.memory import peak_rss_gb
 from minirl.measure.metrics_log import METRICS_FILE, MetricsWriter, truncate_metrics
+from minirl.run.memory import peak_rss_gb
 from minirl.run.starting_point import describe_inputs
 from minirl.run.tracking import SAMPLES_FILE, Trackers, sample_rows
 from minirl.store.checkpoints import Checkpoint, CheckpointManager
@@ -309,7 +309,7 @@ class StepRecorder:
 
     def step(self, metrics: dict) -> None:
         c, log_cfg = self.controller.counters, self.cfg.log
-        if (peak := peak_rss_gb()) is not None:  # this process's peak so far (measure/memory.py)
+        if (peak := peak_rss_gb()) is not None:  # this process's peak so far (run/memory.py)
             metrics = {**metrics, "memory/peak_rss_gb": peak}
         self.writer.write(metrics, step=c.steps)
         self.trackers.log(metrics, c.steps)

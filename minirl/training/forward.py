@@ -17,11 +17,8 @@ layers before it), for the routing-disagreement metrics; None on a dense model.
 Numerics match the engine (RLAX §5.1): the same model call (`exact` flag) and the same
 `minirl.modeling.model.token_logprobs` under the engine's `Sampling` spec (scoring form), so the trainer's recomputed log pi_prox
 and the engine's behaviour log-probs differ only where the computation itself does (exact mode:
-not at all; docs/trainer.md).
-
-The LM head runs `ForwardSpec.logit_chunk` positions at a time from the model's final hidden
-states (minirl/modeling/chunked_logprobs.py), so the micro-batch's [R, Tb, V] logits never exist
-at once, in the forward or the backward pass (0: all positions at once).
+not at all; docs/trainer.md). The LM head runs `ForwardSpec.logit_chunk` positions at a time (0:
+all): no [R, Tb, V] logits at once, forward or backward (minirl/modeling/chunked_logprobs.py).
 
 Remat (`ForwardSpec.remat`, only under the gradient): each decoder block is wrapped in
 `jax.checkpoint` with XLA's `dots_saveable` ("dots": keep matmul outputs, recompute the cheap
@@ -104,12 +101,9 @@ class _Checkpointed(nnx.Module):
         return y, None
 
 
-def _forward(
-    s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, dropout=None, entropy=False
-):
-    """`logprobs`, the entropies (with `entropy`, else None) and what the MoE layers did:
-    (log-probs [R, Tb], entropies [R, Tb] or None, (routes run [R, Tb, M, k] int32, router
-    probabilities [R, Tb, M, E] float32) or (None, None))."""
+def _forward(s: ForwardSpec, params, tokens, targets, remat, routes=None, dropout=None, ent=False):
+    """`logprobs`, the entropies [R, Tb] (`ent`, else None) and what the MoE layers did: (routes
+    run [R, Tb, M, k] int32, router probabilities [R, Tb, M, E] float32) or (None, None)."""
     model = nnx.merge(abstract_model(s.model)[0], params)
     if dropout is not None:
         lora.set_dropout(model, s.model.lora_dropout, dropout)
@@ -119,17 +113,16 @@ def _forward(
     replay = routes.astype(jnp.int32) if s.routing == "replay" and routes is not None else None
     hidden = model.hidden(tokens, exact=s.exact, routes=replay)[0]  # [R, Tb, D]
     model.layers = blocks  # each holds its MoE record (a _Checkpointed put it back)
-    head, tied = model.head(), s.model.tie_embeddings  # [D, V], or tied: [V, D]
-    logp, ent = head_logprobs(hidden, head, targets, s.sampling, s.logit_chunk, entropy, tied)
-    return logp, ent, moe.collect(model)
+    tied = s.model.tie_embeddings
+    head = model.embed[...] if tied else model.lm_head[...]  # [D, V], or tied: [V, D]
+    logp, entropy = head_logprobs(hidden, head, targets, s.sampling, s.logit_chunk, ent, tied)
+    return logp, entropy, moe.collect(model)
 
 
 def logprobs(s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, dropout=None):
-    """tokens, targets [R, Tb] -> log-probs [R, Tb]: the model's forward and the engine's
-    `token_logprobs` with the engine's settings, the LM head in chunks of s.logit_chunk
-    positions; `remat` applies s.remat; `routes` [R, Tb, M, k]: the engine's experts, replayed
-    if s.routing is "replay"; `dropout` (a key: the training forward of a run with
-    model.lora_dropout) drops adapter inputs."""
+    """tokens, targets [R, Tb] -> log-probs [R, Tb] as the engine scores them; `remat` applies
+    s.remat; `routes` [R, Tb, M, k]: the engine's experts, replayed under s.routing "replay";
+    `dropout`: the LoRA dropout key of a training forward (model.lora_dropout)."""
     return _forward(s, params, tokens, targets, remat, routes, dropout)[0]
 
 

@@ -3,8 +3,7 @@
 `TrainerConfig` is everything about a train step that is not the loss (that is the `rl.loss`
 preset, minirl/losses/) or how tokens are scored (that is the engine's `Sampling` spec, shared
 with the trainer): the optimiser, the token budget of a micro-batch, how many optimizer updates
-one batch gets (`ppo_epochs` x `num_minibatches`), the remat policy of the training forward, and
-how many positions the LM head computes at once (`logit_chunk_mb`).
+one batch gets (`ppo_epochs` x `num_minibatches`), remat, the LM head's chunks (`logit_chunk_mb`).
 minirl/training/trainer.py uses it; docs/trainer.md explains each knob's cost.
 """
 

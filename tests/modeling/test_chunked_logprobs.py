@@ -99,3 +99,29 @@ def test_chunk_positions_follow_the_budget():
     assert chunk_positions(300, 64) == 55_924  # a small vocabulary: any micro-batch at once
     assert chunk_positions(151_936, 0.001) == 1  # at least one position
     assert chunk_positions(151_936, 0) == 0  # 0: no chunks
+
+
+def test_a_prefill_computes_the_last_positions_logits_only():
+    """The rollout engine's prefill (`model(..., last_only=True)`, minirl/inference/decoding.py)
+    never holds the [R, T, V] logits either: its scratch and output memory together stay under
+    one such array, which the same call for every position returns."""
+    from flax import nnx
+
+    from minirl.modeling.model import KVCache, ModelConfig, abstract_model
+
+    cfg = ModelConfig(vocab_size=8192, dim=32, num_layers=1, num_heads=2, head_dim=16, mlp_dim=64)
+    rows, t = 4, 64
+    graphdef, params = abstract_model(cfg)
+    tokens = jax.ShapeDtypeStruct((rows, t), jnp.int32)
+
+    def held_bytes(last_only):
+        def prefill(params, tokens):
+            model = nnx.merge(graphdef, params)
+            cache = KVCache.zeros(cfg, rows, t)
+            return model(tokens, cache=cache, num_new=jnp.full((rows,), t - 3), last_only=last_only)
+
+        memory = jax.jit(prefill).lower(params, tokens).compile().memory_analysis()
+        return memory.temp_size_in_bytes + memory.output_size_in_bytes  # logits and KV cache
+
+    logits_bytes = rows * t * cfg.vocab_size * 4  # 8 MiB
+    assert held_bytes(True) < logits_bytes / 10 and held_bytes(False) > logits_bytes

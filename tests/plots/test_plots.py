@@ -92,7 +92,7 @@ def test_the_dashboard_has_a_panel_per_key_family(runs):
         title.split(" ")[0]: found for title, found, _ in dashboard_panels(read_metrics(runs[0]))
     }
     assert panels["reward"] == ["reward/mean"] and panels["loss"] == ["train/loss"]
-    assert panels["peak"] == ["memory/peak_rss_gb"]  # the run's peak RSS (measure/memory.py)
+    assert panels["peak"] == ["memory/peak_rss_gb"]  # the run's peak RSS (minirl/run/memory.py)
 
 
 def test_plot_mismatch_and_compare_several_runs(runs, tmp_path):

@@ -377,6 +377,22 @@ def test_exact_recompute_in_logit_chunks_equals_prefill_plus_decode_bitwise(exac
     np.testing.assert_array_equal(chunked.view(np.uint32), want.view(np.uint32))
 
 
+def test_a_small_vocabulary_compiles_the_very_same_training_forward(params, batch):
+    """At the default 64 MiB a chunk holds 524,288 positions of this 32-id vocabulary (55,924 of
+    issue #40's 300 ids): every micro-batch fits in one, so the training forward is the program
+    of `logit_chunk_mb=0`, op for op (small vocabularies pay nothing for the chunks)."""
+    from minirl.training.forward import training_forward_fn
+
+    default = Trainer(CFG, params, None)._spec
+    assert default.logit_chunk == 524_288
+    args = (params, jnp.asarray(batch.tokens), jnp.asarray(batch.targets))
+    programs = [
+        training_forward_fn(spec).lower(*args).as_text()
+        for spec in (default, default._replace(logit_chunk=0), default._replace(logit_chunk=5))
+    ]
+    assert programs[0] == programs[1] != programs[2]
+
+
 def test_logit_chunks_give_the_unchunked_logprobs_entropies_and_gradient(params, batch):
     """The training forward with the LM head in chunks of 5 positions against all 64 x 8 at once:
     log-probs and entropies within 1e-6, the gradient of a weighted log-prob sum plus an entropy
@@ -395,7 +411,7 @@ def test_logit_chunks_give_the_unchunked_logprobs_entropies_and_gradient(params,
         spec = ForwardSpec(CFG, Sampling(0.7), "none", logit_chunk=chunk)
 
         def loss(p):
-            logp, ent, _ = _forward(spec, p, tokens, targets, True, entropy=True)
+            logp, ent, _ = _forward(spec, p, tokens, targets, True, ent=True)
             return jnp.sum(weights * logp) + 0.1 * jnp.sum(ent), (logp, ent)
 
         return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
