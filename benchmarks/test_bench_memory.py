@@ -136,7 +136,7 @@ def test_real_size_memory_and_step(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("qwen2.5-0.5b-shaped")
     code = (  # in a child process: this one never holds torch's copy of the model
-        f"import sys; sys.path[:0] = {sys.path[:2]!r}; "
+        f"import sys; sys.path[:0] = {[str(ROOT / 'benchmarks'), str(ROOT / 'tests')]!r}; "
         f"from test_bench_real_size import build_checkpoint; build_checkpoint({str(path)!r})"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
