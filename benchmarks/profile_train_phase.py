@@ -8,7 +8,7 @@ On the Hugging Face directory DIR/model (the side-by-side benchmark's 25M Qwen2)
 micro-batch shape [rows, length]: float32 [2048, 2048] matmul rates (XLA, torch; bf16 too);
 forward + backward of the summed target log-probs and the forward alone, for
 
-  minirl f32    `logprobs_and_logits` under `jax.jit`, model.dtype float32
+  minirl f32    `logprobs` under `jax.jit`, model.dtype float32
   minirl bf16   the same with model.dtype bfloat16 over float32 weights (bf16 matmuls with
                 float32 sums, float32 log-softmax; the gradient is float32)
   torch f32     transformers' model in eager torch, `torch.set_num_threads(2)`
@@ -44,12 +44,12 @@ def minirl_parts(cfg, params, tokens, targets) -> dict:
     """name -> a callable that runs the part once (compiled on the first call)."""
     from minirl.modeling.sampling import Sampling
     from minirl.training import optimizer
-    from minirl.training.forward import ForwardSpec, logprobs_and_logits
+    from minirl.training.forward import ForwardSpec, logprobs
 
     parts = {}
     for dtype in ("float32", "bfloat16"):
         spec = ForwardSpec(dataclasses.replace(cfg, dtype=dtype), Sampling(), "none")
-        logp = lambda p, a, b, spec=spec: logprobs_and_logits(spec, p, a, b, remat=True)[0]
+        logp = lambda p, a, b, spec=spec: logprobs(spec, p, a, b, remat=True)
         grad = jax.jit(jax.grad(lambda p, a, b, logp=logp: logp(p, a, b).sum()))
         forward = jax.jit(logp)
         name = "f32" if dtype == "float32" else "bf16"

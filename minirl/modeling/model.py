@@ -260,6 +260,17 @@ class Transformer(nnx.Module):
         MoE: `routes` int32 [B, T, M, k] (M = len(cfg.moe_layers)) replays those experts, None
         lets the routers choose; `moe.collect(model)` returns what they did (minirl/modeling/moe.py).
         `packed`: rows packed with sequences (no cache): their `positions`, `segments` [B, T]."""
+        x, new_cache = self.hidden(tokens, cache, num_new, exact, routes, packed)
+        if last_only:  # after the norm: gathered before it, bf16 exact mode rounded differently
+            last = (tokens.shape[1] if num_new is None else num_new) - 1  # [B] or a number
+            x = jnp.take_along_axis(x, jnp.broadcast_to(last, x.shape[:1])[:, None, None], axis=1)
+        head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]  # [D, V]
+        logits = exact_ops.dense(x, head, exact, jnp.float32)  # [B, T, V]: float32 (not rounded)
+        return logits if cache is None else (logits, new_cache)
+
+    def hidden(self, tokens, cache=None, num_new=None, exact=False, routes=None, packed=None):
+        """`__call__` without the LM head: (final-normed hidden states [B, T, D], the new cache
+        or None); the trainer's way to never hold [B, T, V] logits (chunked_logprobs.py)."""
         cfg = self.cfg
         b, t = tokens.shape
         starts = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
@@ -281,14 +292,9 @@ class Transformer(nnx.Module):
                 new_v.append(kv[1])
         if num_new is None:
             num_new = jnp.full((b,), t, jnp.int32)
-        x = self.final_norm(x, exact)
-        if last_only:  # after the norm: gathered before it, bf16 exact mode rounded differently
-            x = jnp.take_along_axis(x, (num_new - 1)[:, None, None], axis=1)  # [B, 1, D]
-        head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-        logits = exact_ops.dense(x, head, exact, jnp.float32)  # [B, T, V]: float32 (not rounded)
-        if cache is None:
-            return logits
-        return logits, KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
+        if cache is not None:
+            cache = KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)
+        return self.final_norm(x, exact), cache
 
 
 def token_logprobs(logits, targets, sampling: Sampling = Sampling()):
@@ -305,12 +311,6 @@ def token_logprobs(logits, targets, sampling: Sampling = Sampling()):
         z = truncate_logits(z, s.top_k, s.top_p, s.exact)
     logp = exact_ops.log_softmax(z, s.exact)
     return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-
-
-def token_entropy(logits, temperature: float = 1.0):
-    """Entropy of softmax(logits / temperature) per position: [B, T, V] -> [B, T]."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:

@@ -35,6 +35,7 @@ DASHBOARD = (  # (title, key regex, log y)
         r"(^|/)(clip|rejected_token|rejected_sequence)_fraction$",
         False,
     ),
+    ("peak resident memory (GB), this process so far", r"^memory/peak_rss_gb$", False),
 )
 
 
@@ -77,6 +78,11 @@ def _time_split(ax, records):
     ax.legend(fontsize=7, loc="upper left")
 
 
+def dashboard_panels(records: list[dict]) -> list[tuple[str, list[str], bool]]:
+    """(title, keys, log y) of each DASHBOARD panel whose keys the records hold."""
+    return [(t, found, logy) for t, rx, logy in DASHBOARD if (found := keys(records, rx))]
+
+
 def plot_dashboard(run, out=None) -> Path:
     """A grid of the run's headline curves; a panel per group of keys that exist."""
     run = run_dir(run)
@@ -84,10 +90,10 @@ def plot_dashboard(run, out=None) -> Path:
     records = read_metrics(run)
     if not records:
         return message(path, "dashboard", f"no records in {run / METRICS_FILE}")
-    panels = [(t, found, logy) for t, rx, logy in DASHBOARD if (found := keys(records, rx))]
+    panels = dashboard_panels(records)
     has_time = bool(keys(records, r"^time/(" + "|".join(TIME_PARTS) + "|step)$"))
     if not panels and not has_time:
-        wanted = "reward/mean, pass@k, loss, ratio_*, clip_fraction, time/*"
+        wanted = "reward/mean, pass@k, loss, ratio_*, clip_fraction, memory/*, time/*"
         return message(path, "dashboard", f"none of the dashboard keys ({wanted}) in {run}")
     fig, axes = grid(len(panels) + has_time)
     for ax, (title, found, logy) in zip(axes, panels, strict=False):

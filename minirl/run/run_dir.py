@@ -35,6 +35,7 @@ from minirl.configlib import ConfigError, config_hash, from_dict, read_json_obje
 from minirl.control.controller import Controller
 from minirl.control.workers import from_plain, to_plain
 from minirl.measure.metrics_log import METRICS_FILE, MetricsWriter, truncate_metrics
+from minirl.run.memory import peak_rss_gb
 from minirl.run.starting_point import describe_inputs
 from minirl.run.tracking import SAMPLES_FILE, Trackers, sample_rows
 from minirl.store.checkpoints import Checkpoint, CheckpointManager
@@ -308,6 +309,8 @@ class StepRecorder:
 
     def step(self, metrics: dict) -> None:
         c, log_cfg = self.controller.counters, self.cfg.log
+        if (peak := peak_rss_gb()) is not None:  # this process's peak so far (run/memory.py)
+            metrics = {**metrics, "memory/peak_rss_gb": peak}
         self.writer.write(metrics, step=c.steps)
         self.trackers.log(metrics, c.steps)
         if self.trackers.samples_due(c.steps):

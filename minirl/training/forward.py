@@ -15,7 +15,8 @@ layers before it), for the routing-disagreement metrics; None on a dense model.
 Numerics match the engine (RLAX §5.1): the same model call (`exact` flag) and the same
 `minirl.modeling.model.token_logprobs` under the engine's `Sampling` spec (scoring form), so the trainer's recomputed log pi_prox
 and the engine's behaviour log-probs differ only where the computation itself does (exact mode:
-not at all; docs/trainer.md).
+not at all; docs/trainer.md). The LM head runs `ForwardSpec.logit_chunk` positions at a time (0:
+all): no [R, Tb, V] logits at once, forward or backward (minirl/modeling/chunked_logprobs.py).
 
 Remat (`ForwardSpec.remat`, only under the gradient): each decoder block in `jax.checkpoint`,
 "dots" (`dots_saveable`), "nothing" (RLAX's nothing-saveable: closest to the inference graph)
@@ -36,7 +37,8 @@ import optax
 from flax import nnx
 
 from minirl.modeling import lora, moe
-from minirl.modeling.model import ModelConfig, abstract_model, token_entropy, token_logprobs
+from minirl.modeling.chunked_logprobs import head_logprobs
+from minirl.modeling.model import ModelConfig, abstract_model
 from minirl.modeling.sampling import Sampling
 
 __all__ = [
@@ -46,7 +48,7 @@ __all__ = [
     "accumulate",
     "accumulate_fn",
     "forward_fn",
-    "logprobs_and_logits",
+    "logprobs",
     "routing_fn",
 ]
 
@@ -66,6 +68,7 @@ class ForwardSpec(NamedTuple):
     sampling: Sampling  # the engine's, in scoring form (temperature > 0)
     remat: str  # a key of REMAT_POLICIES
     routing: str = "free"  # MoE: "free" (the router chooses) | "replay" (the engine's experts)
+    logit_chunk: int = 0  # positions per LM-head chunk (chunked_logprobs.py); 0 = all at once
 
     @property
     def exact(self) -> bool:
@@ -104,9 +107,10 @@ def unpack(x, packing):  # packed rows' values [P, Tb] -> rows [R, Tb] (0 elsewh
     return jnp.where(source >= 0, got, jnp.zeros((), x.dtype))
 
 
-def _forward(s, params, tokens, targets, remat: bool, routes=None, dropout=None, packing=None):
-    """`logprobs_and_logits` (`packing`: packed rows in, [R, Tb] log-probs out) and what the MoE
-    layers did: routes run [R, Tb, M, k] int32 and router probabilities [R, Tb, M, E] or None."""
+def _forward(s, params, tokens, targets, remat, routes=None, dropout=None, packing=None, ent=False):
+    """`logprobs`, the entropies [R, Tb] (`ent`, else None) and what the MoE layers did: (routes
+    run [R, Tb, M, k] int32, router probabilities [R, Tb, M, E] float32) or (None, None).
+    `packing`: packed rows [P, Tb] in (tokens, targets), rows [R, Tb] out."""
     model = nnx.merge(abstract_model(s.model)[0], params)
     if dropout is not None:
         lora.set_dropout(model, s.model.lora_dropout, dropout)
@@ -114,20 +118,19 @@ def _forward(s, params, tokens, targets, remat: bool, routes=None, dropout=None,
     if policy is not None:
         model.layers = nnx.List([_Checkpointed(b, policy) for b in blocks])
     replay = routes.astype(jnp.int32) if s.routing == "replay" and routes is not None else None
-    logits = model(tokens, exact=s.exact, routes=replay, packed=packing)  # [R, Tb, V] / [P, Tb, V]
+    hidden = model.hidden(tokens, exact=s.exact, routes=replay, packed=packing)[0]  # [R, Tb, D]
     model.layers = blocks  # each holds its MoE record (a _Checkpointed put it back)
-    logp = unpack(token_logprobs(logits, targets, s.sampling), packing)
-    return logp, logits, moe.collect(model)
+    tied = s.model.tie_embeddings
+    head = model.embed[...] if tied else model.lm_head[...]  # [D, V], or tied: [V, D]
+    logp, entropy = head_logprobs(hidden, head, targets, s.sampling, s.logit_chunk, ent, tied)
+    return unpack(logp, packing), unpack(entropy, packing), moe.collect(model)
 
 
-def logprobs_and_logits(
-    s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, dropout=None
-):
-    """tokens, targets [R, Tb] -> (log-probs [R, Tb], logits [R, Tb, V]): the model's forward
-    and the engine's `token_logprobs` with the engine's settings; `remat` applies s.remat;
-    `routes` [R, Tb, M, k]: the engine's experts, replayed if s.routing is "replay";
-    `dropout` (a key: the training forward of a run with model.lora_dropout) drops adapter inputs."""
-    return _forward(s, params, tokens, targets, remat, routes, dropout)[:2]
+def logprobs(s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, dropout=None):
+    """tokens, targets [R, Tb] -> log-probs [R, Tb] as the engine scores them; `remat` applies
+    s.remat; `routes` [R, Tb, M, k]: the engine's experts, replayed under s.routing "replay";
+    `dropout`: the LoRA dropout key of a training forward (model.lora_dropout)."""
+    return _forward(s, params, tokens, targets, remat, routes, dropout)[0]
 
 
 def _choice(s: ForwardSpec, probs):
@@ -163,11 +166,10 @@ def accumulate(
     metrics, and the routers' own choice [R, Tb, M, k] or None: module docstring)."""
 
     def micro_loss(p):
-        logp, logits, (run, probs) = _forward(
-            s, lora.join(p, frozen), tokens, targets, True, routes, dropout, packing
+        ent = loss.needs_entropy
+        logp, entropy, (run, probs) = _forward(
+            s, lora.join(p, frozen), tokens, targets, True, routes, dropout, packing, ent
         )
-        entropy = token_entropy(logits, s.sampling.temperature) if loss.needs_entropy else None
-        entropy = unpack(entropy, packing)
         value, metrics = loss.loss(logp, part, entropy=entropy)
         if getattr(loss, "router_aux_coef", 0.0):  # the load-balancing part (minirl/losses)
             aux = moe.load_balancing_loss(probs, run, s.model.num_experts, share > 0)

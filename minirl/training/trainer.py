@@ -50,6 +50,7 @@ from minirl.losses.inputs import clamped_difference
 from minirl.measure.diagnostics import first_update_dlogp
 from minirl.modeling import exact as exact_ops
 from minirl.modeling import lora
+from minirl.modeling.chunked_logprobs import chunk_positions
 from minirl.modeling.model import ModelConfig, abstract_model
 from minirl.modeling.sampling import Sampling
 from minirl.store.trees import match_template
@@ -171,7 +172,8 @@ class Trainer:
             raise ValueError("trainer.routing=replay needs a mixture-of-experts model")
         if cfg.pack and (sampling.exact or model_cfg.num_experts):
             raise ValueError("trainer.pack runs dense models in fast mode only (not exact, MoE)")
-        self._spec = ForwardSpec(model_cfg, sampling, cfg.remat, cfg.routing)
+        chunk = chunk_positions(model_cfg.vocab_size, cfg.logit_chunk_mb)
+        self._spec = ForwardSpec(model_cfg, sampling, cfg.remat, cfg.routing, chunk)
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
         self._params = self._check_params(params)
         self._ref_params = None

@@ -3,7 +3,7 @@
 `TrainerConfig` is everything about a train step that is not the loss (that is the `rl.loss`
 preset, minirl/losses/) or how tokens are scored (that is the engine's `Sampling` spec, shared
 with the trainer): the optimiser, the token budget of a micro-batch, how many optimizer updates
-one batch gets (`ppo_epochs` x `num_minibatches`), and the remat policy of the training forward.
+one batch gets (`ppo_epochs` x `num_minibatches`), remat, the LM head's chunks (`logit_chunk_mb`).
 minirl/training/trainer.py uses it; docs/trainer.md explains each knob's cost.
 """
 
@@ -42,6 +42,7 @@ class TrainerConfig:
     pack: bool = False  # run each micro-batch on packed rows (several sequences per row)
     remat: str = "none"  # "none" | "dots" | "nothing": jax.checkpoint policy per block
     routing: str = "free"  # MoE models: free (the trainer's routers choose) | replay (run the experts the engine recorded, R3)
+    logit_chunk_mb: float = 64.0  # MiB of float32 logits the LM head computes at once (positions per chunk = this / (4 V)); 0 = a whole micro-batch at once
 
     def __post_init__(self):
         s = self
@@ -65,6 +66,7 @@ class TrainerConfig:
             (s.ppo_epochs >= 1 and s.num_minibatches >= 1, "ppo_epochs, num_minibatches >= 1"),
             (s.remat in REMAT_POLICIES, f"remat in {tuple(REMAT_POLICIES)}"),
             (s.routing in ROUTINGS, f"routing in {ROUTINGS}"),
+            (s.logit_chunk_mb >= 0 and math.isfinite(s.logit_chunk_mb), "logit_chunk_mb >= 0"),
         ]
         for holds, rule in rules:
             if not holds:

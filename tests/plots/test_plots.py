@@ -60,6 +60,7 @@ def _write_run(run_dir, seed: int, noise: float, steps: int = STEPS):
                         "dlogp_no_recompute": {"mean_abs_dlogp": noise * (step + 1)},
                     },
                     "time": {"generate": 2.0, "verify": 0.5, "train": 1.0, "step": 4.0},
+                    "memory": {"peak_rss_gb": 0.5 + 0.01 * step},
                     "mismatch": mismatch_metrics(behav, prox, mask),
                     "mismatch_plain": mismatch_metrics(behav, prox + noise, mask),
                     "lag": lag_buckets(log_ratio, lag, mask),
@@ -82,6 +83,16 @@ def test_each_plot_writes_a_png(runs, plot, recwarn):
     path = plot(runs[0])
     assert path.parent == runs[0] / "plots" and _is_png(path)
     assert not [w for w in recwarn if "matplotlib" not in str(w.filename)]  # no "missing" warning
+
+
+def test_the_dashboard_has_a_panel_per_key_family(runs):
+    from minirl.plots.dashboard import dashboard_panels
+
+    panels = {
+        title.split(" ")[0]: found for title, found, _ in dashboard_panels(read_metrics(runs[0]))
+    }
+    assert panels["reward"] == ["reward/mean"] and panels["loss"] == ["train/loss"]
+    assert panels["peak"] == ["memory/peak_rss_gb"]  # the run's peak RSS (minirl/run/memory.py)
 
 
 def test_plot_mismatch_and_compare_several_runs(runs, tmp_path):

@@ -115,8 +115,19 @@ def test_an_error_inside_a_step_keeps_the_last_whole_step_and_resumes_exactly(
     assert got.step == ref.step == 3
     assert_trees_equal(got.params, ref.params)
     assert_trees_equal(got.opt_state, ref.opt_state)
-    same = lambda r: {k: v for k, v in r.items() if "time" not in k and "per_s" not in k}  # noqa: E731
+    measured = ("time", "per_s", "memory/")  # how long, how fast, how much memory: not replayed
+    same = lambda r: {k: v for k, v in r.items() if not any(m in k for m in measured)}  # noqa: E731
     assert [same(r) for r in _metrics(tmp_path)] == [same(r) for r in _metrics(whole)]
+
+
+def test_each_step_logs_the_peak_resident_memory_so_far(whole):
+    """memory/peak_rss_gb: this process's peak RSS (getrusage), in GB, at each step: a few
+    hundred MB at least (the runtime alone), never falling, at most what the OS reports now."""
+    from minirl.run.memory import peak_rss_gb
+
+    peaks = [r["memory/peak_rss_gb"] for r in _metrics(whole)]
+    now = peak_rss_gb()
+    assert len(peaks) == 3 and 0.1 < peaks[0] and peaks == sorted(peaks) and peaks[-1] <= now
 
 
 def test_the_cosine_schedule_follows_rl_steps_unless_set():

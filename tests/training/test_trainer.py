@@ -242,6 +242,7 @@ def test_trainer_config_validation_and_schedule():
         dict(schedule="cosine", warmup_steps=10, total_steps=10),
         dict(micro_batch_tokens=0),
         dict(num_minibatches=0),
+        dict(logit_chunk_mb=-1.0),
     ):
         with pytest.raises(ValueError, match="TrainerConfig"):
             TrainerConfig(**bad)
@@ -342,19 +343,86 @@ def exact_recompute(params, batch):
         sampling=Sampling(0.7, exact=True),
     )
     assert [mb.shape for mb in trainer._plan(small)] == [(1, 64), (1, 32)]
+    chunked = Trainer(  # the LM head 5 positions at a time (minirl/modeling/chunked_logprobs.py)
+        CFG,
+        params,
+        None,
+        TrainerConfig(micro_batch_tokens=64, logit_chunk_mb=FIVE_POSITIONS_MB),
+        sampling=Sampling(0.7, exact=True),
+    )
     m = small.mask > 0
-    return trainer.recompute_logprobs(small)[m], _engine_style_logprobs(params, small, 0.7)[m]
+    want = _engine_style_logprobs(params, small, 0.7)[m]
+    return trainer.recompute_logprobs(small)[m], want, chunked.recompute_logprobs(small)[m]
+
+
+FIVE_POSITIONS_MB = 5 * 4 * CFG.vocab_size / 2**20  # logit_chunk_mb of 5 positions' logits
 
 
 def test_exact_recompute_matches_prefill_plus_decode(exact_recompute):
-    got, want = exact_recompute
+    got, want, _ = exact_recompute
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
 @pytest.mark.gpu
 def test_exact_recompute_equals_prefill_plus_decode_bitwise(exact_recompute):
-    got, want = exact_recompute
+    got, want, _ = exact_recompute
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.gpu
+def test_exact_recompute_in_logit_chunks_equals_prefill_plus_decode_bitwise(exact_recompute):
+    """The LM head 5 positions at a time ([1, 64] rows: 13 chunks, the last padded) changes no
+    bit: exact mode's head and log-softmax do not depend on how many rows they run on."""
+    _, want, chunked = exact_recompute
+    np.testing.assert_array_equal(chunked.view(np.uint32), want.view(np.uint32))
+
+
+def test_a_small_vocabulary_compiles_the_very_same_training_forward(params, batch):
+    """At the default 64 MiB a chunk holds 524,288 positions of this 32-id vocabulary (55,924 of
+    issue #40's 300 ids): every micro-batch fits in one, so the training forward is the program
+    of `logit_chunk_mb=0`, op for op (small vocabularies pay nothing for the chunks)."""
+    from minirl.training.forward import training_forward_fn
+
+    default = Trainer(CFG, params, None)._spec
+    assert default.logit_chunk == 524_288
+    args = (params, jnp.asarray(batch.tokens), jnp.asarray(batch.targets))
+    programs = [
+        training_forward_fn(spec).lower(*args).as_text()
+        for spec in (default, default._replace(logit_chunk=0), default._replace(logit_chunk=5))
+    ]
+    assert programs[0] == programs[1] != programs[2]
+
+
+def test_logit_chunks_give_the_unchunked_logprobs_entropies_and_gradient(params, batch):
+    """The training forward with the LM head in chunks of 5 positions against all 64 x 8 at once:
+    log-probs and entropies within 1e-6, the gradient of a weighted log-prob sum plus an entropy
+    bonus within 1e-6 of its size in every parameter (fp32; the tied embedding gets both its
+    lookup's and the head's gradient)."""
+    from minirl.training.forward import ForwardSpec, _forward
+
+    trainer = Trainer(CFG, params, None, TrainerConfig(logit_chunk_mb=FIVE_POSITIONS_MB))
+    assert trainer._spec.logit_chunk == 5
+    tokens, targets = jnp.asarray(batch.tokens), jnp.asarray(batch.targets)
+    weights = jnp.asarray(batch.mask) * jnp.linspace(-1.0, 2.0, batch.tokens.size).reshape(
+        batch.tokens.shape
+    )
+
+    def outputs(chunk):
+        spec = ForwardSpec(CFG, Sampling(0.7), "none", logit_chunk=chunk)
+
+        def loss(p):
+            logp, ent, _ = _forward(spec, p, tokens, targets, True, ent=True)
+            return jnp.sum(weights * logp) + 0.1 * jnp.sum(ent), (logp, ent)
+
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+    (_, (logp, ent)), grads = outputs(5)
+    (_, (want_logp, want_ent)), want_grads = outputs(0)
+    np.testing.assert_allclose(logp, want_logp, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(ent, want_ent, rtol=0, atol=1e-6)
+    for got, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        scale = float(jnp.abs(ref).max())
+        assert scale > 0 and float(jnp.abs(got - ref).max()) <= 1e-6 * scale
 
 
 # ---- the train step ---------------------------------------------------------------------------

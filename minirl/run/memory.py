@@ -1,0 +1,26 @@
+"""The process's peak resident memory: metrics.jsonl's `memory/peak_rss_gb`.
+
+Peak RSS (resident set size) is the most physical memory the operating system has seen this
+process hold at once since it started: `resource.getrusage(RUSAGE_SELF).ru_maxrss`, in
+kilobytes on Linux and in bytes on macOS. It only grows, so the value a step logs is the peak of
+the run so far, compiles and evaluations included; what `/usr/bin/time -v` reports as "Maximum
+resident set size" at the end is the last step's value or a little more (the final evaluation,
+the export). It counts this process only: with the workers in other processes
+(`rl.workers=processes`, Ray) it is the driver's own. Windows has no `resource` module: None.
+Standard library only, on purpose.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def peak_rss_gb() -> float | None:
+    """This process's peak resident memory so far, in GB (1e9 bytes), or None where the
+    platform does not report it."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak * (1 if sys.platform == "darwin" else 1024) / 1e9
