@@ -67,7 +67,10 @@ class Group:
 
     @property
     def version(self) -> int:
-        return min(r.oldest_version for r in self.rollouts)
+        """The oldest policy token's version; episodes in which the policy wrote nothing (their
+        environment or agent failed first: version -1) do not make a group stale."""
+        wrote = [r.oldest_version for r in self.rollouts if r.oldest_version >= 0]
+        return min(wrote, default=-1)
 
 
 @dataclasses.dataclass

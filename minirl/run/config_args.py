@@ -1,6 +1,7 @@
 """How every command takes a RunConfig — the `minirl` CLI, `python -m scale.launch`, the
-experiments: `--preset NAME`, `--set KEY=VALUE` (repeatable), `--staleness NAME`, and `--model
-DIR` / `--data FILE` / `--eval-data FILE` / `--verifier NAME` for your own model and data.
+experiments: `--preset NAME`, `--set KEY=VALUE` (repeatable), `--staleness NAME`, `--model
+DIR` / `--data FILE` / `--eval-data FILE` / `--verifier NAME` for your own model and data, and
+`--env FILE.py:Class` / `--agent FILE.py:solve` for your own environment or agent.
 
     add_config_arguments(parser)                # the flags
     cfg = config_from_args(args)                # preset -> staleness -> your files -> --set
@@ -46,6 +47,12 @@ def add_config_arguments(
         help="override one knob, e.g. --set rl.steps=50 (repeatable; "
         "`minirl config` lists every key)",
     )
+    add_file_arguments(p)
+
+
+def add_file_arguments(p: argparse.ArgumentParser) -> None:
+    """Your own files: --model DIR, --data FILE, --eval-data FILE, --verifier NAME, --env
+    FILE.py:CLASS, --agent FILE.py:FUNCTION (`input_overrides` turns them into overrides)."""
     p.add_argument(
         "--model",
         metavar="DIR",
@@ -71,11 +78,33 @@ def add_config_arguments(
         "of worker processes), code (the rows' tests, docs/verifiers.md) or "
         "path/to/file.py:function (your own reward function of the completion and the row)",
     )
+    p.add_argument(
+        "--env",
+        metavar="FILE.py:CLASS",
+        help="multi-turn episodes in your own environment (task.env): a class with "
+        "reset(row) -> first message(s) and step(turn) -> (observation, reward, done, info); "
+        "a fresh instance per episode (docs/multiturn.md)",
+    )
+    p.add_argument(
+        "--agent",
+        metavar="FILE.py:FUNCTION",
+        help="episodes run by your own agent (task.agent): an async function of (client, row), "
+        "where client is an openai.AsyncOpenAI pointed at minirl's OpenAI-compatible endpoint "
+        "over the rollout engine; it returns the reward, or the final answer for the task's "
+        "verifier (docs/multiturn.md; needs the `agent` extra)",
+    )
+
+
+def _file_spec(spec: str) -> str:
+    """path/to/file.py:name with the path made absolute (anything else as given: the config
+    check names what is wrong)."""
+    path, sep, name = spec.rpartition(":")
+    return f"{Path(path).resolve()}:{name}" if sep and path.endswith(".py") else spec
 
 
 def input_overrides(args) -> list[str]:
-    """--model / --data / --eval-data / --verifier as the overrides they stand for (paths made
-    absolute, so a run directory resumes from anywhere)."""
+    """--model / --data / --eval-data / --verifier / --env / --agent as the overrides they
+    stand for (paths made absolute, so a run directory resumes from anywhere)."""
     out = []
     if args.model:
         out.append(f"model.path={Path(args.model).resolve()}")
@@ -84,9 +113,10 @@ def input_overrides(args) -> list[str]:
     if args.eval_data:
         out.append(f"data.eval={Path(args.eval_data).resolve()}")
     if args.verifier:
-        path, sep, function = args.verifier.rpartition(":")
-        spec = f"{Path(path).resolve()}:{function}" if sep and path.endswith(".py") else None
-        out.append(f"data.verifier={spec or args.verifier}")
+        out.append(f"data.verifier={_file_spec(args.verifier)}")
+    for key in ("env", "agent"):
+        if getattr(args, key, None):
+            out.append(f"task.{key}={_file_spec(getattr(args, key))}")
     return out
 
 
@@ -94,7 +124,8 @@ def config_from_args(args, default_preset: str | None = None, extra: list[str] =
     """The RunConfig of `add_config_arguments`' flags: the preset (or `default_preset`, or
     minirl's default), the staleness preset, then `extra` overrides, then the --set ones."""
     inputs = input_overrides(args)
-    preset = args.preset or default_preset or ("custom" if inputs else DEFAULT_PRESET)
+    own = args.model or args.data or args.eval_data or args.verifier  # your model or data
+    preset = args.preset or default_preset or ("custom" if own else DEFAULT_PRESET)
     return make_config(preset, [*extra, *inputs, *args.overrides], getattr(args, "staleness", None))
 
 
