@@ -68,24 +68,14 @@ class TaskSpec:
             raise ValueError(f"task.tools: each of {TOOLS} at most once, got {list(self.tools)}")
         if self.max_turns < 1:
             raise ValueError(f"task.max_turns must be >= 1, got {self.max_turns}")
-        if not (0 < self.timeout < math.inf):
+        if not 0 < self.timeout < math.inf:
             raise ValueError(f"task.timeout must be a number of seconds > 0, got {self.timeout}")
-        for key in ("env", "agent"):
-            path, sep, name = getattr(self, key).rpartition(":")
-            if getattr(self, key) and not (sep and path.endswith(".py") and name.isidentifier()):
-                raise ValueError(
-                    f"task.{key}: expected path/to/file.py:name, got {getattr(self, key)!r}"
-                )
-        kinds = [k for k in ("tools", "env", "agent") if getattr(self, k)]
-        if len(kinds) > 1:
-            raise ValueError(
-                f"task.{kinds[0]} and task.{kinds[1]}: an episode has one kind; choose one"
-            )
+        if sum(map(bool, (self.tools, self.env, self.agent))) > 1:
+            raise ValueError("task.tools, env and agent: an episode has one kind; choose one")
 
     @property
     def episodes(self) -> bool:
-        """Multi-turn episodes (built-in tools, your environment or your agent) instead of
-        single completions: each arrives scored by its environment or agent."""
+        """Multi-turn episodes (tools, your environment or agent), each scored as it ends."""
         return bool(self.tools or self.env or self.agent)
 
 
@@ -305,9 +295,7 @@ class RunConfig:
                 "(your own environment, --env, lays a row out itself)"
             )
         if self.task.max_turns != TaskSpec.max_turns and not self.task.episodes:
-            raise ConfigError(
-                "task.max_turns does nothing without task.tools, task.env or task.agent"
-            )
+            raise ConfigError("task.max_turns does nothing without task.tools, env or agent")
         if self.task.timeout != TaskSpec.timeout and not (self.task.env or self.task.agent):
             raise ConfigError("task.timeout does nothing without task.env or task.agent")
         rl = self.rl

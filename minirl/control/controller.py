@@ -67,8 +67,7 @@ class Group:
 
     @property
     def version(self) -> int:
-        """The oldest policy token's version; episodes in which the policy wrote nothing (their
-        environment or agent failed first: version -1) do not make a group stale."""
+        """The oldest policy token's version (an episode without one does not count)."""
         wrote = [r.oldest_version for r in self.rollouts if r.oldest_version >= 0]
         return min(wrote, default=-1)
 

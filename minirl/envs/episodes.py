@@ -123,6 +123,20 @@ def no_turn(request: Request, reason: str) -> Rollout:
     )
 
 
+def run_to_end(runner, requests: Iterable[Request], progress=None) -> list[Rollout]:
+    """`generate` of a runner with the engine's interface (submit, step, pending): submit, step
+    until nothing is pending, the episodes in request order."""
+    requests = list(requests)
+    runner.submit(requests)
+    done: dict[tuple[int, int], Rollout] = {}
+    while runner.pending():
+        finished = runner.step()
+        done |= {(r.prompt.uid, r.sample_index): r for r in finished}
+        if progress is not None and finished:
+            progress(len(finished))
+    return [done[(q.prompt.uid, q.sample_index)] for q in requests]
+
+
 class EpisodeRunner:
     """Drives multi-turn episodes through an `Engine` (module docstring). Mirrors the engine's
     interface: submit, step -> finished episodes, interrupt, generate."""
@@ -169,15 +183,7 @@ class EpisodeRunner:
     def generate(self, requests: Iterable[Request], progress=None) -> list[Rollout]:
         """Run `requests`' episodes to the end; episodes in request order (`progress(n)`: as
         Engine.generate's, n episodes finished)."""
-        requests = list(requests)
-        self.submit(requests)
-        done: dict[tuple[int, int], Rollout] = {}
-        while self._episodes or self._ended:
-            finished = self.step()
-            done |= {(r.prompt.uid, r.sample_index): r for r in finished}
-            if progress is not None and finished:
-                progress(len(finished))
-        return [done[(q.prompt.uid, q.sample_index)] for q in requests]
+        return run_to_end(self, requests, progress)
 
     # ---- calls into the environment ------------------------------------------------------
 

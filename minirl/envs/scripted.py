@@ -5,7 +5,7 @@
 
 It has the interface the episode runner (minirl/envs/episodes.py) and the agent runner
 (minirl/agents/runner.py) drive an `Engine` through: `submit`, `step`, `extend`, `release`,
-`interrupt`, `load_weights`. Each step answers every waiting request with its episode's next
+`interrupt`, `cancel`, `load_weights`. Each step answers every waiting request with its episode's next
 scripted turn (a turn after the last one is a lone EOS). So the episodes that come back are laid
 out exactly as your environment or agent lays out the real ones — its first message, its
 observations, its template markers, the loss mask — with the policy's turns replaced by the
@@ -30,12 +30,14 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from minirl.inference.scheduler import Request
+from minirl.modeling.sampling import Sampling
 from minirl.types import Rollout
 
 
 @dataclasses.dataclass(frozen=True)
 class _Limits:
     cache_len: int
+    sampling: Sampling  # what an agent's call may ask for (minirl/agents/protocol.py)
 
 
 @dataclasses.dataclass
@@ -51,10 +53,14 @@ class ScriptedEngine:
     """An engine that answers requests with scripted turns (module docstring)."""
 
     def __init__(
-        self, script: dict[int, Sequence], eos_ids: Sequence[int], cache_len: int = 1 << 20
+        self,
+        script: dict[int, Sequence],
+        eos_ids: Sequence[int],
+        cache_len: int = 1 << 20,
+        sampling: Sampling = Sampling(),
     ):
         self.script, self.eos_ids = script, tuple(eos_ids)
-        self.config = _Limits(cache_len)
+        self.config = _Limits(cache_len, sampling)
         self.version = 0
         self._live: dict[tuple[int, int], _Scripted] = {}
 
@@ -91,6 +97,9 @@ class ScriptedEngine:
 
     def release(self, uid: int, sample_index: int) -> None:
         del self._live[(uid, sample_index)]
+
+    def cancel(self, uid: int, sample_index: int) -> None:
+        self._live.pop((uid, sample_index), None)
 
     def interrupt(self, policy: str) -> int:
         return 0  # nothing is ever in the middle of a turn

@@ -77,7 +77,8 @@ class ScriptedDemonstrations:
         from minirl.run.starting_point import episode_runner
 
         self.task, self.turns = task, Turns(tokenizer)
-        self.engine = ScriptedEngine({}, tokenizer.eos_ids, cfg.engine.cache_len)
+        e = cfg.engine
+        self.engine = ScriptedEngine({}, tokenizer.eos_ids, e.cache_len, e.sampling)
         self.runner = episode_runner(cfg, tokenizer, self.engine, task)
 
     def __call__(self, start: int, count: int, seed: int) -> list[Rollout]:

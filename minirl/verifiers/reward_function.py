@@ -72,9 +72,9 @@ def row_of(prompt) -> dict:
     return dict(meta["fields"]) if "fields" in meta else {"prompt": prompt.text, **meta}
 
 
-def as_reward(value: Any) -> Score:
-    """A reward function's return value as a Score; a value that is not a finite number, a
-    bool or a Score with a finite reward is reward 0 saying what came back."""
+def as_reward(value: Any, who: str = "reward function") -> Score:
+    """A reward function's (or `who`'s) return value as a Score; a value that is not a finite
+    number, a bool or a Score with a finite reward is reward 0 saying what came back."""
     if isinstance(value, Score):
         reward, reason = value.reward, value.reason
     elif isinstance(value, bool):
@@ -82,13 +82,13 @@ def as_reward(value: Any) -> Score:
     elif isinstance(value, numbers.Real):  # numpy's scalars too
         reward, reason = value, ""
     else:
-        return Score(0.0, f"reward function returned {type(value).__name__}, not a number")
+        return Score(0.0, f"{who} returned {type(value).__name__}, not a number")
     try:
         reward = float(reward)
     except (TypeError, ValueError):
-        return Score(0.0, f"reward function returned a Score with reward {reward!r}")
+        return Score(0.0, f"{who} returned a Score with reward {reward!r}")
     if not math.isfinite(reward):
-        return Score(0.0, f"reward function returned {reward}")
+        return Score(0.0, f"{who} returned {reward}")
     return Score(reward, str(reason))
 
 

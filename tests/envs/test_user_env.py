@@ -144,7 +144,7 @@ def test_minirl_train_refuses_a_wrong_environment_before_any_work(env_file, tmp_
     assert err.startswith("minirl train: error: --env ") and "Traceback" not in err
     assert len(err.splitlines()) == 1 and not (tmp_path / "run").exists()
     assert cli.main([*argv, "--env", "my_env:Good"]) == 2  # not a file.py:name
-    assert "task.env: expected path/to/file.py:name" in capsys.readouterr().err
+    assert "--env 'my_env:Good': expected path/to/file.py:class" in capsys.readouterr().err
     both = ["--env", f"{env_file}:Good", "--set", "task.tools=calc"]
     assert cli.main([*argv, *both]) == 2
     assert "an episode has one kind" in capsys.readouterr().err
