@@ -349,6 +349,8 @@ class AgentRunner:
         """One answer as the endpoint reports it: tool calls read, stop string cut."""
         tok, tokens = self.turns.tokenizer, rollout.tokens
         spelled, raw = self.turns.turn(tokens)
+        if len(tokens) and self.turns.ends_conversation(int(tokens[-1])):
+            raw = spelled  # an EOS the template cannot write: the history keeps it as text
         text = tok.decode(tokens)
         cut = next(
             (s for s in call.stop if rollout.finish_reason == "stop" and text.endswith(s)), ""
