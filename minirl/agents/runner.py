@@ -172,7 +172,9 @@ class AgentRunner:
         episode = AgentEpisode(request, eid, self._order)
         self._order += 1
         agent = self._loops.start(self.agent, self._endpoint.url(eid), row_of(request.prompt))
-        agent[1].add_done_callback(lambda f, eid=eid: self._events.put(("end", eid, f)))
+        agent[1].add_done_callback(
+            lambda f, eid=eid: self._events.put(("end", eid, f, time.monotonic()))
+        )
         self._live[eid] = _Live(episode, attempt, agent, self.config.timeout, time.monotonic())
         self._open_ids.add(eid)
 
@@ -226,7 +228,7 @@ class AgentRunner:
 
     def _post_call(self, request: CallRequest) -> None:
         """From an HTTP handler thread: a call for the runner's thread."""
-        self._events.put(("call", request.episode, request))
+        self._events.put(("call", request.episode, request, time.monotonic()))
 
     def _gather(self) -> None:
         """Wait until no live episode waits on its agent (each within its time), then hand the
@@ -261,11 +263,11 @@ class AgentRunner:
                 self._end(live, Score(0.0, why))
 
     def _event(self, event: tuple, calls: list) -> None:
-        kind, eid, payload = event
+        kind, eid, payload, at = event  # `at`: when it happened (the agent's time ends there)
         live = self._live.get(eid)
         if kind == "end":
             if live is not None:
-                self._clock(live)
+                self._clock(live, at)
                 self._end(live, self._score(live, payload))
             return
         if live is None:
@@ -277,16 +279,17 @@ class AgentRunner:
         else:
             try:
                 calls.append((live, self._requests(live, payload.call)))
-                self._clock(live)
+                self._clock(live, at)
                 live.call, live.answers = payload, {}
             except APIError as e:
                 self.stats["refused"] += 1
                 payload.future.set_result((e.status, e.body(), False))
 
-    def _clock(self, live: _Live) -> None:
-        """The agent's turn is over: its time is spent."""
+    def _clock(self, live: _Live, at: float) -> None:
+        """The agent's turn ended at `at` (not when the runner got to its event: a slow engine
+        step is not the agent's time)."""
         if live.since is not None:
-            live.seconds -= time.monotonic() - live.since
+            live.seconds -= at - live.since
             live.since = None
 
     # ---- a call in the engine ------------------------------------------------------------
