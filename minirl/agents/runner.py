@@ -98,13 +98,8 @@ class AgentRunner:
     submit, step -> finished episodes, interrupt, load_weights, pending, generate."""
 
     def __init__(self, engine, agent: Callable, turns, task, config: AgentConfig = AgentConfig()):
-        self.engine, self.agent, self.turns, self.task, self.config = (
-            engine,
-            agent,
-            turns,
-            task,
-            config,
-        )
+        self.engine, self.agent, self.task = engine, agent, task
+        self.turns, self.config = turns, config
         self._events: queue.Queue = queue.Queue()
         self._live: dict[str, _Live] = {}
         self._ended: list[Rollout] = []
@@ -171,12 +166,12 @@ class AgentRunner:
         eid = f"{request.prompt.uid:x}-{request.sample_index}-{attempt}"
         episode = AgentEpisode(request, eid, self._order)
         self._order += 1
+        self._open_ids.add(eid)  # before the agent runs: its first call may come at once
         agent = self._loops.start(self.agent, self._endpoint.url(eid), row_of(request.prompt))
         agent[1].add_done_callback(
             lambda f, eid=eid: self._events.put(("end", eid, f, time.monotonic()))
         )
         self._live[eid] = _Live(episode, attempt, agent, self.config.timeout, time.monotonic())
-        self._open_ids.add(eid)
 
     def _drop(self, live: _Live, why: str) -> None:
         """Forget a live episode: its agent cancelled, its call answered 503 and dropped."""

@@ -105,6 +105,8 @@ class AgentLoops:
 
     def stop(self, index: int, future: Future) -> None:
         """Cancel an agent; if its loop no longer answers (blocked), replace the loop."""
+        if future.done():
+            return
         future.cancel()
         if self._loops and not self._loops[index].alive():
             self._loops[index] = _Loop(f"minirl-agents-{index}")
