@@ -297,10 +297,13 @@ class AgentRunner:
                 400,
                 f"episode {ep.id} reached its turn limit (task.max_turns={self.config.max_turns})",
             )
-        if ep.kind is None:
-            ep.begin(call, self.turns)
-        else:
-            ep.follow(call, self.turns)
+        try:
+            if ep.kind is None:
+                ep.begin(call, self.turns)
+            else:
+                ep.follow(call, self.turns)
+        except ValueError as e:  # text the tokenizer cannot encode, and the like
+            raise APIError(400, f"{type(e).__name__}: {e}") from None
         tokens = np.concatenate([ep.prompt.tokens, ep.tokens]).astype(np.int32)
         room = self.engine.config.cache_len - len(tokens)
         if room < 1 or tokens.min() < 0 or tokens.max() >= tok.vocab_size:

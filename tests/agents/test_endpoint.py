@@ -60,6 +60,8 @@ async def solve(client, row):
         return await calc(client, row)
     if kind == "no_call":
         return 1.0
+    if kind == "unencodable":  # the character tokenizer has no capital letters
+        await client.completions.create(model="m", prompt="WHAT IS 1+2?")
     first = [{"role": "user", "content": row["prompt"]}]
     r = await client.chat.completions.create(model="m", messages=first, tools=[CALC])
     m = r.choices[0].message.model_dump(exclude_none=True)
@@ -158,7 +160,8 @@ def test_64_concurrent_episodes_through_the_endpoint(agents):
 
 
 def test_hostile_agents_end_their_own_episode_only(agents):
-    kinds = ["calc", "raise", "hang", "garbage", "nan", "no_call", "rewrite", "twice", "calc"]
+    kinds = ["calc", "raise", "hang", "garbage", "nan", "no_call", "rewrite", "twice"]
+    kinds += ["unencodable", "calc"]
     episodes, runner, seconds = run(agents, "solve", kinds, AgentConfig(timeout=1.0, loops=2))
     got = dict(zip(kinds, episodes, strict=True))
     assert episodes[0].score.reward == episodes[-1].score.reward == 1.0
@@ -170,6 +173,7 @@ def test_hostile_agents_end_their_own_episode_only(agents):
         "no_call": "no answer from the model (it returned 1.0)",  # the policy wrote nothing
         "rewrite": "agent raised BadRequestError",
         "twice": "agent raised ConflictError",
+        "unencodable": "not in the tokenizer's alphabet",
     }
     for kind, why in reasons.items():
         assert got[kind].score.reward == 0.0 and why in got[kind].score.reason, (
@@ -179,11 +183,11 @@ def test_hostile_agents_end_their_own_episode_only(agents):
     assert "does not continue episode" in got["rewrite"].score.reason
     assert "messages[1] is not an answer minirl gave" in got["rewrite"].score.reason
     assert "one call at a time" in got["twice"].score.reason
-    assert len(got["no_call"].tokens) == 0
+    assert len(got["no_call"].tokens) == len(got["unencodable"].tokens) == 0
     for kind in ("raise", "hang", "rewrite", "twice"):  # the first answer stays: what was sampled
         call = demonstration_turns(TASK, got[kind].prompt, TURNS)[0]
         assert got[kind].tokens.tolist() == call.tolist() and got[kind].mask.all()
-    assert runner.stats["timed_out"] == 1 and runner.stats["refused"] == 1
+    assert runner.stats["timed_out"] == 1 and runner.stats["refused"] == 2
     assert seconds < 20  # the hang cost its 1 s, not an hour
 
 
