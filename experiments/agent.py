@@ -61,7 +61,7 @@ def run_seed(seed: int, args) -> dict:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--sft-steps", type=int, default=100)
+    p.add_argument("--sft-steps", type=int, default=60)
     p.add_argument("--lr", type=float, default=3e-4, help="the RL learning rate")
     p.add_argument("--rl-steps", type=int, default=40)
     p.add_argument("--prompts", type=int, default=16)

@@ -127,6 +127,7 @@ def config(args, agent: Path, name: str = "solve"):
         f"rl.checkpoint_every={args.rl_steps}",
         f"eval.prompts={args.eval_prompts}",
         f"eval.samples={args.eval_samples}",
+        "trainer.learning_rate=3e-4",
     ]
     return make_config("arithmetic", sets)
 
@@ -279,7 +280,7 @@ def main() -> None:
     parser.add_argument("--fast", action="store_true", help="tiny budgets (CI)")
     parser.add_argument("--out", default="runs/tutorials/16_bring_your_own_agent")
     args = parser.parse_args()
-    full = dict(sft_steps=40, rl_steps=40, prompts=16, group=8, eval_prompts=128, eval_samples=4)
+    full = dict(sft_steps=60, rl_steps=40, prompts=16, group=8, eval_prompts=128, eval_samples=4)
     full |= dict(check_prompts=32)
     fast = dict(full, sft_steps=6, rl_steps=2, prompts=4, group=4, eval_prompts=8, eval_samples=2)
     fast |= dict(check_prompts=8)
