@@ -1,45 +1,60 @@
-"""Side by side with Hugging Face TRL: the same GRPO work, one library at a time (issue #40).
+"""Side by side with Hugging Face TRL and Google's Tunix: the same GRPO work, one library at a time
+(issues #40 and #46).
 
-    python benchmarks/trl_side_by_side.py --size 25m --rounds 3            # the figure (~20 min)
-    python benchmarks/trl_side_by_side.py --size tiny --rounds 1           # a smoke run (~1 min)
-    python benchmarks/trl_side_by_side.py --variants minirl-defaults,trl-defaults
+    python benchmarks/trl_side_by_side.py --size 25m --rounds 3 --steps 8 \
+        --variants minirl,minirl-f32,trl,trl-defaults,tunix --tunix-python VENV/bin/python
+    python benchmarks/trl_side_by_side.py --size 0.5b --rounds 2 --steps 3 ...   # Qwen2.5-0.5B shape
+    python benchmarks/trl_side_by_side.py --size tiny --rounds 1 --steps 3       # a smoke run
 
-The work (the issue's): a random Qwen2 saved as a Hugging Face directory with transformers
-(`--size 25m`: D 512, 8 layers, 8 heads, 4 KV heads, F 1536; `tiny`: D 64, 2 layers), a byte-level
-BPE tokenizer of 300 tokens trained here, 40 GSM8K-style rows (`#### 42` answers) generated here;
-nothing is downloaded. GRPO with the Dr. GRPO loss, 8 prompts x 8 samples per step, at most 64 new
-tokens, temperature 1 (no top-k / top-p), learning rate 1e-5 constant, one optimizer step per
-batch, no KL term, 12 steps, no evaluation inside the timed steps.
+The work (issue #40's): a random Qwen2 saved as a Hugging Face directory with transformers
+(`--size 25m`: D 512, 8 layers, 8 heads, 4 KV heads, F 1536; `0.5b`: Qwen2.5-0.5B's shape, D 896,
+24 layers, 14 heads, 2 KV heads, F 4864, 151,936 vocabulary rows, tied embeddings; `tiny`: D 64,
+2 layers), a byte-level BPE tokenizer of 300 tokens trained here, 40 GSM8K-style rows (`#### 42`
+answers) generated here; nothing is downloaded. GRPO with the Dr. GRPO loss, 8 prompts x 8
+samples per step, at most 64 new tokens, temperature 1 (no top-k / top-p), learning rate 1e-5
+constant, one optimizer step per batch, no KL term, no evaluation inside the timed steps.
 
 Variants (`--variants`, comma separated, run in this order inside every round):
-  minirl            `minirl train --model DIR --data FILE --verifier math` with the work above and
-                    the engine sized for it (64 slots, a 128-position cache, one prefill bucket)
+  minirl            `minirl train --model DIR --data FILE --verifier math` with the work above, in
+                    minirl's defaults for a user's model (the engine's slots and cache, and the
+                    dtypes, derived: bf16 mixed-precision training where the CPU multiplies bf16
+                    natively, a float32 engine on a CPU; minirl/run/precision.py)
+  minirl-f32        the same with model.dtype=float32
+  minirl-tuned      the same with the engine sized by hand (64 slots, a 128-position cache, one
+                    prefill bucket): issue #40's configuration
   trl               `trl.GRPOTrainer` with GRPOConfig(num_generations=8,
                     per_device_train_batch_size=64, max_completion_length=64, temperature=1,
                     top_k=0, top_p=1, learning_rate=1e-5 constant, beta=0, num_iterations=1,
                     loss_type="dr_grpo", scale_rewards="none", gradient_checkpointing=False,
-                    bf16=False, use_vllm=False)
-  minirl-defaults   minirl with its own defaults for a user's model (engine slots and cache unset)
+                    bf16=False, use_vllm=False): TRL in float32
   trl-defaults      TRL with only the work's batch shape, lengths and learning rate set; the rest
-                    TRL's defaults (loss "dapo", group-scaled rewards, gradient checkpointing, bf16)
+                    TRL's defaults (loss "dapo", group-scaled rewards, gradient checkpointing, bf16
+                    autocast)
+  tunix             `google-tunix` 0.1.7's DrGRPOLearner (benchmarks/tunix_child.py says how it is
+                    set up), in its own environment (`--tunix-python`, made by
+                    benchmarks/setup_tunix.sh, so it cannot move minirl's pins)
+  tunix-bf16        the same with its models' dtype bfloat16
 
 Each variant runs in its own fresh Python process, one after the other, the round's order
-alternating (minirl first in odd rounds, TRL first in even ones), so both libraries see the same
-machine state within a round. torch runs with `torch.set_num_threads(2)` and
-`OMP_WAIT_POLICY=PASSIVE` (the documented practice for torch on a shared CPU: spinning OpenMP
-threads collapse small matmuls when another process holds the cores); JAX uses both cores.
+alternating (forward in odd rounds, backward in even ones), so every library sees the same
+machine state within a round. Each runs in its users' default environment: no thread-policy
+variable is set for any of them (torch: `torch.set_num_threads(2)`, what TRL's own CPU
+training would use on this 2-core machine; JAX: both cores). The 0.5B shape trains TRL in
+micro-batches of 16 rows (gradient accumulation 4) and Tunix in micro-batches of 2 prompts, to
+fit memory; minirl uses its own token budget.
 
 What is measured, per library, per step (the first step, which compiles / warms up, is reported
 apart and left out of the means):
   s/step            the whole step: generate, score, train, publish
   generation s      minirl: the engine's generate time (`time/generate`); TRL: `_generate`
-                    (tokenize + `model.generate`)
-  train phase s     s/step - generation s (the same definition for both: scoring, the trainer's
+                    (tokenize + `model.generate`); Tunix: `RLCluster.generate`
+  train phase s     s/step - generation s (the same definition for all: scoring, the trainer's
                     forwards and backward, the optimizer, the library's own overhead)
   tokens/s          completion tokens generated per step / s per step (EOS included)
-The printed ratios are minirl over TRL within the same round (tokens/s: > 1 = minirl faster;
-s/step: TRL s / minirl s, > 1 = minirl faster), and their median over rounds. The machine is a
-shared 2-core CPU: absolute seconds vary from round to round, ratios less.
+The printed ratios are each minirl variant over each other library within the same round
+(tokens/s: > 1 = minirl faster; s/step: their s / minirl s, > 1 = minirl faster). The first
+lines say which machine ran it (CPU model, flags, versions). The machine is a shared 2-core
+CPU: absolute seconds vary from round to round, ratios less.
 
 The driver's functions are what tests/test_bench_side_by_side.py runs end to end on `tiny`.
 """
@@ -75,8 +90,20 @@ SIZES = {  # transformers Qwen2Config sizes
         intermediate_size=1536,
         max_position_embeddings=2048,
     ),
+    "0.5b": dict(  # Qwen2.5-0.5B's shape (its config.json), random weights
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        rope_theta=1000000.0,
+        max_position_embeddings=2048,
+    ),
 }
-VARIANTS = ("minirl", "trl", "minirl-defaults", "trl-defaults")
+MINIRL = ("minirl", "minirl-f32", "minirl-tuned")
+PEERS = ("trl", "trl-defaults", "tunix", "tunix-bf16")
+VARIANTS = MINIRL + PEERS
 RESULT = "SIDE-BY-SIDE-RESULT "
 
 
@@ -112,8 +139,8 @@ def make_workload(directory, size: str = "25m", rows: int = WORK["rows"]) -> Pat
 # ---- one library, in a child process ------------------------------------------------------------
 
 
-def minirl_argv(directory: Path, run_dir: Path, work: dict, tuned: bool) -> list[str]:
-    """The `minirl train` command line of the work (`tuned`: the engine sized for it)."""
+def minirl_argv(directory: Path, run_dir: Path, work: dict, variant: str = "minirl") -> list[str]:
+    """The `minirl train` command line of the work for a minirl variant (module docstring)."""
     sets = [
         f"rl.steps={work['steps']}",
         f"rl.prompts_per_step={work['prompts']}",
@@ -131,7 +158,9 @@ def minirl_argv(directory: Path, run_dir: Path, work: dict, tuned: bool) -> list
         "eval.samples=1",
         "sft.steps=0",
     ]
-    if tuned:
+    if variant == "minirl-f32":
+        sets.append("model.dtype=float32")
+    if variant == "minirl-tuned":
         slots = work["prompts"] * work["group"]
         sets += [f"engine.slots={slots}", "engine.cache_len=128", "engine.prefill_buckets=[64]"]
     argv = ["train", "--quiet", "--model", str(directory / "model")]
@@ -143,13 +172,13 @@ def minirl_argv(directory: Path, run_dir: Path, work: dict, tuned: bool) -> list
     return argv
 
 
-def run_minirl(directory: Path, work: dict, tuned: bool) -> dict:
+def run_minirl(directory: Path, work: dict, variant: str) -> dict:
     """`minirl train` in this process (the driver starts it in a fresh one); per-step timings
     from its metrics.jsonl."""
     from minirl.cli import main
 
     run_dir = Path(tempfile.mkdtemp(prefix="minirl-", dir=directory))
-    if main(minirl_argv(directory, run_dir, work, tuned)) != 0:
+    if main(minirl_argv(directory, run_dir, work, variant)) != 0:
         raise RuntimeError("minirl train failed")
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {
@@ -184,7 +213,7 @@ def run_trl(directory: Path, work: dict, defaults: bool) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
     rows = [json.loads(x) for x in (directory / "train.jsonl").read_text().splitlines()]
     data = Dataset.from_list(
         [
@@ -195,7 +224,10 @@ def run_trl(directory: Path, work: dict, defaults: bool) -> dict:
     shape = dict(
         output_dir=str(directory / "trl-out"),
         num_generations=work["group"],
-        per_device_train_batch_size=work["prompts"] * work["group"],
+        per_device_train_batch_size=work["prompts"]
+        * work["group"]
+        // work.get("trl_accumulate", 1),
+        gradient_accumulation_steps=work.get("trl_accumulate", 1),
         max_completion_length=work["new_tokens"],
         learning_rate=work["lr"],
         max_steps=work["steps"],
@@ -256,24 +288,33 @@ def run_trl(directory: Path, work: dict, defaults: bool) -> dict:
 
 
 def run_child(
-    directory: Path, variant: str, work: dict, minirl_root=ROOT, timeout: float = 3600
+    directory: Path,
+    variant: str,
+    work: dict,
+    minirl_root=ROOT,
+    timeout: float = 3600,
+    tunix_python: str | None = None,
 ) -> dict:
-    """One variant in a fresh Python process (minirl imported from `minirl_root`: another
-    checkout gives a before/after); its per-step timings."""
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    """One variant in a fresh Python process, in its users' default environment (minirl
+    imported from `minirl_root`: another checkout gives a before/after; Tunix run by
+    `tunix_python`, its own environment's interpreter); its per-step timings."""
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(minirl_root), env.get("PYTHONPATH", "")])
     code = (
         f"import json, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
         "import trl_side_by_side as b; "
         f"print({RESULT!r} + json.dumps(b.child({str(directory)!r}, {variant!r}, {work!r})))"
     )
+    argv = [sys.executable, "-c", code]
+    if variant.startswith("tunix"):
+        if not tunix_python:
+            raise ValueError("the tunix variants need --tunix-python (benchmarks/setup_tunix.sh)")
+        env.pop("PYTHONPATH")  # its own environment: nothing of minirl's
+        script = str(ROOT / "benchmarks" / "tunix_child.py")
+        argv = [tunix_python, script, str(directory), json.dumps(work)]
+        argv += ["bf16"] if variant == "tunix-bf16" else []
     out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=directory,
-        timeout=timeout,
+        argv, capture_output=True, text=True, env=env, cwd=directory, timeout=timeout
     )
     lines = [x for x in out.stdout.splitlines() if x.startswith(RESULT)]
     if out.returncode != 0 or not lines:
@@ -283,9 +324,37 @@ def run_child(
 
 def child(directory: str, variant: str, work: dict) -> dict:
     directory = Path(directory)
-    if variant.startswith("minirl"):
-        return run_minirl(directory, work, tuned=variant == "minirl")
+    if variant in MINIRL:
+        return run_minirl(directory, work, variant)
     return run_trl(directory, work, defaults=variant == "trl-defaults")
+
+
+def machine() -> dict:
+    """What ran the benchmark: the CPU (model, cores, the flags that decide the matmul kernels)
+    and the libraries' versions in this environment."""
+    import platform
+    from importlib import metadata
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    first = lambda key: next(
+        (x.split(":", 1)[1].strip() for x in info.splitlines() if x.startswith(key)), ""
+    )
+    flags = set(first("flags").split())
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "avx512_fp16")
+    versions = {}
+    for name in ("jax", "jaxlib", "flax", "torch", "transformers", "trl"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return {
+        "cpu": first("model name") or platform.processor(),
+        "cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "siblings_per_core": f"{first('siblings')}/{first('cpu cores')}",
+        "flags": [f for f in wanted if f in flags],
+        "versions": versions,
+    }
 
 
 # ---- the figures --------------------------------------------------------------------------------
@@ -320,20 +389,21 @@ def ratios(mine: dict, theirs: dict) -> dict:
 
 
 def side_by_side(
-    directory, variants, rounds: int, work: dict, minirl_root=ROOT, log=print
+    directory, variants, rounds: int, work: dict, minirl_root=ROOT, log=print, tunix_python=None
 ) -> list[dict]:
     """`rounds` rounds of every variant, the order alternating; per round the summaries and the
-    ratios of each minirl variant to its TRL counterpart."""
+    ratios of each minirl variant to each other library's variant."""
     out = []
     for r in range(rounds):
         order = list(variants) if r % 2 == 0 else list(variants)[::-1]
         got = {}
         for v in order:
-            got[v] = summarize(run_child(Path(directory), v, work, minirl_root))
+            timings = run_child(Path(directory), v, work, minirl_root, tunix_python=tunix_python)
+            got[v] = summarize(timings)
             log(f"round {r + 1} {v}: " + json.dumps({k: round(x, 3) for k, x in got[v].items()}))
         row = {"round": r + 1, **got}
-        for mine, theirs in (("minirl", "trl"), ("minirl-defaults", "trl-defaults")):
-            if mine in got and theirs in got:
+        for mine in (v for v in variants if v in MINIRL):
+            for theirs in (v for v in variants if v in PEERS):
                 row[f"{mine} / {theirs}"] = ratios(got[mine], got[theirs])
         out.append(row)
     return out
@@ -342,7 +412,7 @@ def side_by_side(
 def table(results: list[dict]) -> str:
     """A Markdown table: per round and pair, s/step of both and the four ratios."""
     head = (
-        "| round | pair | minirl s/step | TRL s/step | TRL s / minirl s | tokens/s ratio "
+        "| round | pair | minirl s/step | their s/step | their s / minirl s | tokens/s ratio "
         "| train phase ratio | generation ratio |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     rows = []
@@ -364,25 +434,38 @@ def main(argv=None) -> int:
     p.add_argument("--size", choices=tuple(SIZES), default="25m")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=WORK["steps"])
-    p.add_argument("--variants", default="minirl,trl")
+    p.add_argument("--variants", default="minirl,trl", help=f"of {', '.join(VARIANTS)}")
     p.add_argument("--dir", default=None, help="workload directory (default: a temporary one)")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--minirl", default=str(ROOT), help="the minirl checkout to run (before/after)")
+    p.add_argument(
+        "--tunix-python",
+        default=os.environ.get("TUNIX_PYTHON"),
+        help="the Tunix environment's python (benchmarks/setup_tunix.sh; $TUNIX_PYTHON)",
+    )
     args = p.parse_args(argv)
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         p.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    if any(v.startswith("tunix") for v in variants) and not args.tunix_python:
+        p.error("the tunix variants need --tunix-python (make it with benchmarks/setup_tunix.sh)")
     directory = Path(args.dir or tempfile.mkdtemp(prefix="side-by-side-"))
     make_workload(directory, args.size)
     if args.rounds == 0:  # the workload files only (benchmarks/profile_train_phase.py reads them)
         print(directory)
         return 0
     work = dict(WORK, steps=args.steps)
-    results = side_by_side(directory, variants, args.rounds, work, args.minirl)
+    if args.size == "0.5b":
+        work["trl_accumulate"] = 4  # TRL: 4 micro-batches of 16 rows (module docstring)
+    host = machine()
+    print("machine: " + json.dumps(host))
+    results = side_by_side(
+        directory, variants, args.rounds, work, args.minirl, tunix_python=args.tunix_python
+    )
     print(table(results))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps({"machine": host, "rounds": results}, indent=2))
     return 0
 
 

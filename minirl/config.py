@@ -124,6 +124,11 @@ class RLConfig:
     )
     router_aux_coef: float = 0.0  # MoE models: weight of the routers' load-balancing loss (E sum_e f_e P_e) added to the RL loss; 0 = off
     behaviour_cap: float = 5.0  # decoupled_ppo: tokens with c = pi_prox/mu above this leave the loss (AReaL's bound); 0 = uncapped (the paper's Eq. 5)
+    teacher: str = ""  # on-policy distillation: a frozen teacher that scores the student's tokens, a Hugging Face directory with the student's tokenizer (`minirl train --teacher DIR`) or a model preset name (random weights: for tests and timing); used by rl.loss=distill or rl.distill_coef > 0 (docs/distillation.md)
+    distill_coef: float | None = (
+        None  # weight of the teacher's per-token advantage -(log mu - log pi_T): the distill preset's is 1; > 0 adds it to any token-level loss's reward advantage (e.g. rl.loss=grpo); None = the preset's
+    )
+    distill_discount: float = 0.0  # the teacher's advantage at a token: the discounted sum of the per-token terms from there on (0 = the token's own, as Thinking Machines' on-policy distillation; 1 = the whole rest of the sequence, the unbiased reverse-KL gradient)
     steps: int = 200  # train steps (weight versions) to run
     time_budget: float = 0.0  # stop RL after this many seconds (0 = no limit)
     prompts_per_step: int = 32  # prompts per train batch
@@ -169,6 +174,10 @@ class RLConfig:
         if not (self.router_aux_coef >= 0 and math.isfinite(self.router_aux_coef)):
             raise ValueError(
                 f"rl.router_aux_coef must be finite and >= 0, got {self.router_aux_coef}"
+            )
+        if not (0.0 <= (self.distill_coef or 0) < math.inf and 0 <= self.distill_discount <= 1):
+            raise ValueError(
+                "rl.distill_coef must be finite and >= 0, rl.distill_discount in [0, 1]"
             )
         if not (self.behaviour_cap == 0 or self.behaviour_cap >= 1):
             raise ValueError(
@@ -306,6 +315,8 @@ class RunConfig:
             )
         moe_knobs = {"trainer.routing=replay": self.trainer.routing == "replay"}
         moe_knobs["rl.router_aux_coef"] = rl.router_aux_coef > 0
+        if self.trainer.pack and (self.engine.exact or self.model.num_experts):
+            raise ConfigError("trainer.pack: dense models in fast mode only (not exact, MoE)")
         for knob, used in moe_knobs.items():
             if used and not self.model.num_experts:
                 raise ConfigError(f"{knob} needs a mixture-of-experts model (model.num_experts)")

@@ -102,6 +102,8 @@ class Batch:
     group_ids: np.ndarray  # [B] int32 rows with the same id share a prompt
     prompt_uids: np.ndarray  # [B] int64
     routes: np.ndarray | None = None  # [B, T, M, k] the engine's experts (MoE; 0 on padding)
+    teacher_logprobs: np.ndarray | None = None  # [B, T] float32 log pi_T of the targets under a
+    # distillation teacher (minirl/training/teacher.py), 0 where mask == 0; None without one
 
     @property
     def num_rows(self) -> int:

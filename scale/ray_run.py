@@ -112,9 +112,10 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def placement_from_args(args, task=None):
+def placement_from_args(args, task=None, teacher: bool = False):
     """The RayPlacement the flags describe (ValueError naming a malformed --resource). `task`:
-    the run's task, whose test-data repository a --verifier-url service may ask for."""
+    the run's task, whose test-data repository a --verifier-url service may ask for. `teacher`:
+    the run distils from a teacher, whose actor asks for the trainer's resources."""
     from scale.ray_workers import RayPlacement
 
     options = {
@@ -141,8 +142,20 @@ def placement_from_args(args, task=None):
     if min(args.trainer_hosts, args.engine_hosts) < 1:
         raise ValueError("--trainer-hosts and --engine-hosts must be >= 1")
     hosts = {"trainer": args.trainer_hosts, "engine": args.engine_hosts} if args.weights else {}
+    if teacher and args.weights:
+        raise ValueError(
+            "rl.teacher with --weights (multi-host jobs) is not supported yet: run the teacher "
+            "with `minirl train` or `scale.launch ray` without --weights"
+        )
     verifier = remote_verifier(args, task)
-    return RayPlacement(args.engines, hosts=hosts, verifier_worker=verifier, **options)
+    teacher_options = dict(options["trainer"], resources=dict(options["trainer"]["resources"]))
+    return RayPlacement(
+        args.engines,
+        hosts=hosts,
+        verifier_worker=verifier,
+        teacher=teacher_options if teacher else None,
+        **options,
+    )
 
 
 def _cores(role: str, text: str) -> tuple[int, ...]:
@@ -197,7 +210,7 @@ def run(args) -> None:
     # serves the verifier service's uploads, the warm start and the evaluation
     log = functools.partial(print, flush=True)  # read line by line by scripts
     run = Run(cfg, run_dir, log=log, progress=not args.quiet)
-    run.placement = placement = placement_from_args(args, run.task)
+    run.placement = placement = placement_from_args(args, run.task, bool(cfg.rl.teacher))
     if args.address:
         _reachable(args.address)
         ray.init(address=args.address, log_to_driver=not args.quiet)

@@ -347,8 +347,10 @@ class RayPlacement:
     """Where a run's parts live on a Ray cluster (minirl.run.runner.Run's `placement`): the engine
     as `engines` actors (data-parallel rollout, minirl.control.workers.Replicas), the trainer and the
     verifier one actor each, every actor with the Ray resources given for its role, e.g.
-    `{"num_cpus": 1}` on a laptop or `{"resources": {"TPU": 4}}` on a pod. Evaluation and the
-    warm start stay in the driver. `env` is set in every actor before its part is built."""
+    `{"num_cpus": 1}` on a laptop or `{"resources": {"TPU": 4}}` on a pod. `teacher`: the Ray
+    options of a distillation teacher's actor (minirl/training/teacher.py), None for a run
+    without one. Evaluation and the warm start stay in the driver. `env` is set in every actor
+    before its part is built."""
 
     def __init__(
         self,
@@ -357,6 +359,7 @@ class RayPlacement:
         engine: dict | None = None,
         trainer: dict | None = None,
         verifier: dict | None = None,
+        teacher: dict | None = None,
         env: dict[str, str] | None = None,
         hosts: dict[str, int] | None = None,
         verifier_worker: Any = None,
@@ -370,7 +373,9 @@ class RayPlacement:
             "engine": engine or {},
             "trainer": trainer or {},
             "verifier": verifier or {},
+            "teacher": teacher or {},
         }
+        self.has_teacher = teacher is not None
         self.workers: list[RayWorker] = []  # every actor started, for close()
 
     def needs(self) -> dict[str, float]:
@@ -380,6 +385,7 @@ class RayPlacement:
             ("engine", self.engines * self.hosts["engine"]),
             ("trainer", self.hosts["trainer"]),
             ("verifier", 0 if self.verifier_worker is not None else 1),
+            ("teacher", int(self.has_teacher)),
         )
         for role, count in counts:
             o = self.options[role]
@@ -429,6 +435,14 @@ class RayPlacement:
         if self.verifier_worker is not None:
             return self.verifier_worker
         return self._start("verifier", factory, "verifier")
+
+    def teacher(self, factory: Callable[[], Any]):
+        if not self.has_teacher:
+            raise ValueError(
+                "this run has a teacher but its RayPlacement plans no actor for it: "
+                "RayPlacement(teacher={...})"
+            )
+        return self._start("teacher", factory, "teacher")
 
     def close(self) -> None:
         for worker in self.workers:

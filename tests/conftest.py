@@ -25,6 +25,9 @@ def gpu_lane(markexpr: str) -> bool:
 def pytest_configure(config):
     if not gpu_lane(config.getoption("markexpr", "")):
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault(
+        "MINIRL_COMPUTE_DTYPE", "float32"
+    )  # a user model's default: not the CPU's
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/minirl-jax"))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
     import jax

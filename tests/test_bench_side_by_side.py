@@ -1,11 +1,12 @@
-"""The TRL side-by-side benchmark's driver (benchmarks/trl_side_by_side.py), end to end on the
-tiny model: workload files, both libraries in their own processes, the summaries and ratios.
-
-Slow (about a minute: two fresh processes, minirl's compiles) and needs the `reference` extra
-(transformers and trl build and run the TRL side).
+"""The side-by-side benchmark's driver (benchmarks/trl_side_by_side.py): how it starts each
+library (default lane, no library run), and end to end on the tiny model: workload files, minirl
+and TRL in their own processes, the summaries and ratios (slow: two fresh processes, minirl's
+compiles; needs the `reference` extra, which builds and runs the TRL side).
 """
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,10 +15,52 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import trl_side_by_side as bench  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.reference]
-pytest.importorskip("trl")
+
+def test_each_library_runs_in_its_users_environment_and_every_pair_is_compared(monkeypatch):
+    """No thread-policy variable is set for any child; Tunix runs by its own interpreter with
+    nothing of minirl on its path; each round compares every minirl variant with every peer."""
+    seen = []
+
+    def fake_run(argv, env, **kw):
+        seen.append((argv, env))
+        return subprocess.CompletedProcess(argv, 0, bench.RESULT + json.dumps(TIMINGS), "")
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    variants = ["minirl", "minirl-f32", "trl", "tunix"]
+    (res,) = bench.side_by_side(
+        "/w",
+        variants,
+        1,
+        dict(bench.WORK),
+        log=lambda _: None,
+        tunix_python="/venv-tunix/bin/python",
+    )
+    assert sorted(k for k in res if " / " in k) == [
+        "minirl / trl",
+        "minirl / tunix",
+        "minirl-f32 / trl",
+        "minirl-f32 / tunix",
+    ]
+    assert res["minirl / tunix"]["step"] == pytest.approx(1.0)  # the same fake timings
+    for _, env in seen:
+        assert not any(k.startswith(("OMP_", "MKL_")) for k in set(env) - set(os.environ))
+    tunix_argv, tunix_env = seen[-1]
+    assert tunix_argv[:2] == [
+        "/venv-tunix/bin/python",
+        str(bench.ROOT / "benchmarks" / "tunix_child.py"),
+    ]
+    assert "PYTHONPATH" not in tunix_env
+    assert seen[0][1]["PYTHONPATH"].startswith(str(bench.ROOT))
+    with pytest.raises(ValueError, match="--tunix-python"):
+        bench.run_child(Path("/w"), "tunix", bench.WORK)
 
 
+TIMINGS = {"step_s": [9.0, 2.0, 2.0], "generate_s": [1.0, 1.0, 1.0], "tokens": [100, 200, 200]}
+
+
+@pytest.mark.slow
+@pytest.mark.reference
 def test_workload_files(tmp_path):
     bench.make_workload(tmp_path, "tiny", rows=6)
     rows = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]
@@ -36,7 +79,10 @@ def test_workload_files(tmp_path):
     assert bench._reward(["5 then 6", "nothing"], ["#### 5"] * 2) == [0.0, 0.0]
 
 
+@pytest.mark.slow
+@pytest.mark.reference
 def test_both_libraries_run_the_same_work_and_the_ratios_are_same_round(tmp_path):
+    pytest.importorskip("trl")
     bench.make_workload(tmp_path, "tiny")
     work = dict(bench.WORK, steps=3, prompts=2, group=4, new_tokens=16)
     (res,) = bench.side_by_side(tmp_path, ["minirl", "trl"], 1, work, log=lambda _: None)

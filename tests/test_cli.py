@@ -168,3 +168,19 @@ def test_the_readme_set_up_commands_do_not_share_an_environment():
     made = re.findall(r"python3 -m venv (\S+) && \. (\S+)/bin/activate", setup)
     assert len(made) == 2 and all(venv == activated for venv, activated in made)
     assert len({venv for venv, _ in made}) == 2
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    """.ci/run installs the same extras and runs the same pytest command as the README's second
+    set-up command, so CI proves what a reader runs."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    setup = (root / "README.md").read_text().split("## Set up", 1)[1].split("##", 1)[0]
+    ci = (root / ".ci" / "run").read_text()
+    readme_extras = re.findall(r'pip install -e "\.\[([^\]]+)\]"', setup)
+    ci_extras = re.findall(r'pip install -q -e "\.\[([^\]]+)\]"', ci)
+    assert readme_extras and readme_extras == ci_extras
+    readme_pytest = re.findall(r"python -m pytest [^\n`]*", setup)
+    assert readme_pytest and readme_pytest[0].strip() in ci

@@ -207,6 +207,10 @@ def test_every_setting_is_read_by_the_part_it_configures(reads, tmp_path, monkey
             "engine.cache_len=128",
             "engine.prefill_buckets=(96,)",
             "model.dtype=float32",
+            # on-policy distillation mixed with the reward, the model its own teacher
+            f"rl.teacher={model}",
+            "rl.distill_coef=0.5",
+            "rl.distill_discount=0.5",
         ],
     )
     keys = [key for key, _, _ in describe(config.RunConfig)]

@@ -7,6 +7,10 @@ printed text contains the lines the lesson's docstring tells the reader to look 
 also checks its own claims and exits non-zero when one fails (e.g. exact mode not bitwise), so a
 regression in the library shows up here as a failing lesson.
 
+Each lesson is also a notebook (tutorials/build_notebooks.py; tests/test_notebooks.py keeps
+them in step): the slow lane runs the notebooks of lessons 01-05 in a Jupyter kernel (nbclient),
+in fast mode, with the same checks as the scripts.
+
 The static tests check the rules of tutorials/README.md: every lesson has a `--fast` flag and
 quotes its measured full-mode output together with the command and the machine, and the table
 of contents lists every lesson.
@@ -36,6 +40,9 @@ TIMEOUT_S = 900  # generous: the machine may be shared; a fast mode takes ~10-30
 # the others are in the slow lane (`pytest -m slow`, which CI runs as well), and every lesson
 # is imported in the default lane (test_every_lesson_imports).
 FAST_IN_DEFAULT_LANE = ("03_verifiers.py", "04_loss_as_parts.py")
+# Each lesson is also a notebook (tutorials/build_notebooks.py); the slow lane runs these
+# notebooks in a Jupyter kernel, in fast mode (issue #49).
+NOTEBOOKS_RUN = LESSONS[:5]
 
 # What each lesson promises in fast mode: files it writes, lines it prints, facts in results.json.
 EXPECTED = {
@@ -283,6 +290,25 @@ EXPECTED = {
             and all(0.0 <= r["rl"][w]["pass@1"] <= 1.0 for w in ("before", "after"))
         ),
     ),
+    "17_on_policy_distillation.py": dict(
+        files=["distillation.png", "teacher/config.json", "teacher/tokenizer.json"],
+        prints=[
+            "Step 1.",
+            "the teacher, exported to",
+            "distillation's reverse KL to the teacher",
+            "the teacher is better than the student base             True",
+        ],
+        check=lambda r: (
+            all(r["claims"].values())
+            and sorted(r["per_seed"]) == ["0", "1", "2"]
+            and all(
+                sorted(arms) == ["distill", "grpo", "sft"]
+                and all(len(a["curve"]) == 2 for a in arms.values())
+                for arms in r["per_seed"].values()
+            )
+            and all(len(k) == r["steps"] for k in r["summary"]["reverse_kl"])
+        ),
+    ),
 }
 
 
@@ -313,9 +339,14 @@ def test_fast_mode_runs_and_delivers(lesson, tmp_path):
     )
     tail = f"\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, f"{lesson} --fast exited with {proc.returncode}{tail}"
+    assert_delivers(lesson, proc.stdout, out, tail)
+
+
+def assert_delivers(lesson: str, stdout: str, out: Path, tail: str) -> None:
+    """What the lesson promises in fast mode: its lines printed, its files and its numbers."""
     expected = EXPECTED[lesson]
     for line in expected["prints"]:
-        assert line in proc.stdout, f"{lesson} did not print {line!r}{tail}"
+        assert line in stdout, f"{lesson} did not print {line!r}{tail}"
     for name in expected["files"] + ["results.json"]:
         assert (out / name).is_file(), f"{lesson} did not write {name}{tail}"
     for name in expected["files"]:
@@ -325,6 +356,38 @@ def test_fast_mode_runs_and_delivers(lesson, tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["mode"] == "fast"
     assert expected["check"](results), f"{lesson}: results.json does not show the claim: {results}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", NOTEBOOKS_RUN)
+def test_notebook_runs_in_fast_mode_and_delivers(lesson, tmp_path, monkeypatch):
+    """The lesson's notebook, run top to bottom by a Jupyter kernel (nbclient) in tutorials/, as
+    a reader runs it, with one edit a reader would make: `--out` added to its options. It must
+    print and write what the script does."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    out = tmp_path / "out"
+    nb = nbformat.read(TUTORIALS / lesson.replace(".py", ".ipynb"), as_version=4)
+    setup = nb.cells[1]
+    assert 'ARGS = ["--fast"]' in setup.source, "the set-up cell names the lesson's options"
+    setup.source = setup.source.replace('ARGS = ["--fast"]', f'ARGS = ["--fast", "--out", "{out}"]')
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    monkeypatch.setenv("PYTHONPATH", path)  # the kernel inherits this process's environment
+    monkeypatch.setenv("MINIRL_CACHE", os.environ.get("MINIRL_CACHE", str(tmp_path / "cache")))
+    client = NotebookClient(
+        nb, timeout=TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": TUTORIALS}}
+    )
+    client.execute()
+    stdout = "".join(
+        o.get("text", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.output_type == "stream" and o.name == "stdout"
+    )
+    assert f"{lesson}: JAX will run on 'cpu'" in stdout  # the set-up cell ran; no accelerator here
+    assert_delivers(lesson, stdout, out, f"\n--- notebook output ---\n{stdout[-4000:]}")
 
 
 def test_every_lesson_imports():

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 01 — the model and its KV cache: prefill and decode are the same computation.
 
     python tutorials/01_model_and_kv_cache.py            # full mode (about 2 min on 2 CPU cores)
@@ -101,6 +102,7 @@ What to look at: with default numerics the two views agree to ~1e-6 in float32 a
 exact numerics they agree to 0 in both dtypes, at the price of the "exact / default" time ratio.
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -116,11 +118,12 @@ from matplotlib.figure import Figure
 
 from minirl.modeling.model import KVCache, ModelConfig, Transformer, token_logprobs
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # The settings. Full mode uses the "tiny" preset (3.2M parameters, the default model of the
 # built-in tasks); fast mode a 2-layer model and shorter sequences, so that CI runs it in seconds.
-# ---------------------------------------------------------------------------------------------
 
+
+# %%
 FULL = dict(model=ModelConfig.preset("tiny"), batch=8, length=96, timing_repeats=10)
 FAST = dict(
     model=ModelConfig(
@@ -139,6 +142,7 @@ FAST = dict(
 )
 
 
+# %%
 def make_batch(cfg: ModelConfig, batch: int, length: int, seed: int = 0):
     """Random token rows of different lengths, right-padded with 0, and how many tokens of each
     row the engine prefills (the "prompt"); the rest it decodes one token at a time."""
@@ -151,6 +155,7 @@ def make_batch(cfg: ModelConfig, batch: int, length: int, seed: int = 0):
     return tokens, lengths.astype(np.int32), prompts.astype(np.int32)
 
 
+# %%
 def compile_model(cfg: ModelConfig, dtype: str, exact: bool):
     """The model in `dtype` (same random init for both dtypes) and two jitted functions:
     `full(params, tokens)` -> logits, and `step(params, tokens, cache, num_new)` ->
@@ -169,6 +174,7 @@ def compile_model(cfg: ModelConfig, dtype: str, exact: bool):
     return cfg, params, full, step
 
 
+# %%
 def engine_view(cfg, params, step, tokens, lengths, prompts):
     """Prefill `prompts[b]` tokens of row b, then decode the rest one token per call.
     Returns the logits [B, T, V] at every real position (zeros elsewhere)."""
@@ -192,6 +198,7 @@ def engine_view(cfg, params, step, tokens, lengths, prompts):
     return out
 
 
+# %%
 def compare(full_logits, cached_logits, tokens, lengths):
     """Largest |Δ logit|, largest |Δ log-prob of the next token| and top-1 flips over the real
     positions; also the largest |Δ logit| at each position (for the plot)."""
@@ -213,6 +220,7 @@ def compare(full_logits, cached_logits, tokens, lengths):
     }
 
 
+# %%
 def best_times(calls: dict, repeats: int) -> dict:
     """The fastest of `repeats` wall times of each (already compiled) call, in seconds. The calls
     take turns, so a burst of load from other jobs hits all of them alike; the minimum is the
@@ -226,6 +234,7 @@ def best_times(calls: dict, repeats: int) -> dict:
     return best
 
 
+# %%
 def timed_calls(cfg, params, full, step, tokens) -> dict:
     """The two calls to time: a full forward over `tokens` [B, T] and one decode step [B, 1]."""
     b, t = tokens.shape
@@ -237,6 +246,7 @@ def timed_calls(cfg, params, full, step, tokens) -> dict:
     }
 
 
+# %%
 def plot(results: dict, length: int, path: Path) -> None:
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
@@ -264,6 +274,7 @@ def plot(results: dict, length: int, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="small model, seconds (CI)")
@@ -353,5 +364,6 @@ def main() -> None:
     print(f"\nwrote {out / 'kv_cache_mismatch.png'} and {out / 'results.json'}")
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 02 — the rollout engine: continuous batching, sampling, behaviour log-probs, versions.
 
     python tutorials/02_rollout_engine.py            # full mode (a few minutes on 2 CPU cores)
@@ -98,6 +99,7 @@ RL system rather than inside one engine.
     wrote runs/tutorials/02_rollout_engine/static_vs_continuous.png and runs/tutorials/02_rollout_engine/results.json
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -145,6 +147,7 @@ FAST = dict(
 )
 
 
+# %%
 def engine_config(slots: int, cache_len: int, exact: bool = False) -> EngineConfig:
     return EngineConfig(
         slots=slots,
@@ -158,6 +161,7 @@ def engine_config(slots: int, cache_len: int, exact: bool = False) -> EngineConf
     )
 
 
+# %%
 def workload(n: int):
     """n arithmetic prompts; each request's budget = its reference solution's length (+ EOS)."""
     task = get_task("arithmetic")
@@ -168,6 +172,7 @@ def workload(n: int):
     ], np.array(budgets)
 
 
+# %%
 def run(engine: Engine, batches: list[list[Request]]):
     """Generate every batch in turn (each one to completion), stepping by hand so we can count
     busy slots. Returns (rollouts, seconds, slots that held a sequence in each step)."""
@@ -182,6 +187,7 @@ def run(engine: Engine, batches: list[list[Request]]):
     return rollouts, time.perf_counter() - t0, busy
 
 
+# %%
 def warm_up(engine: Engine, requests: list[Request]) -> None:
     """Compile every shape the timed runs can use, so that timing measures running, not
     compiling: a prefill per (prompt-length bucket, row count), a decode per cache window."""
@@ -201,10 +207,12 @@ def warm_up(engine: Engine, requests: list[Request]) -> None:
     engine.generate([dataclasses.replace(first, max_new_tokens=longest)])
 
 
+# %%
 def static_batches(requests, slots):
     return [requests[i : i + slots] for i in range(0, len(requests), slots)]
 
 
+# %%
 def plot(busy: dict, tput: dict, slots: int, path: Path) -> None:
     fig = Figure(figsize=(11, 4), layout="constrained")
     ax, bx = fig.subplots(1, 2, width_ratios=(3, 1))
@@ -232,6 +240,7 @@ def plot(busy: dict, tput: dict, slots: int, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="small model, fewer requests (CI)")
@@ -379,5 +388,6 @@ def main() -> None:
         )
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -1,3 +1,4 @@
+# %% [markdown]
 r"""Lesson 03 — verifiers: from a completion to a reward, without trusting the completion.
 
     python tutorials/03_verifiers.py            # full mode (under a minute on 2 CPU cores)
@@ -107,6 +108,7 @@ fork bomb hit the 2 s wall limit before the 1 s CPU limit (fast mode: the memory
     wrote /work/main/runs/tutorials/03_verifiers/verdicts.png and /work/main/runs/tutorials/03_verifiers/results.json
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -137,6 +139,7 @@ from minirl.verifiers import (
 from minirl.verifiers.isolation import stray_processes
 
 
+# %%
 def rollout(text: str, meta: dict) -> Rollout:
     """A rollout whose model output is `text`. A verifier reads only `text` and `prompt.meta`."""
     prompt = Prompt(uid=0, task="lesson", text="", tokens=np.ones(1, np.int32), meta=meta)
@@ -144,6 +147,7 @@ def rollout(text: str, meta: dict) -> Rollout:
     return Rollout(prompt, 0, zeros, np.zeros(1, np.float32), zeros, "eos", text=text)
 
 
+# %%
 def fenced(source: str | None, language: str = "python") -> str:
     """How a model would write a program: a fenced block (the verifier takes the last one).
     Without a fence the verifier reads the whole text as the program."""
@@ -152,10 +156,11 @@ def fenced(source: str | None, language: str = "python") -> str:
     return f"Here is my solution.\n```{language}\n{textwrap.dedent(source).strip()}\n```"
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 1: math. (reference answer, what the model wrote, why this case is here)
-# ---------------------------------------------------------------------------------------------
 
+
+# %%
 MATH_CASES = [
     ("1/2", r"so the answer is \boxed{\frac{1}{2}}", "boxed LaTeX fraction"),
     ("1/2", "The answer is 0.5", "decimal, 'the answer is'"),
@@ -174,10 +179,11 @@ MATH_CASES = [
 ]
 MATH_FAST = [0, 1, 2, 4, 5, 8, 13]  # a subset for the fast mode
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 2: code. Task: read two integers, print their sum.
-# ---------------------------------------------------------------------------------------------
 
+
+# %%
 ADD_TESTS = [("1 2\n", "3\n"), ("-5 5\n", "0\n"), ("123456789 987654321\n", "1111111110\n")]
 C_ADD = """
 #include <stdio.h>
@@ -196,6 +202,7 @@ CODE_CASES = {  # name: (language, source; None = the model wrote prose, no prog
 CODE_FAST = ["correct", "wrong (a - b)", "too slow (busy loop)", "crashes"]
 
 
+# %%
 def hostile_programs(marker: str, out: Path, repo_file: str) -> dict[str, str]:
     """Each prints "pwned" only if its attack worked. The expected output is "pwned"."""
     outside = [str(out / f"escape-{marker}"), f"/var/tmp/escape-{marker}", f"../../escape-{marker}"]
@@ -230,10 +237,12 @@ def hostile_programs(marker: str, out: Path, repo_file: str) -> dict[str, str]:
     }
 
 
+# %%
 def one_line(reason: str, width: int = 100) -> str:
     return " ".join(reason.split())[:width]
 
 
+# %%
 def timed_scores(verifier, rollouts):
     """Score one rollout at a time, to show what each verdict costs."""
     out = []
@@ -244,6 +253,7 @@ def timed_scores(verifier, rollouts):
     return out
 
 
+# %%
 def wait_for_no_strays(timeout_s: float = 5.0) -> list[int]:
     """A SIGKILLed process needs a moment to disappear; poll until none is left."""
     deadline = time.monotonic() + timeout_s
@@ -252,6 +262,7 @@ def wait_for_no_strays(timeout_s: float = 5.0) -> list[int]:
     return left
 
 
+# %%
 def plot(rows, path: Path) -> None:
     """rows: (label, seconds, reward)."""
     fig = Figure(figsize=(8, 0.32 * len(rows) + 1.2), layout="constrained")
@@ -271,6 +282,7 @@ def plot(rows, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="fewer cases, tighter limits (CI)")
@@ -384,5 +396,6 @@ def main() -> None:
         raise SystemExit("the sandbox did NOT contain every hostile program: see above")
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 04 — the loss as parts: GRPO, DAPO, Dr. GRPO and CISPO from the same five pieces.
 
     python tutorials/04_loss_as_parts.py            # full mode (well under a minute)
@@ -110,6 +111,7 @@ climbing towards the largest possible ratio, 8 (π_old = 1/8).
     wrote runs/tutorials/04_loss_as_parts/clip_mask_vs_regulariser.png and runs/tutorials/04_loss_as_parts/results.json
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -137,10 +139,11 @@ from minirl.losses import (
     get_preset,
 )
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 1: four losses from parts. Each is a few lines. Compare with minirl/losses/presets.py.
-# ---------------------------------------------------------------------------------------------
 
+
+# %%
 GRPO = Objective(  # DeepSeekMath: per-sequence mean, group-normalised advantage, PPO clip, k3 KL
     name="grpo",
     aggregation=SequenceMean(),
@@ -175,16 +178,17 @@ FULL = dict(ratios=np.linspace(0.5, 1.6, 1101), updates=60)
 FAST = dict(ratios=np.linspace(0.5, 1.6, 111), updates=30)
 
 
+# %%
 def without_kl(objective: Objective) -> Objective:
     """The same loss without its KL term, so the plot shows the clip alone."""
     return dataclasses.replace(objective, regularizers=())
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 2: g = dJ/d log π for one group of two one-token sequences, as a function of the ratio.
-# ---------------------------------------------------------------------------------------------
 
 
+# %%
 def two_token_group(ratio):
     """Rows (A > 0, A < 0), one token each, both with ratio `ratio` to π_old = 0.5."""
     old = jnp.log(jnp.full((2, 1), 0.5))  # [B, T] log π_old (= log μ: no staleness here)
@@ -199,6 +203,7 @@ def two_token_group(ratio):
     return inputs, old + jnp.log(ratio)  # log πθ = log π_old + log r
 
 
+# %%
 def gradient_weight(objective: Objective, ratios: np.ndarray) -> np.ndarray:
     """g(r) = dJ/d log πθ of the A > 0 token and the A < 0 token: [len(ratios), 2]."""
 
@@ -211,12 +216,12 @@ def gradient_weight(objective: Objective, ratios: np.ndarray) -> np.ndarray:
     return np.asarray(jax.jit(jax.vmap(g))(jnp.asarray(ratios, jnp.float32)))
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 4: many updates on one fixed batch. Policy: softmax over 8 logits θ (one context).
 # Batch: a group of 4 samples, tokens 0..3, only token 0 rewarded. π_old = uniform (1/8 each).
-# ---------------------------------------------------------------------------------------------
 
 
+# %%
 def ratio_trajectory(objective: Objective, updates: int, lr: float = 0.25) -> np.ndarray:
     """Plain gradient ascent on J for `updates` steps on the same batch (π_old fixed, as in PPO
     epochs). Returns the ratio πθ(token 0) / π_old(token 0) after each update: [updates + 1]."""
@@ -248,6 +253,7 @@ def ratio_trajectory(objective: Objective, updates: int, lr: float = 0.25) -> np
     return np.array(ratios)
 
 
+# %%
 def plot(ratios, weights, trajectories, path: Path) -> None:
     fig = Figure(figsize=(13, 4.2), layout="constrained")
     axes = fig.subplots(1, 3)
@@ -300,6 +306,7 @@ def plot(ratios, weights, trajectories, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="fewer points and updates (CI)")
@@ -396,5 +403,6 @@ def main() -> None:
     print(f"\nwrote {out / 'clip_mask_vs_regulariser.png'} and {out / 'results.json'}")
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 05 — the first RL run: synchronous GRPO on scratchpad addition, pass@k before and after.
 
     python tutorials/05_first_rl_run.py         # full mode (about 3 min on 2 free cores)
@@ -128,6 +129,7 @@ acting).
     wrote /tmp/l05/out/pass_at_k.png, /tmp/l05/out/results.json and /tmp/l05/out/run/
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -163,6 +165,7 @@ FULL = (
 FAST = ("fixture", ["rl.steps=6", "eval.prompts=16"])
 
 
+# %%
 class Clock:
     """`Run`'s log function, with wall and CPU seconds since the start in front of each message.
     CPU seconds tell what the run costs on a machine that other jobs share."""
@@ -175,6 +178,7 @@ class Clock:
         print(f"  [{wall:5.0f}s wall, {cpu:5.0f}s cpu] {message}", flush=True)
 
 
+# %%
 def plot(records, summary, samples: int, path: Path) -> None:
     fig = Figure(figsize=(10, 4), layout="constrained")
     ax, bx = fig.subplots(1, 2, width_ratios=(3, 2))
@@ -210,6 +214,7 @@ def plot(records, summary, samples: int, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="the fixture task, seconds (CI)")
@@ -311,5 +316,6 @@ def main() -> None:
         raise SystemExit("the run was not synchronous, or the clip acted: see Step 3")
 
 
+# %%
 if __name__ == "__main__":
     main()

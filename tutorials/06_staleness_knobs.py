@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 06 — the staleness knobs j and k: reward against steps and against wall-clock time.
 
     python tutorials/06_staleness_knobs.py         # full mode (about 3 min on 2 shared cores)
@@ -156,6 +157,7 @@ What reproduces, and what does not:
     wrote /tmp/st2/l06/reward_vs_step_and_time.png and /tmp/st2/l06/results.json
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -201,6 +203,7 @@ FAST = dict(
 )
 
 
+# %%
 def train(preset: str, overrides: list[str], run_dir: Path) -> tuple[dict, list[dict], dict]:
     """One run from scratch: (summary, metrics records, wall/CPU seconds and load)."""
     shutil.rmtree(run_dir, ignore_errors=True)  # an existing run directory would be resumed
@@ -216,6 +219,7 @@ def train(preset: str, overrides: list[str], run_dir: Path) -> tuple[dict, list[
     return summary, read_metrics(run_dir), cost
 
 
+# %%
 def plot(runs: dict, path: Path) -> None:
     fig = Figure(figsize=(12, 4.2), layout="constrained")
     ax, bx = fig.subplots(1, 2, sharey=True)
@@ -243,6 +247,7 @@ def plot(runs: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="the fixture task, seconds (CI)")
@@ -355,5 +360,6 @@ def main() -> None:
         raise SystemExit("a batch was staler than its bound k: see the table above")
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 07 — asynchronous RL and decoupled PPO: naive PPO against decoupled PPO on stale data.
 
     python tutorials/07_async_decoupled_ppo.py         # full mode (about 14 min of CPU time)
@@ -201,6 +202,7 @@ updates, its bound on c), over three seeds:
         wrote OUT/naive_vs_decoupled.png and OUT/results.json
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -248,16 +250,19 @@ FAST = dict(overrides=[*COMMON, "rl.steps=8", "eval.prompts=8"], etas=(0, 1, 4),
 STYLE = {"naive_ppo": "--", "decoupled_ppo": "-", "uncapped": ":"}
 
 
+# %%
 def settings(etas):
     """(arm, eta) pairs: eta = 0 once (on fresh data the losses are the same), then every arm."""
     return [(ORACLE, 0)] + [(arm, eta) for eta in etas if eta > 0 for arm in ARMS]
 
 
+# %%
 def arm_at(arm: str, eta: int) -> str:
     """The run that stands for `arm` at `eta` (the oracle for every arm at eta = 0)."""
     return ORACLE if eta == 0 else arm
 
 
+# %%
 def train(overrides: list[str], run_dir: Path) -> tuple[dict, list[dict]]:
     """One run of the parity task from scratch: (summary, metrics records)."""
     shutil.rmtree(run_dir, ignore_errors=True)  # an existing run directory would be resumed
@@ -266,10 +271,12 @@ def train(overrides: list[str], run_dir: Path) -> tuple[dict, list[dict]]:
     return summary, read_metrics(run_dir)
 
 
+# %%
 def mean_of(records: list[dict], key: str, start: int = 0) -> float:
     return float(np.mean([r[key] for r in records[start:]]))
 
 
+# %%
 def plot(runs: dict, etas, seeds, path: Path) -> None:
     fig = Figure(figsize=(13, 4.4), layout="constrained")
     ax, bx = fig.subplots(1, 2, width_ratios=(3, 2))
@@ -321,6 +328,7 @@ def plot(runs: dict, etas, seeds, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# %%
 def run_all(s: dict, out: Path) -> dict:
     """Steps 1-2: one run per (arm, eta, seed)."""
     runs = {}
@@ -349,6 +357,7 @@ def run_all(s: dict, out: Path) -> dict:
     return runs
 
 
+# %%
 def inside_the_step(runs: dict, etas, seeds) -> tuple[dict, bool]:
     """Step 3: per eta, means over the steps after the first eta (and over seeds)."""
     print(
@@ -395,6 +404,7 @@ def inside_the_step(runs: dict, etas, seeds) -> tuple[dict, bool]:
     return table, lag_ok
 
 
+# %%
 def table_2(runs: dict, etas, seeds, key: str, title: str) -> dict:
     """Step 4: one of AReaL Table 2's halves, per eta and arm: mean over seeds (each seed)."""
     print(f"  {title}")
@@ -415,6 +425,7 @@ def table_2(runs: dict, etas, seeds, key: str, title: str) -> dict:
     return means
 
 
+# %%
 def shape_of_table_2(held_out: dict, etas) -> dict:
     """AReaL Table 2's two findings, read off held-out pass@1 (means over seeds)."""
     stale = [eta for eta in etas if eta > 0]
@@ -432,6 +443,7 @@ def shape_of_table_2(held_out: dict, etas) -> dict:
     }
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="8 steps, one seed (CI)")
@@ -510,5 +522,6 @@ def main() -> None:
         raise SystemExit("the staleness or the clip is not what this lesson claims: see above")
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 08 — training–inference mismatch: where it comes from, exact mode, TIS and rejection.
 
     python tutorials/08_training_inference_mismatch.py            # full mode (minutes, 2 cores)
@@ -165,6 +166,7 @@ model (the docs' table uses the warm-started one: the same orders of magnitude, 
     wall 860 s, CPU 317 s, load average 13.9 -> 12.4
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -184,10 +186,11 @@ from minirl.run.presets import make_config
 from minirl.run.runner import Run
 from minirl.store.checkpoints import CheckpointManager
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # The settings. The arms are those of experiments/mismatch.py (one seed here; three there).
-# ---------------------------------------------------------------------------------------------
 
+
+# %%
 ARMS = {
     "mismatch": ["rl.loss=token_reinforce", "engine.dtype=bfloat16"],
     "exact": ["rl.loss=token_reinforce", "engine.exact=true"],
@@ -212,12 +215,14 @@ FAST = dict(
 COLORS = {"mismatch": "tab:red", "exact": "tab:blue", "tis_mis": "tab:green"}
 
 
+# %%
 def sources_table(s: dict) -> list:
     """Step 1: `minirl diagnose` as a function: one Row per comparison."""
     cfg = make_config(s["table_preset"], s["table_sets"])
     return diagnose(cfg, prompts=s["table_prompts"], fast=s["table_fast"], log=lambda *a: None)
 
 
+# %%
 def train_arm(arm: str, s: dict, out: Path, seed: int = 0) -> list[dict]:
     """`minirl train --preset fixture --set ...` for one arm; returns its metrics.jsonl."""
     sets = [*s["budget"], *ARMS[arm], f"rl.steps={s['steps']}", f"rl.seed={seed}"]
@@ -226,10 +231,12 @@ def train_arm(arm: str, s: dict, out: Path, seed: int = 0) -> list[dict]:
     return read_metrics(out / arm)
 
 
+# %%
 def column(records: list[dict], key: str) -> np.ndarray:
     return np.array([np.nan if r.get(key) is None else r[key] for r in records], np.float64)
 
 
+# %%
 def summarise(arm: str, records: list[dict], exact_reward: np.ndarray, heldout: dict) -> dict:
     reward = column(records, "reward/mean")
     q = max(1, len(reward) // 4)
@@ -260,6 +267,7 @@ def summarise(arm: str, records: list[dict], exact_reward: np.ndarray, heldout: 
     }
 
 
+# %%
 def plot(rows, runs: dict, summary: dict, path: Path) -> None:
     fig = Figure(figsize=(13, 8.5), layout="constrained")
     (a, b), (c, d) = fig.subplots(2, 2)
@@ -329,6 +337,7 @@ def plot(rows, runs: dict, summary: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="a small table and short runs (CI)")
@@ -463,5 +472,6 @@ def main() -> None:
     )
 
 
+# %%
 if __name__ == "__main__":
     main()

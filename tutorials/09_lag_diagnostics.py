@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 09 — lag diagnostics: stale tokens show up in the ratio TAILS, not in the mean.
 
     python tutorials/09_lag_diagnostics.py            # full mode (a few minutes on 2 CPU cores)
@@ -176,6 +177,7 @@ where the paper's groups and rewards differ; compare shapes, not levels.
     wall 295 s, CPU 152 s, load average 4.9 -> 5.9
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -195,12 +197,13 @@ from minirl.plots import lag_table, plot_lag
 from minirl.run.presets import make_config
 from minirl.run.runner import Run
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # The settings. Fixture preset (2-token answers, a 78k-parameter model): seconds per step.
 # Learning rate 3e-4 (the preset's 3e-3 moves the policy so far in one step that every lag
 # bucket beyond 0 saturates); batches of P prompts x G samples.
-# ---------------------------------------------------------------------------------------------
 
+
+# %%
 FULL = dict(steps=192, reload_every=64, prompts=32, group=8, regimes=(3e-6, 1e-7))
 FAST = dict(steps=16, reload_every=8, prompts=8, group=8, regimes=(1e-7,))
 LEARNING_RATE = 3e-4  # Step 2's run; Step 5 repeats it at the smaller rates in `regimes`
@@ -216,6 +219,7 @@ PAPER = {
 }
 
 
+# %%
 def toy(seed: int = 0, vocab: int = 16, tokens: int = 4000) -> list[dict]:
     """Tokens drawn from mu; pi = softmax(logits_mu + s * direction) for growing s ("lag").
     Returns, per s, lag_buckets' statistics next to the exact KL(mu || pi)."""
@@ -240,6 +244,7 @@ def toy(seed: int = 0, vocab: int = 16, tokens: int = 4000) -> list[dict]:
     ]
 
 
+# %%
 def run_config(s: dict, learning_rate: float = LEARNING_RATE) -> list[str]:
     return [
         *COMMON,
@@ -252,6 +257,7 @@ def run_config(s: dict, learning_rate: float = LEARNING_RATE) -> list[str]:
     ]
 
 
+# %%
 def print_table(rows: list[dict]) -> None:
     print(
         f"  {'lag':10s}{'steps':>6s}{'tokens':>8s}{'median max ρ':>14s}{'p95 max ρ':>11s}"
@@ -265,6 +271,7 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+# %%
 def per_step(records: list[dict]) -> dict[str, list]:
     """Per step: the batch's lag (all its tokens share one here), its max ρ and k3 KL."""
     out = {"step": [], "lag": [], "max_rho": [], "kl_k3": [], "reward": []}
@@ -278,6 +285,7 @@ def per_step(records: list[dict]) -> dict[str, list]:
     return out
 
 
+# %%
 def plot_per_step(curves: dict, reload_every: int, path: Path) -> None:
     fig = Figure(figsize=(11, 8.5), layout="constrained")
     axes = fig.subplots(4, 1, sharex=True)
@@ -304,6 +312,7 @@ def plot_per_step(curves: dict, reload_every: int, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# %%
 def train(sets: list[str], run_dir: Path) -> tuple[dict, list[dict]]:
     """One run from scratch (an existing directory would be resumed): (summary, records)."""
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -313,11 +322,13 @@ def train(sets: list[str], run_dir: Path) -> tuple[dict, list[dict]]:
     return summary, read_metrics(run_dir)
 
 
+# %%
 def flat(values: list[float]) -> bool:
     """The lesson's test of "flat": the largest value is less than twice the smallest."""
     return bool(max(values) < 2 * min(values))
 
 
+# %%
 def regimes(s: dict, rows: list[dict], out: Path) -> dict:
     """Step 5: the same run at smaller learning rates. Per rate and lag bucket: the k3 KL, its
     growth over lag 0, the baseline RMSE and RMSE / sqrt(KL)."""
@@ -363,10 +374,12 @@ def regimes(s: dict, rows: list[dict], out: Path) -> dict:
     return {"tables": tables, "claims": claims}
 
 
+# %%
 def increasing(values: list[float]) -> bool:
     return all(b >= a for a, b in zip(values, values[1:], strict=False))
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="a shorter run (CI)")
@@ -484,5 +497,6 @@ def main() -> None:
     )
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 10 — preemption: kill a run with SIGKILL, resume it, and get the same bits.
 
     python tutorials/10_preemption.py            # full mode (a few minutes on 2 CPU cores)
@@ -116,6 +117,7 @@ to the uninterrupted run's, and the same held-out evaluation.
     wall 291 s, CPU 108 s (this process and its children), load average 9.0 -> 13.4
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -141,11 +143,12 @@ from minirl.store.trees import tree_mismatch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # The settings. Both modes use the fixture preset (seconds per step); full mode runs longer and
 # kills more often.
-# ---------------------------------------------------------------------------------------------
 
+
+# %%
 FULL = dict(steps=30, checkpoint_every=5, kills=3, max_delay_s=0.3, seed=0)
 FAST = dict(steps=10, checkpoint_every=3, kills=1, max_delay_s=0.3, seed=0)
 # A bigger batch than the preset's 8 x 4, so that a step lasts long enough to be hit mid-way.
@@ -155,6 +158,7 @@ BATCH = ["--set", "rl.prompts_per_step=32", "--set", "rl.group_size=8"]
 TIMING_KEYS = ("wall_time", "time/", "time_", "_per_s", "busy_seconds")
 
 
+# %%
 def train_command(run_dir: Path, s: dict, extra: list[str] = ()) -> list[str]:
     """`minirl train` as a user types it (through this Python, so it works uninstalled)."""
     return [
@@ -178,16 +182,19 @@ def train_command(run_dir: Path, s: dict, extra: list[str] = ()) -> list[str]:
     ]
 
 
+# %%
 def child_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
 
+# %%
 def steps_logged(run_dir: Path) -> int:
     return len(read_metrics(run_dir))
 
 
+# %%
 def run_watched(cmd, run_dir: Path, timeline: list, t0: float, kill_after=None) -> dict:
     """Run `cmd`, recording (seconds since t0, steps in metrics.jsonl) every 50 ms. With
     `kill_after=(steps, delay)`: SIGKILL it `delay` seconds after `steps` steps are logged."""
@@ -220,6 +227,7 @@ def run_watched(cmd, run_dir: Path, timeline: list, t0: float, kill_after=None) 
     }
 
 
+# %%
 def on_disk(run_dir: Path) -> dict:
     """What a killed run left behind: finished checkpoints, cut-short saves, logged steps."""
     ckpts = run_dir / "checkpoints"
@@ -231,6 +239,7 @@ def on_disk(run_dir: Path) -> dict:
     }
 
 
+# %%
 def compare_runs(ref: Path, got: Path) -> dict:
     """Bitwise comparison of the final checkpoints, and every step's metrics."""
     a, b = CheckpointManager(ref).restore(), CheckpointManager(got).restore()
@@ -263,6 +272,7 @@ def compare_runs(ref: Path, got: Path) -> dict:
     }
 
 
+# %%
 def flip_one_byte(run_dir: Path, work: Path) -> dict:
     """Copy the run's checkpoints, flip one byte in the newest params file, restore."""
     import logging
@@ -286,6 +296,7 @@ def flip_one_byte(run_dir: Path, work: Path) -> dict:
     return {"damaged_step": newest, "restored_step": restored.step, "warnings": warnings}
 
 
+# %%
 def plot(results: dict, path: Path) -> None:
     fig = Figure(figsize=(12, 4.4), layout="constrained")
     left, right = fig.subplots(1, 2)
@@ -313,6 +324,7 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="fewer steps and kills (CI)")
@@ -459,5 +471,6 @@ def main() -> None:
     )
 
 
+# %%
 if __name__ == "__main__":
     main()

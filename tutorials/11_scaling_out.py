@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 11 — scaling out: the same engine and trainer on a device mesh, across processes.
 
     python tutorials/11_scaling_out.py            # full mode (a few minutes on 2 CPU cores)
@@ -164,6 +165,7 @@ rounding noise, amplified.
     wall 91 s, CPU 107 s (this process and its children), load average 0.6 -> 1.9
 """
 
+# %%
 from __future__ import annotations
 
 import os
@@ -213,11 +215,12 @@ from scale.launch import wait_for_output  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # The settings. Full mode: the "tiny" model (3.2M parameters, the built-in tasks' default);
 # fast mode: a 2-layer toy. The four fake devices are the same in both.
-# ---------------------------------------------------------------------------------------------
 
+
+# %%
 FAST_MODEL = ModelConfig(
     vocab_size=32,
     dim=32,
@@ -247,20 +250,24 @@ WRONG = "a, b = map(int, input().split())\nprint(a - b)"
 TIME_LIMIT_S = 10.0
 
 
+# %%
 def engine_config(s: dict) -> EngineConfig:
     return EngineConfig(
         slots=8, cache_len=s["new"] + 16, prefill_buckets=(16,), prefill_rows=8, decode_chunk=8
     )
 
 
+# %%
 SEED = 3  # keys the engine's sampling draws
 
 
+# %%
 def host_params(cfg: ModelConfig) -> dict:
     """The model's initial weights as host numpy: the same on every process."""
     return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.split(init_model(cfg, seed=0))[1]))
 
 
+# %%
 def requests(s: dict, vocab: int) -> list[Request]:
     prompts = [
         Prompt(10 + i, "toy", "", np.array([1, 3 + i, 5, 7 + i], np.int32) % vocab)
@@ -269,6 +276,7 @@ def requests(s: dict, vocab: int) -> list[Request]:
     return [Request(p, k, s["new"]) for p in prompts for k in range(s["samples"])]
 
 
+# %%
 def generate(cfg, s, params):
     engine = Engine(cfg, engine_config(s), seed=SEED)
     engine.load_weights(0, params)
@@ -278,10 +286,12 @@ def generate(cfg, s, params):
     return rollouts
 
 
+# %%
 def max_diff(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
 
 
+# %%
 def update_difference(before, after_ref, after_sharded) -> dict[str, float]:
     """How far apart two optimizer updates of the same weights are. Adam's first step is about
     lr * g / (|g| + eps) per weight, so a weight whose gradient is at rounding level (~1e-9) gets
@@ -299,6 +309,7 @@ def update_difference(before, after_ref, after_sharded) -> dict[str, float]:
     return {"relative_l2": (diff2 / max(norm2, 1e-30)) ** 0.5, "max_abs": largest}
 
 
+# %%
 def bytes_per_device(params) -> dict[str, int]:
     """Parameter bytes each device holds under the arrays' shardings."""
     held: dict[str, int] = {}
@@ -308,6 +319,7 @@ def bytes_per_device(params) -> dict[str, int]:
     return held
 
 
+# %%
 def train_step(cfg, params, batch: Batch) -> dict:
     """One recompute + GRPO step of minirl's Trainer on whatever layout `params` has."""
     trainer = Trainer(cfg, params, get_preset("grpo"), TRAINER)
@@ -316,11 +328,11 @@ def train_step(cfg, params, batch: Batch) -> dict:
     return {"prox": np.asarray(prox), "metrics": metrics, "params": trainer.params()}
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Steps 1-2: one process, four fake devices
-# ---------------------------------------------------------------------------------------------
 
 
+# %%
 def step_meshes(s: dict) -> tuple[dict, Batch, dict]:
     cfg = s["model"]
     params = host_params(cfg)
@@ -413,21 +425,23 @@ def step_meshes(s: dict) -> tuple[dict, Batch, dict]:
     return result, batch_tp, sharded
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 3: two processes, one job
-# ---------------------------------------------------------------------------------------------
 
 
+# %%
 def save_batch(batch: Batch, path: Path) -> None:
     fields = dataclasses.asdict(batch)
     np.savez(path, **{name: a for name, a in fields.items() if a is not None})  # routes: MoE only
 
 
+# %%
 def load_batch(path: Path) -> Batch:
     with np.load(path) as data:
         return Batch(**{f.name: data[f.name] for f in dataclasses.fields(Batch) if f.name in data})
 
 
+# %%
 def spmd_process(args) -> None:
     """One of the two processes of step 3 (this script with --process-id 0 or 1)."""
     mesh_lib.initialize(mesh_lib.DistributedConfig(args.coordinator, 2, args.process_id))
@@ -469,12 +483,14 @@ def spmd_process(args) -> None:
     (work / f"process{jax.process_index()}.json").write_text(json.dumps(out))
 
 
+# %%
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
+# %%
 def child_env(devices_flag: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -482,6 +498,7 @@ def child_env(devices_flag: bool = False) -> dict:
     return env
 
 
+# %%
 def step_two_processes(s: dict, fast: bool, batch: Batch, single: dict, work: Path) -> dict:
     print(
         "\nStep 3. two processes x 2 fake devices = one 4-device job (jax.distributed, 127.0.0.1)"
@@ -541,11 +558,11 @@ def step_two_processes(s: dict, fast: bool, batch: Batch, single: dict, work: Pa
     return result
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 4: the verifier as a service
-# ---------------------------------------------------------------------------------------------
 
 
+# %%
 class Service:
     """`python -m scale.verifier_service` in its own process group, on 127.0.0.1."""
 
@@ -581,6 +598,7 @@ class Service:
         self.proc.stdout.close()
 
 
+# %%
 def code_rollouts(repo, problems: int, per_problem: int, pad: int) -> list[Rollout]:
     """Rollouts of an "add two numbers" task; each problem's tests carry `pad` bytes of input
     the programs ignore (stand-in for big test data)."""
@@ -605,6 +623,7 @@ def code_rollouts(repo, problems: int, per_problem: int, pad: int) -> list[Rollo
     return rollouts
 
 
+# %%
 def step_verifier_service(s: dict, work: Path) -> dict:
     from minirl.verifiers import CodeVerifier, TestRepository
     from scale.remote_verifier import ClientConfig, RemoteVerifier
@@ -680,11 +699,11 @@ def step_verifier_service(s: dict, work: Path) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 5: the RLAX layout on Ray (python -m scale.launch ray --weights ...)
-# ---------------------------------------------------------------------------------------------
 
 
+# %%
 def step_launcher(work: Path) -> dict:
     print(
         "\nStep 5. the RLAX layout on a local Ray cluster: python -m scale.launch ray --weights ... "
@@ -772,11 +791,11 @@ def step_launcher(work: Path) -> dict:
         service.stdout.close()
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 6: throughput against the number of (fake) inference devices
-# ---------------------------------------------------------------------------------------------
 
 
+# %%
 def step_throughput(s: dict) -> dict:
     cfg = s["model"]
     params = host_params(cfg)
@@ -805,11 +824,13 @@ def step_throughput(s: dict) -> dict:
     return out
 
 
+# %%
 def rel(pair) -> float:
     """Relative difference of two numbers that should agree."""
     return abs(pair[0] - pair[1]) / max(abs(pair[0]), 1e-12)
 
 
+# %%
 def plot(results: dict, path: Path) -> None:
     fig = Figure(figsize=(14, 4.3), layout="constrained")
     a, b, c = fig.subplots(1, 3)
@@ -842,6 +863,7 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="a toy model, no launcher (CI)")
@@ -920,5 +942,6 @@ def main() -> None:
         raise SystemExit(f"a claim of the lesson failed: {claims}")
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 12 — your own model: a Hugging Face directory and a JSONL file in, a better checkpoint out.
 
     python tutorials/12_your_own_model.py         # full mode (about 10 min on 2 free cores)
@@ -142,6 +143,7 @@ command; lockstep runs are deterministic).
     wrote /tmp/l12/pass_at_k.png and /tmp/l12/results.json
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -190,6 +192,7 @@ COMMON = [
 ]
 
 
+# %%
 def main() -> None:
     p = argparse.ArgumentParser(description="Lesson 12: your own model and data")
     p.add_argument("--fast", action="store_true", help="a small base and 3 RL steps (CI)")
@@ -294,6 +297,7 @@ def main() -> None:
     print(f"\nwrote {out / 'pass_at_k.png'} and {out / 'results.json'}")
 
 
+# %%
 def compare_with_transformers(path: Path) -> dict:
     """Max |logit difference| between transformers and minirl on the exported directory."""
     try:
@@ -319,6 +323,7 @@ def compare_with_transformers(path: Path) -> dict:
     return {"checked": True, "max_abs_logit_diff": diff, "equal_to_1e-4": diff <= 1e-4}
 
 
+# %%
 def plot(summary: dict, path: Path) -> None:
     import matplotlib
 
@@ -339,5 +344,6 @@ def plot(summary: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+# %%
 if __name__ == "__main__":
     main()

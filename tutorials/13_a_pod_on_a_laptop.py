@@ -1,3 +1,4 @@
+# %% [markdown]
 r"""Lesson 13 — a pod on a laptop: the real controller on simulated parts and virtual time.
 
     python tutorials/13_a_pod_on_a_laptop.py            # full mode (a few CPU minutes)
@@ -93,6 +94,7 @@ closely the simulator predicts real minirl runs on this machine (11 of 13 settin
 the other two within 17%).
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -125,6 +127,7 @@ from minirl.types import Prompt
 LONG_TAIL = "lognormal:8.6,0.8"  # median 5.4k tokens, a long right tail (capped below)
 
 
+# %%
 def step1_roofline() -> dict:
     print("Step 1. one decode step of a 7B model on one v5p chip, 64 rows at context 4k")
     m, dev = SHAPES["qwen2.5-7b"], DEVICES["v5p"]
@@ -150,6 +153,7 @@ def step1_roofline() -> dict:
     return {"memory_s": memory_s, "compute_s": compute_s, "bound": bound, "step_s": model_step}
 
 
+# %%
 def step2_schedule() -> dict:
     print("\nStep 2. two requests (5 and 9 tokens), every engine call costs 1 s, chunks of 4")
     toy = ModelConfig(
@@ -174,6 +178,7 @@ def step2_schedule() -> dict:
     return out
 
 
+# %%
 def step3_areal(args) -> dict:
     gpus = args.gpus
     print(f"\nStep 3. AReaL's regime: 7B, 32k context, {args.prompts} prompts x 16, {gpus} H100s")
@@ -210,6 +215,7 @@ def step3_areal(args) -> dict:
     }
 
 
+# %%
 def step4_rlax(args) -> dict:
     print(
         "\nStep 4. RLAX Fig. 4's knob at a quarter of its numbers: (j, k) = (4, 4) vs (4, 8), "
@@ -245,6 +251,7 @@ def step4_rlax(args) -> dict:
     return out
 
 
+# %%
 def step5_plan(args, out: Path) -> dict:
     command = ["plan", "--model", "qwen2.5-7b", "--device", "v5p", "--scheduler", "async"]
     command += ["--staleness", "1,2,1", "--prompts", "64", "--steps", str(args.steps)]
@@ -264,6 +271,7 @@ def step5_plan(args, out: Path) -> dict:
     return {str(n): {"steps_per_hour": s, "engine_busy": b} for n, s, b in rows}
 
 
+# %%
 def plot(rows, path: Path) -> None:
     import matplotlib
 
@@ -281,6 +289,7 @@ def plot(rows, path: Path) -> None:
     plt.close(fig)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="small settings (CI)")
@@ -308,5 +317,6 @@ def main() -> None:
         raise SystemExit(f"the hand-counted schedule does not hold: {results['schedule']}")
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -1,3 +1,4 @@
+# %% [markdown]
 r"""Lesson 14 — tools and turns: multi-turn episodes, token in and token out.
 
     python tutorials/14_tools_and_turns.py            # full mode (~12 CPU minutes on 2 cores)
@@ -87,6 +88,7 @@ is not), and 30 GRPO steps move neither arm by more than noise. RL here keeps wh
 gave; a task where RL has to discover when to call the tool is the next step.
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -126,6 +128,7 @@ PER_TURN = 64  # max_new_tokens of one turn
 TASK = Arithmetic(ArithmeticConfig(max_operands=4, reverse_digits=False))
 
 
+# %%
 def setup(tools):
     """The run config (the arithmetic preset's model and trainer) and its engine config."""
     cfg = make_config("arithmetic")
@@ -140,6 +143,7 @@ def setup(tools):
     return dataclasses.replace(cfg, engine=engine)
 
 
+# %%
 def warm_start(cfg, tools, steps: int, batch: int, seed: int = 0):
     """Supervised steps on the arm's demonstrations (the loss sees only mask-1 tokens)."""
     trainer_cfg = dataclasses.replace(
@@ -157,6 +161,7 @@ def warm_start(cfg, tools, steps: int, batch: int, seed: int = 0):
     return trainer.params(host=True)
 
 
+# %%
 def runner(engine_cfg, model_cfg, tools, params, version=0) -> EpisodeRunner:
     """A fresh engine with `params`, driven episode by episode (at most 3 turns each)."""
     engine = Engine(model_cfg, engine_cfg, seed=0)
@@ -165,15 +170,18 @@ def runner(engine_cfg, model_cfg, tools, params, version=0) -> EpisodeRunner:
     return EpisodeRunner(engine, make_env, TURNS, EpisodeConfig(max_turns=3))
 
 
+# %%
 def heldout(n: int, samples: int) -> list[Request]:
     """`samples` episodes of each of the first n test prompts (the same ones every time)."""
     return [Request(TASK.prompt(i, "test"), g, PER_TURN) for i in range(n) for g in range(samples)]
 
 
+# %%
 def pass1(episodes) -> float:
     return float(np.mean([r.score.reward for r in episodes]))
 
 
+# %%
 def show(episode) -> list[dict]:
     """An episode as runs of equal mask: what the policy wrote, what the tool answered."""
     edges = [0, *np.nonzero(np.diff(episode.mask))[0] + 1, len(episode.mask)]
@@ -186,6 +194,7 @@ def show(episode) -> list[dict]:
     return runs
 
 
+# %%
 def step1_episodes(cfg, params, args) -> dict:
     print("\nStep 1. episodes through the engine (calculator arm, after its warm start)")
     tools = [Calculator()]
@@ -202,6 +211,7 @@ def step1_episodes(cfg, params, args) -> dict:
     return {"runs": runs, "extended": stats["extended"], "rebuilt": stats["rebuilt"]}
 
 
+# %%
 def step2_exact(cfg, params, args) -> dict:
     print("\nStep 2. exact mode: the trainer's recompute equals the engine's log-probs")
     exact = dataclasses.replace(cfg.engine, exact=True)
@@ -223,6 +233,7 @@ def step2_exact(cfg, params, args) -> dict:
     return {"bitwise_equal": equal, "tokens": int(m.sum()), "after_observation": int(after.sum())}
 
 
+# %%
 REWRITING = (
     "{%- for m in messages -%}"
     "{%- if m.role == 'tool' -%}{{ '\\n= ' + m.content + '\\n' }}"
@@ -232,6 +243,7 @@ REWRITING = (
 )
 
 
+# %%
 def step3_template() -> dict:
     print("\nStep 3. a template that rewrites earlier turns is refused")
     turns = Turns(TOK, REWRITING)
@@ -252,6 +264,7 @@ def step3_template() -> dict:
     return {"refused_at_turn": None}
 
 
+# %%
 def rl_arm(tools, args, params=None) -> dict:
     """Warm start (unless `params` is one), pass@1, GRPO steps through the Controller, pass@1."""
     cfg = setup(tools)
@@ -289,6 +302,7 @@ def rl_arm(tools, args, params=None) -> dict:
     return {"before": before, "after": after, "train_rewards": rewards}
 
 
+# %%
 def step4_rl(params_calc, args) -> dict:
     print(f"\nStep 4. RL without and with the calculator ({args.rl_steps} GRPO steps each)")
     arms = {"no tool": rl_arm([], args), "calc": rl_arm([Calculator()], args, params_calc)}
@@ -299,6 +313,7 @@ def step4_rl(params_calc, args) -> dict:
     return {"arms": arms, "calc_beats_no_tool": holds}
 
 
+# %%
 def plot(arms: dict, path: Path) -> None:
     import matplotlib
 
@@ -320,6 +335,7 @@ def plot(arms: dict, path: Path) -> None:
     plt.close(fig)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="tiny budgets (CI)")
@@ -351,5 +367,6 @@ def main() -> None:
         raise SystemExit(f"a claim of this lesson failed: {checks}")
 
 
+# %%
 if __name__ == "__main__":
     main()

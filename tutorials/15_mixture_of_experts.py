@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 15 — mixture of experts: routing the engine and the trainer agree on, replay, exact mode.
 
     python tutorials/15_mixture_of_experts.py            # full mode (minutes, 2 cores)
@@ -124,6 +125,7 @@ shape, and each exact step is slow). The figure is figures/15_mixture_of_experts
     wall 833 s, CPU 325 s, load average 5.8 -> 7.1
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -153,10 +155,11 @@ from minirl.training.forward import ForwardSpec, routing_fn
 from minirl.training.routing import differs
 from minirl.types import Score
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # The settings.
-# ---------------------------------------------------------------------------------------------
 
+
+# %%
 MOE = ["model.expert_dim=64", "model.num_experts=8", "model.experts_per_token=2"]
 ARMS = {
     "free": ["engine.dtype=bfloat16", "trainer.routing=free"],
@@ -169,16 +172,17 @@ FAST = dict(seeds=1, steps=3, prompts_per_step=8, anatomy_prompts=32)
 COLORS = {"free": "tab:red", "replay": "tab:orange", "exact": "tab:blue"}
 
 
+# %%
 def config(sets: list[str] = ()):
     """The fixture preset with the tiny MoE model, plus `sets`."""
     return make_config("fixture", [*MOE, *COMMON, *sets])
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Step 1: the anatomy of one batch.
-# ---------------------------------------------------------------------------------------------
 
 
+# %%
 def anatomy(prompts: int, seed: int = 0) -> dict:
     """A bf16 engine samples `prompts` x 8 rollouts from the untrained MoE; the fp32 trainer
     scores the same tokens free and replayed. Per completion token: flipped routing, |Δ log p|."""
@@ -235,11 +239,11 @@ def anatomy(prompts: int, seed: int = 0) -> dict:
     }
 
 
-# ---------------------------------------------------------------------------------------------
+# %% [markdown]
 # Steps 2-3: the runs and the summary.
-# ---------------------------------------------------------------------------------------------
 
 
+# %%
 def train_arm(arm: str, seed: int, s: dict, out: Path) -> list[dict]:
     """`minirl train --preset fixture --set <MoE> --set <arm>` for one seed; its metrics.jsonl."""
     sets = [*ARMS[arm], f"rl.steps={s['steps']}", f"rl.prompts_per_step={s['prompts_per_step']}"]
@@ -250,13 +254,16 @@ def train_arm(arm: str, seed: int, s: dict, out: Path) -> list[dict]:
     return read_metrics(run_dir)
 
 
+# %%
 def column(records: list[dict], key: str) -> np.ndarray:
     return np.array([np.nan if r.get(key) is None else r[key] for r in records], np.float64)
 
 
+# %%
 DISAGREE, DLOGP = "train/routing/disagreement", "mismatch/mean_abs_dlogp"
 
 
+# %%
 def summarise(runs: list[list[dict]], heldout: list[float]) -> dict:
     """One arm over its seeds: per-step means and the totals."""
     stack = lambda key: np.stack([column(r, key) for r in runs])  # noqa: E731  [seeds, steps]
@@ -276,6 +283,7 @@ def summarise(runs: list[list[dict]], heldout: list[float]) -> dict:
     }
 
 
+# %%
 def plot(summary: dict, anat: dict, seeds: int, path: Path) -> None:
     fig = Figure(figsize=(13, 8.5), layout="constrained")
     (a, b), (c, d) = fig.subplots(2, 2)
@@ -330,6 +338,7 @@ def plot(summary: dict, anat: dict, seeds: int, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="one seed, short runs (CI)")
@@ -472,5 +481,6 @@ def main() -> None:
     )
 
 
+# %%
 if __name__ == "__main__":
     main()

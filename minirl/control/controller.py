@@ -4,6 +4,7 @@ One train step reads like the pseudocode of every RL system for LLMs:
 
     fill the buffer   prompts -> engine -> verifier -> version-tagged groups   (_generate)
     take a batch      the freshest groups the staleness bound k accepts        (_take_batch)
+    (teacher)         distillation: a frozen teacher scores the batch's tokens   (_train)
     train             trainer.train_step(batch)                                (trainer)
     publish           weight store <- new version; engine reloads every j-th   (_publish)
     report            the step's metrics, returned to the caller (the run loop
@@ -105,6 +106,7 @@ class Controller:
         max_new_tokens: int,
         clock: Callable[[], float] = time.perf_counter,
         log=print,
+        teacher=None,
     ):
         self.cfg, self.rl = cfg, cfg.rl
         # DAPO's dynamic sampling is part of its preset (Objective.dynamic_filtering), so
@@ -114,6 +116,7 @@ class Controller:
             or make_objective(cfg.rl.loss, cfg.rl.behaviour_cap, cfg.rl.kl_coef).dynamic_filtering
         )
         self.engine, self.trainer, self.verifier, self.store = engine, trainer, verifier, store
+        self.teacher = teacher  # distillation: a loss-free Trainer on frozen weights, or None
         self.mixture, self.tokenizer, self.max_new_tokens = mixture, tokenizer, max_new_tokens
         self.clock, self.log = clock, log
         self.counters = Counters()
@@ -190,17 +193,28 @@ class Controller:
         return out
 
     def _train(self, groups: list[Group]):
-        """One trainer step on `groups`: batch, log pi_prox (recomputed unless on-policy), update."""
+        """One trainer step on `groups`: batch, the teacher's log-probs (distillation), log pi_prox
+        (recomputed unless on-policy), update."""
         batch = make_batch(
             [r for g in groups for r in g.rollouts],
             self.tokenizer.pad_id,
             self.cfg.trainer.bucket_minimum,
         )
+        t0 = self.clock()
+        if self.teacher is not None:  # a pure function of the batch: a dead process is asked again
+            restarted = self._restarted("teacher", "scoring again")
+            batch.teacher_logprobs = call_restarting(  # [B, T] log pi_T(targets), 0 off the mask
+                self.teacher, "recompute_logprobs", batch, on_restart=restarted
+            )
+        t_teacher = self.clock() - t0
         # every counted token sampled under the weights the trainer holds: the trainer may skip
         # its log pi_prox recompute (Trainer.skips_recompute) and hands back what it used
         on_policy = bool(np.all(batch.versions[batch.mask > 0] == self.counters.version))
         metrics, prox = self.trainer.call("train_step_with_prox", batch, None, on_policy).result()
-        return {f"train/{k}": v for k, v in metrics.items()}, batch, prox
+        metrics = {f"train/{k}": v for k, v in metrics.items()}
+        if self.teacher is not None:
+            metrics["time/teacher"] = t_teacher
+        return metrics, batch, prox
 
     def _count_trained(self, groups: list[Group]) -> None:
         k = self.rl.max_lag

@@ -272,8 +272,8 @@ class ProcessWorker:
 
 class LocalPlacement:
     """Where `minirl train` puts its parts (`rl.workers`): everything in this process
-    (`inprocess`), or the engine and the verifier each in a local process (`process`; the
-    trainer stays here). Each method takes a factory that builds the part, and `engine` and
+    (`inprocess`), or the engine, the verifier and a distillation teacher each in a local
+    process (`process`; the trainer stays here). Each method takes a factory that builds the part, and `engine` and
     `verifier` may be given the part already built in this process, used in place of a new one
     when the part stays here."""
 
@@ -295,6 +295,9 @@ class LocalPlacement:
 
     def trainer(self, factory: Callable[[], Any]):
         return InProcessWorker(factory())
+
+    def teacher(self, factory: Callable[[], Any]):
+        return self._worker("teacher", factory)
 
 
 def gather(futures: list[Future], combine: Callable[[list], Any]) -> Future:

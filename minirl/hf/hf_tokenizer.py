@@ -109,6 +109,10 @@ class HFTokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def vocabulary(self) -> dict[str, int]:
+        """Every token's string and id, added (special) tokens included."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
     @functools.cached_property
     def max_token_chars(self) -> int:
         """The longest token string in the vocabulary. Byte-level vocabularies spell each byte

@@ -2,7 +2,7 @@
 
     from minirl.losses import LossInputs, get_preset, take_rows, finalize_metrics
 
-    objective = get_preset("grpo")                  # or "dapo", "gspo_tis", "decoupled_ppo_mis", ...
+    objective = get_preset("grpo")                  # or "dapo", "gspo_tis", "distill", ...
     prepared = objective.prepare(inputs)            # phase 1: whole train batch
     loss, m = objective.loss(logp[rows], take_rows(prepared, rows))   # phase 2: per micro-batch
     metrics = finalize_metrics([m, ...])
@@ -23,6 +23,7 @@ from minirl.losses.advantages import (
     whiten,
 )
 from minirl.losses.aggregation import LastToken, MaxLength, SequenceMean, TokenMean
+from minirl.losses.distill import Distill, teacher_log_ratio
 from minirl.losses.importance import (
     ClippedTokenRatio,
     Correction,
@@ -41,6 +42,7 @@ from minirl.losses.presets import (
     make_objective,
     with_kl_coef,
     with_rejection,
+    with_teacher,
     with_tis,
 )
 from minirl.losses.regularizers import K1KL, K2KL, K3KL, Entropy
@@ -65,6 +67,7 @@ __all__ = [
     "with_tis",
     "with_rejection",
     "with_kl_coef",
+    "with_teacher",
     # parts: aggregation
     "SequenceMean",
     "TokenMean",
@@ -87,6 +90,8 @@ __all__ = [
     "group_statistics",
     "GroupStats",
     "whiten",
+    "Distill",
+    "teacher_log_ratio",
     # parts: gradient terms and regularisers
     "ClippedRatio",
     "LogProb",

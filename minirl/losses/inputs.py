@@ -42,10 +42,13 @@ class LossInputs:
     group_ids: jax.Array  # [B] int32, equal ids = same prompt; contiguous runs
     ref_logp: jax.Array | None = None  # [B, T] log pi_ref, for KL terms
     token_rewards: jax.Array | None = None  # [B, T] per-token rewards (GAE); default: R_i at last
+    teacher_logp: jax.Array | None = None  # [B, T] log pi_T: a teacher's score (distillation)
 
     @classmethod
     def from_batch(cls, batch: Any, prox_logp, ref_logp=None) -> LossInputs:
-        """Build from a `minirl.types.Batch` plus the trainer's recomputed log-probs."""
+        """Build from a `minirl.types.Batch` plus the trainer's recomputed log-probs (and the
+        teacher's log-probs the batch carries, if any)."""
+        teacher = getattr(batch, "teacher_logprobs", None)
         return cls(
             mask=jnp.asarray(batch.mask, jnp.float32),
             prox_logp=jnp.asarray(prox_logp, jnp.float32),
@@ -53,6 +56,7 @@ class LossInputs:
             rewards=jnp.asarray(batch.rewards, jnp.float32),
             group_ids=jnp.asarray(batch.group_ids, jnp.int32),
             ref_logp=None if ref_logp is None else jnp.asarray(ref_logp, jnp.float32),
+            teacher_logp=None if teacher is None else jnp.asarray(teacher, jnp.float32),
         )
 
     def as_float32(self) -> LossInputs:
@@ -66,6 +70,7 @@ class LossInputs:
             group_ids=jnp.asarray(self.group_ids, jnp.int32),
             ref_logp=f32(self.ref_logp),
             token_rewards=f32(self.token_rewards),
+            teacher_logp=f32(self.teacher_logp),
         )
 
 
@@ -76,7 +81,7 @@ def check_shapes(inputs: LossInputs) -> None:
     mask = np.shape(inputs.mask)
     if len(mask) != 2:
         raise ValueError(f"LossInputs.mask must be [B, T], got shape {mask}")
-    for name in ("prox_logp", "behav_logp", "ref_logp", "token_rewards"):
+    for name in ("prox_logp", "behav_logp", "ref_logp", "token_rewards", "teacher_logp"):
         x = getattr(inputs, name)
         if x is not None and np.shape(x) != mask:
             raise ValueError(
@@ -149,6 +154,8 @@ class Prepared:
     log_c: jax.Array  # [B, T] clamp(log pi_prox - log mu, -C, C), 0 off `valid`
     seq_rejected: jax.Array  # [B] 1.0 if sequence rejection dropped the row
     ref_logp: jax.Array | None = None  # [B, T] log pi_ref, 0 off `valid` (only if a KL term)
+    teacher_kl: jax.Array | None = None  # [B, T] clamp(log mu - log pi_T), 0 off `valid` (teacher)
+    teacher_logp: jax.Array | None = None  # [B, T] log mu - teacher_kl (log pi_T >= log mu - C)
 
 
 def take_rows(prepared: Prepared, rows) -> Prepared:

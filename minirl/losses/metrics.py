@@ -23,6 +23,9 @@ Reported (finalize_metrics):
                                 counted tokens: (sum w)^2 / (n sum w^2); 1 when every w is equal,
                                 small when a few tokens carry the weighted gradient
   entropy                       mean per-token entropy, when the trainer passed it
+  distill/reverse_kl            with a teacher: mean over completion tokens of log mu - log pi_T
+                                (clamped to [-C, C]), the k1 estimate of KL(mu || pi_T) per token
+  distill/teacher_logp          with a teacher: its mean per-token log-prob of the student's tokens
   zero_centred_pos/neg          sum over counted tokens with A > 0 (A < 0) of A (c - 1): VeXact
                                 Eq. 5's zero-centred contribution, 0 when pi_prox = mu; its sign
                                 imbalance shows mismatch damage before the KL estimates do
@@ -92,6 +95,9 @@ def slice_metrics(
     }
     if entropy is not None:
         out["entropy_sum"] = _sum(sg(entropy), mask)
+    if prepared.teacher_kl is not None:
+        out["teacher_kl_sum"] = _sum(prepared.teacher_kl, valid)
+        out["teacher_logp_sum"] = _sum(prepared.teacher_logp, valid)
     return out
 
 
@@ -143,6 +149,9 @@ def finalize_metrics(merged) -> dict[str, jax.Array]:
     }
     if "entropy_sum" in m:
         out["entropy"] = m["entropy_sum"] / counted
+    if "teacher_kl_sum" in m:  # on-policy distillation (minirl/losses/distill.py)
+        out["distill/reverse_kl"] = m["teacher_kl_sum"] / tokens
+        out["distill/teacher_logp"] = m["teacher_logp_sum"] / tokens
     if "router_aux" in m:  # MoE: the load-balancing loss, micro-batches weighted by tokens
         out["router_aux"] = m["router_aux"]
     return out

@@ -9,7 +9,7 @@ regularizers.py and rejection.py; presets.py names the combinations of the paper
 THE TWO-PHASE CONTRACT (what the trainer calls)
 -----------------------------------------------
     inputs = LossInputs(mask, prox_logp, behav_logp, rewards, group_ids,
-                        ref_logp=None, token_rewards=None)   # whole train batch
+                        ref_logp=None, token_rewards=None, teacher_logp=None)   # whole batch
     prepared = objective.prepare(inputs)          # phase 1: once per train batch, jittable
     for rows in micro_batches:                    # any partition of range(B); rows never split
         part = take_rows(prepared, rows)          # every leaf of `prepared` has leading axis B
@@ -31,8 +31,9 @@ optimizer updates per rollout batch (PPO-style mini-batches), each update is its
 normalisers are its own — otherwise each update would see only its share of the batch loss.
 
 `objective(inputs, logp)` does both phases on the full batch and returns (loss, finalized metrics
-incl. p95). `needs_ref` and `needs_entropy` tell the trainer what to supply: `ref_logp` in the
-inputs; per-token `entropy` [b, T] to `loss`. There is no value loss: minirl trains no critic
+incl. p95). `needs_ref`, `needs_teacher` and `needs_entropy` tell the trainer what to supply:
+`ref_logp` or `teacher_logp` (on-policy distillation, distill.py) in the inputs; per-token
+`entropy` [b, T] to `loss`. There is no value loss: minirl trains no critic
 (its model has no value head; PPO's GAE runs with V = 0, advantages.py).
 
 Garbage (-inf, nan) at masked positions never reaches the loss or its gradient (`jnp.where`, never
@@ -59,6 +60,7 @@ import jax.numpy as jnp
 
 from minirl.losses.advantages import Advantage
 from minirl.losses.aggregation import Aggregation
+from minirl.losses.distill import Distill, teacher_log_ratio
 from minirl.losses.importance import ImportanceWeight
 from minirl.losses.inputs import (
     Context,
@@ -102,12 +104,21 @@ class Objective:
             raise ValueError(f"log_ratio_clamp must be finite and > 0, got {self.log_ratio_clamp}")
         if not (self.router_aux_coef >= 0 and math.isfinite(self.router_aux_coef)):
             raise ValueError(f"router_aux_coef must be finite and >= 0, got {self.router_aux_coef}")
+        if isinstance(self.advantage, Distill):  # the teacher's log-ratio is clamped with our C
+            synced = dataclasses.replace(self.advantage, clamp=self.log_ratio_clamp)
+            object.__setattr__(self, "advantage", synced)
 
     # -- what the trainer must supply ------------------------------------------------------------
     @property
     def needs_ref(self) -> bool:
         """A KL term is present: `LossInputs.ref_logp` is required."""
         return any(getattr(r, "needs_ref", False) for r in self.regularizers)
+
+    @property
+    def needs_teacher(self) -> bool:
+        """A teacher term is present (on-policy distillation): `LossInputs.teacher_logp` is
+        required."""
+        return getattr(self.advantage, "needs_teacher", False)
 
     @property
     def needs_entropy(self) -> bool:
@@ -130,6 +141,10 @@ class Objective:
         mask, seq_rejected = apply_rejection(self.token_reject, self.sequence_reject, log_c, valid)
         # rejection first: whitening's mean and std are over the counted tokens (docs/losses.md)
         adv = self.advantage(inputs, valid, mask)
+        teacher_kl = teacher_logp = None
+        if self.needs_teacher:  # for the distill/* metrics
+            teacher_kl = teacher_log_ratio(inputs, valid, self.log_ratio_clamp)
+            teacher_logp = masked(inputs.behav_logp, valid) - teacher_kl
         return Prepared(
             mask=mask,
             valid=valid,
@@ -139,6 +154,8 @@ class Objective:
             log_c=log_c,
             seq_rejected=seq_rejected,
             ref_logp=masked(inputs.ref_logp, valid) if self.needs_ref else None,
+            teacher_kl=teacher_kl,
+            teacher_logp=teacher_logp,
         )
 
     # -- phase 2 ---------------------------------------------------------------------------------

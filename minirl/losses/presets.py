@@ -13,12 +13,15 @@
     ppo              token_mean     1                     gae(1, 1)           clipped_ratio(.2,.2,dual 3)  -
     decoupled_ppo    token_mean     c 1[c <= 5]           group_norm+whiten   clipped_ratio(.2,.2)    -
     naive_ppo        token_mean     c = pi_prox/mu        group_norm+whiten   clipped_ratio on pi/mu  -
+    distill          token_mean     c = pi_prox/mu        teacher: -(log mu - log pi_T)  clipped_ratio(.2,.2)  -
 
 Variants, for any preset, by function or by name suffix (applied left to right):
     with_tis(p, cap=2.0)                    `<name>_tis`: IS *= min(c, cap) (replaces c if present)
     with_behaviour_cap(p, cap)              decoupled PPO's bound on c (None: the paper's uncapped c)
     with_kl_coef(p, beta)                   the KL term's coefficient; 0 drops the term (and with it
                                             the trainer's reference model and its forward)
+    with_teacher(p, coef, discount)         + coef x the teacher's per-token advantage (distill.py):
+                                            on-policy distillation mixed with the verifier's reward
     with_rejection(p, token=(lo, hi),       `<name>_mis`: token rejection (0.5, 5.0) then sequence
                    sequence=(stat, U))      rejection ("mean_k1", 0.01)
 e.g. `get_preset("grpo_tis")`, `get_preset("decoupled_ppo_tis_mis", log_ratio_clamp=5.0)`.
@@ -39,6 +42,7 @@ from collections.abc import Callable
 
 from minirl.losses.advantages import GAE, GroupMean, GroupNorm, LeaveOneOut, batch_whiten
 from minirl.losses.aggregation import LastToken, MaxLength, SequenceMean, TokenMean
+from minirl.losses.distill import Distill
 from minirl.losses.importance import (
     ClippedTokenRatio,
     Correction,
@@ -192,6 +196,18 @@ def naive_ppo() -> Objective:
     )
 
 
+def distill() -> Objective:
+    """On-policy distillation (GKD's reverse KL, Agarwal et al. 2024; Lu et al. 2025) through
+    decoupled PPO's surrogate sum_t sg[c] min(u A, clip(u) A), c unbounded; A = -(log mu - log pi_T)."""
+    return Objective(
+        name="distill",
+        aggregation=TokenMean(),
+        importance=(Correction(),),
+        advantage=Distill(coef=1.0, discount=0.0),
+        gradient_term=ClippedRatio(eps_lo=0.2, eps_hi=0.2),
+    )
+
+
 PRESETS: dict[str, Callable[[], Objective]] = {
     f.__name__: f
     for f in (
@@ -207,6 +223,7 @@ PRESETS: dict[str, Callable[[], Objective]] = {
         ppo,
         decoupled_ppo,
         naive_ppo,
+        distill,
     )
 }
 
@@ -251,6 +268,16 @@ def with_kl_coef(objective: Objective, beta: float) -> Objective:
     return dataclasses.replace(objective, regularizers=parts)
 
 
+def with_teacher(objective: Objective, coef: float = 1.0, discount: float = 0.0) -> Objective:
+    """The objective with `coef` x the teacher's per-token advantage (distill.py) added to its
+    reward advantage (or, for `distill`, its own coefficient and discount set)."""
+    if isinstance(objective.gradient_term, SequenceLogProb):  # reads one advantage per sequence
+        raise ValueError(f"loss {objective.name!r} is sequence-level: use a token-level loss")
+    adv = objective.advantage
+    reward = adv.reward if isinstance(adv, Distill) else adv
+    return dataclasses.replace(objective, advantage=Distill(coef, discount, reward))
+
+
 def with_router_aux(objective: Objective, coef: float) -> Objective:
     """The objective plus `coef` x the routers' load-balancing loss (a mixture-of-experts
     model's: E sum_e f_e P_e per MoE layer, minirl/modeling/moe.py), which the trainer's forward
@@ -259,13 +286,23 @@ def with_router_aux(objective: Objective, coef: float) -> Objective:
 
 
 def make_objective(
-    name: str, behaviour_cap: float, kl_coef: float | None = None, router_aux_coef: float = 0.0
+    name: str,
+    behaviour_cap: float,
+    kl_coef: float | None = None,
+    router_aux_coef: float = 0.0,
+    distill_coef: float | None = None,
+    discount: float = 0.0,
 ) -> Objective:
     """The loss a run trains with (`rl.loss`, `rl.behaviour_cap`, `rl.kl_coef`,
-    `rl.router_aux_coef`): the preset `name`, its KL coefficient set to `kl_coef` (None = the
-    preset's), the load-balancing part added with `router_aux_coef`, its bound on c set to
+    `rl.router_aux_coef`, `rl.distill_coef`, `rl.distill_discount`): the preset `name`, its KL
+    coefficient set to `kl_coef` (None = the preset's), the load-balancing part added with
+    `router_aux_coef`, the teacher's advantage with `distill_coef` (None = the preset's: 1 for
+    `distill`, none for the others; 0 = none) and `discount`, its bound on c set to
     `behaviour_cap` (0 = uncapped) if it has one."""
     objective = get_preset(name)
+    if objective.needs_teacher or distill_coef:
+        coef = objective.advantage.coef if distill_coef is None else distill_coef
+        objective = with_teacher(objective, coef, discount)
     if router_aux_coef:
         objective = with_router_aux(objective, router_aux_coef)
     if kl_coef is not None:

@@ -69,42 +69,51 @@ def tree_sum(x: jax.Array, axis: int = -1) -> jax.Array:
     return jnp.squeeze(x, axis)
 
 
-@jax.custom_vjp
-def _fast_dense(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., I] @ w [I, O] -> [..., O], with the backward pass written out (below)."""
-    return jnp.einsum("...i,io->...o", x, w)
+def _transposed_rows(x: jax.Array) -> jax.Array:
+    """x [N, I] -> x^T [I, N], a real copy (barriers: XLA folded it into the dot, then ran x^T dy
+    with its Eigen kernel, built for AVX without FMA, bf16 upcast): x^T dy runs in YNNPACK."""
+    n, i = x.shape
+    split = 16 if n % 16 == 0 else 1  # a 3-D view: over a 2-D one XLA still folds it
+    x = jax.lax.optimization_barrier(x)
+    return jax.lax.optimization_barrier(x.T.reshape(i, n // split, split)).reshape(i, n)
 
 
-def _fast_dense_fwd(x, w):
-    return _fast_dense(x, w), (x, w)
+def _fast_dense(x: jax.Array, w: jax.Array, out_dtype) -> jax.Array:
+    """x @ w in x's dtype (w cast here: a float32 master gets a float32 gradient), f32 sums."""
+    y = jnp.einsum("...i,io->...o", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return y.astype(out_dtype)
 
 
-def _fast_dense_bwd(residuals, dy):
-    """dx = dy @ w^T and dw = sum over rows of x^T dy, each as ONE dot in the layout XLA CPU runs
-    directly. Autodiff's own rule emits dw as [O, I] followed by a transpose; XLA CPU folds that
-    transpose into the operands and materialises dy transposed ([O, rows], often fused with the
-    SwiGLU derivative and computed twice). Those copies took ~20% of a training step's thread
-    time on the `small` model (docs/trainer.md); these two dots need none."""
+def _fast_dense_fwd(x, w, out_dtype):
+    return _fast_dense(x, w, out_dtype), (x, w)
+
+
+def _fast_dense_bwd(out_dtype, residuals, dy):
+    """dx = dy @ w^T, dw = x^T dy: ONE dot each, inputs in x's dtype, f32 sums (bf16 x bf16 ->
+    f32 is the native kernel). Autodiff's dw [O, I] + transpose cost ~20% (docs/trainer.md)."""
     x, w = residuals
-    dx = jnp.einsum("...o,io->...i", dy, w)
+    dy = dy.astype(x.dtype)
+    dx = jnp.einsum("...o,io->...i", dy, w.astype(x.dtype), preferred_element_type=jnp.float32)
     rows_x, rows_dy = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])  # [N, I], [N, O]
-    dw = jnp.einsum("ni,no->io", rows_x, rows_dy)
-    return dx, dw.astype(w.dtype)
+    dw = jnp.dot(_transposed_rows(rows_x), rows_dy, preferred_element_type=jnp.float32)
+    dw = jax.lax.optimization_barrier(dw)  # a tied embedding's transpose stays out of the dot
+    return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
+_fast_dense = jax.custom_vjp(_fast_dense, nondiff_argnums=(2,))
 _fast_dense.defvjp(_fast_dense_fwd, _fast_dense_bwd)
 
 
-def dense(x: jax.Array, w: jax.Array, exact: bool = False) -> jax.Array:
-    """x [..., I] @ w [I, O] -> [..., O] in x's dtype."""
+def dense(x: jax.Array, w: jax.Array, exact: bool = False, out_dtype=None) -> jax.Array:
+    """x [..., I] @ w [I, O] -> [..., O] in `out_dtype` (default x's), computed in x's dtype."""
     if not exact:
-        return _fast_dense(x, w)
+        return _fast_dense(x, w, out_dtype or x.dtype)
     i = x.shape[-1]
     # At least two chunks: with one, XLA drops the chunk axis and a single-row x takes a
     # matrix-vector kernel that sums in another order. The zero chunk adds exact zeros.
     n = max(2, _next_pow2(-(-i // CHUNK)))
     xc = _pad_axis(x, -1, n * CHUNK).reshape(*x.shape[:-1], n, CHUNK)  # [..., n, C]
-    wc = _pad_axis(w, 0, n * CHUNK).reshape(n, CHUNK, w.shape[-1])  # [n, C, O]
+    wc = _pad_axis(w.astype(x.dtype), 0, n * CHUNK).reshape(n, CHUNK, w.shape[-1])  # [n, C, O]
     # bf16 inputs are upcast: a bf16 x bf16 product is exact in float32, sums accumulate in fp32.
     # HIGHEST: true float32 products on every backend (a GPU's default runs float32 dots in TF32,
     # 10 bits of mantissa; the CPU's are float32 either way, so its bits are unchanged).
@@ -115,7 +124,7 @@ def dense(x: jax.Array, w: jax.Array, exact: bool = False) -> jax.Array:
         precision=jax.lax.Precision.HIGHEST,
         preferred_element_type=jnp.float32,
     )
-    return tree_sum(parts, axis=-2).astype(x.dtype)
+    return tree_sum(parts, axis=-2).astype(out_dtype or x.dtype)
 
 
 def mean_last(x: jax.Array, exact: bool = False) -> jax.Array:
@@ -149,7 +158,8 @@ def attention(q, k, v, visible, exact: bool = False):
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
         scores = jnp.where(visible[:, None, None], scores, NEG)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        return jnp.einsum("bkgts,bskd->btkgd", probs, v)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
+        return out.astype(q.dtype)  # float32 sums: bf16 runs the native kernel (`dense`)
     # Exact: small-axis dot products on XLA CPU are NOT shape-invariant (a [1, S] query row takes
     # a different kernel than a [T, S] block), so attention multiplies elementwise and sums with
     # the fixed tree: over Dh for the scores, over S for the weighted values.

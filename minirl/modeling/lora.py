@@ -73,7 +73,7 @@ def scale(cfg) -> float:
 def project(module, name: str, x: jax.Array, lora_scale: float, exact: bool) -> jax.Array:
     """x [..., I] through `module.{name}_proj` [I, O], plus its adapter if `module` has one.
     Everything is computed in x's dtype."""
-    y = exact_ops.dense(x, getattr(module, f"{name}_proj")[...].astype(x.dtype), exact)
+    y = exact_ops.dense(x, getattr(module, f"{name}_proj")[...], exact)  # cast to x.dtype there
     a = getattr(module, f"{name}_lora_a", None)
     if a is None:
         return y

@@ -150,9 +150,10 @@ class Attention(nnx.Module):
             y = getattr(self, f"{name}_norm")(y, exact)
         return y
 
-    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False):
+    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, segments=None):
         """x [B, T, D]; positions [B, T]; layer_cache (k, v) each [B, S, K, Dh] or None;
-        starts [B] cache index of x[:, 0]. Returns (y [B, T, D], new (k, v) or None)."""
+        starts [B] cache index of x[:, 0]; segments [B, T]: packed rows (no cache). Returns
+        (y [B, T, D], new (k, v) or None)."""
         cfg = self.cfg
         b, t, _ = x.shape
         q = apply_rope(self._project(x, "q", cfg.num_heads, exact), positions, inv_freq, exact)
@@ -169,6 +170,9 @@ class Attention(nnx.Module):
             key_index = jnp.arange(keys.shape[1])
         # Causal mask by cache index: query at index starts+t sees keys at index <= its own.
         visible = key_index[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        if segments is not None:  # packed rows: causal by index, within one's own segment
+            same = segments[:, :, None] == segments[:, None]  # [B, T, T]
+            visible = (key_index <= key_index[:, None]) & same
         g = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, g, cfg.head_dim)  # [B, T, K, G, Dh]
         attend = exact_ops.causal_attention if layer_cache is None else exact_ops.attention
@@ -207,9 +211,11 @@ class Block(nnx.Module):
         self.mlp = moe.MoE(cfg, rngs, shared) if sparse else MLP(cfg, rngs)
         self.sparse = sparse
 
-    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None):
+    def __call__(
+        self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None, segments=None
+    ):
         h, new_cache = self.attn(
-            self.attn_norm(x, exact), positions, inv_freq, layer_cache, starts, exact
+            self.attn_norm(x, exact), positions, inv_freq, layer_cache, starts, exact, segments
         )
         x = x + h
         normed = self.mlp_norm(x, exact)
@@ -243,6 +249,7 @@ class Transformer(nnx.Module):
         exact=False,
         last_only=False,
         routes=None,
+        packed=None,
     ):
         """tokens [B, T] int32, right-padded. Without a cache: full causal forward from position
         0, returns logits [B, T, V] (float32). With a cache: row b's tokens go to cache indices
@@ -251,13 +258,16 @@ class Transformer(nnx.Module):
         row's last real token only — a prefill samples from nothing else, and with a 152k
         vocabulary the LM head over every position is a quarter of a prefill's FLOPs.
         MoE: `routes` int32 [B, T, M, k] (M = len(cfg.moe_layers)) replays those experts, None
-        lets the routers choose; `moe.collect(model)` returns what they did (minirl/modeling/moe.py)."""
+        lets the routers choose; `moe.collect(model)` returns what they did (minirl/modeling/moe.py).
+        `packed`: rows packed with sequences (no cache): their `positions`, `segments` [B, T]."""
         cfg = self.cfg
         b, t = tokens.shape
         starts = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
         positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+        segments = None if packed is None else packed["segments"]  # [B, T]
+        positions = positions if packed is None else packed["positions"]
         inv_freq = rope_frequencies(cfg)
-        x = self.embed[...].astype(cfg.compute_dtype)[tokens]  # [B, T, D]
+        x = self.embed[...][tokens].astype(cfg.compute_dtype)  # [B, T, D]; float32 gradient sums
         new_k, new_v = [], []
         sparse = cfg.moe_layers
         for i, layer in enumerate(self.layers):
@@ -265,7 +275,7 @@ class Transformer(nnx.Module):
             args = (x, positions, inv_freq, layer_cache, starts, exact)
             if routes is not None and i in sparse:  # replay this MoE layer's routes [B, T, k]
                 args = (*args, routes[:, :, sparse.index(i)])
-            x, kv = layer(*args)
+            x, kv = layer(*args) if segments is None else layer(*args, segments=segments)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
@@ -275,7 +285,7 @@ class Transformer(nnx.Module):
         if last_only:  # after the norm: gathered before it, bf16 exact mode rounded differently
             x = jnp.take_along_axis(x, (num_new - 1)[:, None, None], axis=1)  # [B, 1, D]
         head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-        logits = exact_ops.dense(x, head.astype(x.dtype), exact).astype(jnp.float32)  # [B, T, V]
+        logits = exact_ops.dense(x, head, exact, jnp.float32)  # [B, T, V]: float32 (not rounded)
         if cache is None:
             return logits
         return logits, KVCache(tuple(new_k), tuple(new_v), cache.lengths + num_new)

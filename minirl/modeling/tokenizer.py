@@ -16,6 +16,8 @@ Interface (both tokenizers):
     encode(text, bos=True, eos=False) -> np.ndarray int32 [T]
     decode(ids, skip_special=True) -> str   (unknown ids decode to U+FFFD, never raise)
     max_token_chars: int (no token stands for more characters: a cheap bound on a text's tokens)
+    vocabulary() -> dict[str, int] (every token's string and id: two tokenizers with equal
+                    vocabularies read ids alike, what a distillation teacher needs)
     save(directory)
 """
 
@@ -57,6 +59,10 @@ class CharTokenizer:
 
     max_token_chars = 1
 
+    def vocabulary(self) -> dict[str, int]:
+        """Every token's string and id (the specials first), as `save` writes them."""
+        return {s: i for i, s in enumerate(_SPECIALS)} | self._id
+
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> np.ndarray:
         try:
             ids = [self._id[ch] for ch in text]
@@ -82,8 +88,7 @@ class CharTokenizer:
         post-processor), so a model trained on the built-in tasks exports to transformers too."""
         from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-        vocab = {s: i for i, s in enumerate(_SPECIALS)} | self._id
-        tok = Tokenizer(models.WordLevel(vocab, unk_token=None))
+        tok = Tokenizer(models.WordLevel(self.vocabulary(), unk_token=None))
         tok.add_special_tokens(list(_SPECIALS))
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tok.decoder = decoders.Fuse()

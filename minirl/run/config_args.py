@@ -1,7 +1,8 @@
 """How every command takes a RunConfig — the `minirl` CLI, `python -m scale.launch`, the
 experiments: `--preset NAME`, `--set KEY=VALUE` (repeatable), `--staleness NAME`, `--model
-DIR` / `--data FILE` / `--eval-data FILE` / `--verifier NAME` for your own model and data, and
-`--env FILE.py:Class` / `--agent FILE.py:solve` for your own environment or agent.
+DIR` / `--data FILE` / `--eval-data FILE` / `--verifier NAME` for your own model and data,
+`--teacher DIR` for a model to distil from, and `--env FILE.py:Class` / `--agent FILE.py:solve`
+for your own environment or agent.
 
     add_config_arguments(parser)                # the flags
     cfg = config_from_args(args)                # preset -> staleness -> your files -> --set
@@ -47,17 +48,26 @@ def add_config_arguments(
         help="override one knob, e.g. --set rl.steps=50 (repeatable; "
         "`minirl config` lists every key)",
     )
-    add_file_arguments(p)
+    _add_input_arguments(p)
+    _add_user_code_arguments(p)
 
 
-def add_file_arguments(p: argparse.ArgumentParser) -> None:
-    """Your own files: --model DIR, --data FILE, --eval-data FILE, --verifier NAME, --env
-    FILE.py:CLASS, --agent FILE.py:FUNCTION (`input_overrides` turns them into overrides)."""
+def _add_input_arguments(p: argparse.ArgumentParser) -> None:
+    """--model, --teacher, --data, --eval-data and --verifier: your own model and data."""
     p.add_argument(
         "--model",
         metavar="DIR",
         help="start from a Hugging Face checkpoint directory (config.json, *.safetensors, "
         "tokenizer.json; sets model.path; the default preset is then `custom`)",
+    )
+    p.add_argument(
+        "--teacher",
+        metavar="DIR",
+        help="on-policy distillation: a frozen teacher scores every sampled token and its "
+        "per-token log-prob is the signal (docs/distillation.md). A Hugging Face directory with "
+        "the student's tokenizer, or a model preset name (random weights, for tests). Sets "
+        "rl.teacher, and rl.loss=distill unless --set names rl.loss or rl.distill_coef "
+        "(e.g. --set rl.loss=grpo --set rl.distill_coef=0.5 mixes it with the reward)",
     )
     p.add_argument(
         "--data",
@@ -78,6 +88,10 @@ def add_file_arguments(p: argparse.ArgumentParser) -> None:
         "of worker processes), code (the rows' tests, docs/verifiers.md) or "
         "path/to/file.py:function (your own reward function of the completion and the row)",
     )
+
+
+def _add_user_code_arguments(p: argparse.ArgumentParser) -> None:
+    """--env and --agent: your own environment or agent, from a file."""
     p.add_argument(
         "--env",
         metavar="FILE.py:CLASS",
@@ -120,13 +134,27 @@ def input_overrides(args) -> list[str]:
     return out
 
 
+def teacher_overrides(args) -> list[str]:
+    """--teacher as overrides: rl.teacher (a directory made absolute, else a preset name as
+    given), and rl.loss=distill unless --set chooses the loss or the teacher's weight."""
+    teacher = getattr(args, "teacher", None)
+    if not teacher:
+        return []
+    out = [f"rl.teacher={Path(teacher).resolve() if Path(teacher).exists() else teacher}"]
+    chosen = {item.partition("=")[0].strip() for item in args.overrides}
+    if not chosen & {"rl.loss", "rl.distill_coef"}:
+        out.append("rl.loss=distill")
+    return out
+
+
 def config_from_args(args, default_preset: str | None = None, extra: list[str] = ()):
     """The RunConfig of `add_config_arguments`' flags: the preset (or `default_preset`, or
     minirl's default), the staleness preset, then `extra` overrides, then the --set ones."""
     inputs = input_overrides(args)
     own = args.model or args.data or args.eval_data or args.verifier  # your model or data
     preset = args.preset or default_preset or ("custom" if own else DEFAULT_PRESET)
-    return make_config(preset, [*extra, *inputs, *args.overrides], getattr(args, "staleness", None))
+    overrides = [*extra, *inputs, *teacher_overrides(args), *args.overrides]
+    return make_config(preset, overrides, getattr(args, "staleness", None))
 
 
 def train_config_and_dir(args):
@@ -146,7 +174,7 @@ def train_config_and_dir(args):
     run_dir = Path(args.resume)
     if not (run_dir / "config.json").exists():
         raise ConfigError(f"--resume {run_dir}: no config.json there (not a minirl run directory)")
-    if args.staleness or args.preset or input_overrides(args):
+    if args.staleness or args.preset or input_overrides(args) or teacher_overrides(args):
         raise ConfigError(
             "--resume continues with the run's own config.json; use --set for changes "
             "(e.g. --set rl.steps=400)"

@@ -13,6 +13,11 @@ asks for. With `model.path` and a dataset file (`minirl train --model DIR --data
     eval.prompts         at most what keeps the two evaluations (before and after RL) from
                          generating more completions than the RL steps do; at least
                          MIN_EVAL_PROMPTS (a 2-step smoke run evaluates little, a long run fully)
+    model.dtype          the compute dtype: bfloat16 where this machine multiplies bf16 natively
+                         (an accelerator; a CPU with AVX512-BF16 or AMX-BF16), float32 elsewhere
+                         (minirl/run/precision.py); the weights stay model.param_dtype
+    engine.dtype         with model.dtype derived bf16 on a CPU (not in exact mode): float32,
+                         as the decode step measured slower in bf16 there (docs/trainer.md)
 
 The results are ordinary values of the RunConfig, so the run directory's config.json records
 them and a resumed run uses them as they were: `keep_recorded` takes them from there when the
@@ -29,11 +34,19 @@ from minirl.config import FILE_TASK, RunConfig
 from minirl.configlib import ConfigError
 from minirl.hf.hf_config import read_model_config
 from minirl.modeling.model_config import ModelConfig
+from minirl.run import precision
 
 MAX_SLOTS = 64  # decode batch cap: past it a CPU step gains little and the KV cache grows
 MIN_EVAL_PROMPTS = 8
 CACHE_ROUND = 64
-DERIVED = ("data.max_new_tokens", "engine.cache_len", "engine.slots", "eval.prompts")
+DERIVED = (
+    "data.max_new_tokens",
+    "engine.cache_len",
+    "engine.slots",
+    "eval.prompts",
+    "model.dtype",
+    "engine.dtype",
+)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -65,10 +78,15 @@ def derive_for_model(cfg, overrides=()):
     if "eval.prompts" not in given:
         rollouts = rl.steps * rl.prompts_per_step * rl.group_size
         prompts = min(prompts, max(MIN_EVAL_PROMPTS, rollouts // (2 * cfg.eval.samples)))
+    dtype = cfg.model.dtype if "model.dtype" in given else precision.fastest_compute_dtype()
+    engine_dtype = cfg.engine.dtype
+    if not given & {"model.dtype", "engine.dtype"} and not cfg.engine.exact:
+        engine_dtype = precision.engine_dtype(dtype)
     return dataclasses.replace(
         cfg,
+        model=dataclasses.replace(cfg.model, dtype=dtype),
         data=dataclasses.replace(cfg.data, max_new_tokens=new),
-        engine=dataclasses.replace(cfg.engine, cache_len=cache, slots=slots),
+        engine=dataclasses.replace(cfg.engine, cache_len=cache, slots=slots, dtype=engine_dtype),
         eval=dataclasses.replace(cfg.eval, prompts=prompts),
     )
 

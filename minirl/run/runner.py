@@ -31,7 +31,9 @@ from minirl.run.starting_point import (
     load_tokenizer,
     make_engine,
     make_task,
+    make_teacher,
     make_verifier,
+    teacher_model,
     train_prompts,
 )
 from minirl.run.tracking import check_available
@@ -60,6 +62,7 @@ class Run:
             )
         check_user_code(cfg)  # your environment or agent: loaded and checked before any work
         self.task = make_task(cfg, self.tokenizer)
+        self.teacher_cfg = teacher_model(cfg, self.tokenizer)  # distillation: checked, not loaded
         # episodes arrive scored by their environments or agents (as make_verifier)
         self.verifier = EpisodeScores() if cfg.task.episodes else self.task.verifier
 
@@ -136,12 +139,20 @@ class Run:
 
     def build_loop(self, base, engine: Engine, log=None) -> Controller:
         """The RL loop as `train` runs it: a trainer starting from `base`, a weight store, the
-        prompt mixture and a controller driving the engine (`engine` itself when the placement
-        keeps it in this process), all placed by `self.placement`. Weights are not yet in the
-        store (the caller publishes the start: `controller.params()`)."""
+        prompt mixture, a distillation teacher (with rl.teacher) and a controller driving the
+        engine (`engine` itself when the placement keeps it in this process), all placed by
+        `self.placement`. Weights are not yet in the store (the caller publishes the start:
+        `controller.params()`)."""
         cfg, rl = self.cfg, self.cfg.rl
         model_cfg, tokenizer = cfg.model, self.tokenizer
-        loss = make_objective(rl.loss, rl.behaviour_cap, rl.kl_coef, rl.router_aux_coef)
+        loss = make_objective(
+            rl.loss,
+            rl.behaviour_cap,
+            rl.kl_coef,
+            rl.router_aux_coef,
+            rl.distill_coef,
+            rl.distill_discount,
+        )
         trainer_cfg, scoring = cfg.trainer_config(), cfg.engine.sampling.scoring
         place = self.placement if self.placement is not None else LocalPlacement(rl.workers)
         make_trainer = lambda: Trainer(model_cfg, base, loss, trainer_cfg, sampling=scoring)  # noqa: E731
@@ -155,8 +166,16 @@ class Run:
             tokenizer=self.tokenizer,
             max_new_tokens=self.task.max_new_tokens,
             log=self.log if log is None else log,
+            teacher=self._teacher(place),
         )
         return controller
+
+    def _teacher(self, place):
+        """The distillation teacher's worker, placed by `place` (None without rl.teacher)."""
+        if self.teacher_cfg is None:
+            return None
+        cfg, teacher_cfg = self.cfg, self.teacher_cfg
+        return place.teacher(lambda: make_teacher(cfg, teacher_cfg))
 
 
 def start_engine(controller: Controller) -> None:

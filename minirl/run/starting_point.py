@@ -5,6 +5,9 @@
     task = make_task(cfg, tokenizer)    a built-in task, or the dataset files in cfg.data
                                         (task.name=file), prompts encoded by `tokenizer`
     params = initial_params(cfg, seed)  the model directory's weights (minirl/hf/model_files.py) or a random init
+    teacher_model(cfg, tokenizer)       on-policy distillation: the knobs agree, the teacher's shapes,
+                                        its tokenizer the student's (before any weights are read)
+    make_teacher(cfg, teacher_cfg)      the teacher itself (weights read where it will live)
 
 Everything after these three sees a `ModelConfig`, params, a `Task` and a tokenizer, exactly as
 for the built-in presets (docs/design.md: "a user's model and data enter at the edges"). No part of
@@ -194,7 +197,8 @@ def initial_params(cfg: RunConfig, seed: int) -> dict:
         return nnx.to_pure_dict(nnx.split(init_model(lora.base_config(cfg.model), seed=seed))[1])
     from minirl.hf.model_files import load_hf
 
-    loaded, model = load_hf(cfg.model.path, dtype=cfg.model.dtype)
+    # read at the storage dtype: bf16 compute over float32 weights keeps the checkpoint's bits
+    loaded, model = load_hf(cfg.model.path, dtype=cfg.model.param_dtype)
     return checked_params(cfg, loaded, nnx.to_pure_dict(nnx.split(model)[1]))
 
 
@@ -202,7 +206,9 @@ def checked_params(cfg: RunConfig, loaded, params: dict) -> dict:
     """A checkpoint's params as this run uses them: its config (`loaded`) must still be the run's
     model (a directory edited since the run started is refused), cast to the run's storage dtype.
     The params may be host arrays or sharded ones (scale.mesh.load_checkpoint)."""
-    mine = dataclasses.replace(lora.base_config(cfg.model), path="", param_dtype=loaded.param_dtype)
+    mine = dataclasses.replace(
+        lora.base_config(cfg.model), path="", dtype=loaded.dtype, param_dtype=loaded.param_dtype
+    )
     if dataclasses.replace(loaded, path="") != mine:
         raise ConfigError(
             f"{cfg.model.path} no longer matches this run's model config (was the "
@@ -215,6 +221,114 @@ def checked_params(cfg: RunConfig, loaded, params: dict) -> dict:
     return params
 
 
+def check_teacher(rl) -> None:
+    """The distillation knobs agree: a loss with a teacher term has rl.teacher, and rl.teacher,
+    rl.distill_coef and rl.distill_discount each change something (ConfigError otherwise)."""
+    from minirl.losses import get_preset, make_objective
+
+    preset = get_preset(rl.loss)
+    uses = preset.needs_teacher or bool(rl.distill_coef)
+    if preset.needs_teacher and rl.distill_coef == 0:
+        raise ConfigError(f"rl.distill_coef=0 leaves rl.loss={rl.loss} nothing to learn from")
+    if uses and not rl.teacher:
+        why = f"rl.loss={rl.loss}" if preset.needs_teacher else f"rl.distill_coef={rl.distill_coef}"
+        raise ConfigError(f"{why} needs a teacher: --teacher DIR (rl.teacher)")
+    if rl.teacher and not uses:
+        raise ConfigError(
+            f"rl.teacher is set but rl.loss={rl.loss} does not use it: use rl.loss=distill, or "
+            "rl.distill_coef > 0 to add the teacher's signal to the reward's"
+        )
+    if rl.distill_discount and not uses:
+        raise ConfigError("rl.distill_discount does nothing without a teacher term")
+    if uses:
+        try:  # e.g. a sequence-level loss (reinforce) with rl.distill_coef
+            make_objective(rl.loss, 0, None, 0.0, rl.distill_coef, rl.distill_discount)
+        except ValueError as e:
+            raise ConfigError(f"rl.distill_coef={rl.distill_coef}: {e}") from None
+
+
+def teacher_model(cfg: RunConfig, tokenizer):
+    """The teacher's ModelConfig (None without rl.teacher), or a ConfigError saying what does not
+    fit. A directory: its config.json gives the shapes (the compute dtype is the student's) and its
+    tokenizer must have the student's vocabulary, token for token (the teacher scores the
+    student's token ids). A model preset name: those shapes with the student's vocabulary size."""
+    from minirl.modeling.model_config import PRESETS, ModelConfig
+
+    check_teacher(cfg.rl)
+    name = cfg.rl.teacher
+    if not name:
+        return None
+    if Path(name).is_dir():
+        from minirl.hf.hf_config import read_model_config
+        from minirl.hf.hf_tokenizer import HFTokenizer
+
+        try:
+            theirs = HFTokenizer.from_dir(name).vocabulary()
+        except (ImportError, OSError, ValueError) as e:  # ImportError: no 'hf' extra
+            raise ConfigError(f"teacher {name}: no usable tokenizer ({e})") from None
+        _same_vocabulary(name, theirs, tokenizer.vocabulary())
+        model_cfg = read_model_config(name, dtype=cfg.model.dtype)
+    elif name in PRESETS:
+        model_cfg = ModelConfig.preset(
+            name,
+            vocab_size=cfg.model.vocab_size,
+            dtype=cfg.model.dtype,
+            param_dtype=cfg.model.dtype,
+        )
+    else:
+        raise ConfigError(
+            f"rl.teacher={name!r} is neither a directory nor a model preset ({', '.join(PRESETS)})"
+        )
+    if model_cfg.vocab_size < cfg.model.vocab_size:  # it must score any id the student samples
+        raise ConfigError(
+            f"teacher {name}: its model has {model_cfg.vocab_size} token ids, fewer than the "
+            f"student's {cfg.model.vocab_size}"
+        )
+    if model_cfg.max_seq_len < cfg.engine.cache_len:
+        raise ConfigError(
+            f"teacher {name}: it serves {model_cfg.max_seq_len} positions, fewer than the rows it "
+            f"must score (engine.cache_len={cfg.engine.cache_len})"
+        )
+    return model_cfg
+
+
+def _same_vocabulary(name: str, theirs: dict, ours: dict) -> None:
+    """ConfigError, in one line, unless two vocabularies map every token string to one id."""
+    if theirs == ours:
+        return
+    differ = sorted(set(theirs.items()) ^ set(ours.items()), key=lambda kv: kv[1])
+    raise ConfigError(
+        f"teacher {name}: its tokenizer's vocabulary differs from the student's ({len(theirs)} vs "
+        f"{len(ours)} tokens; first difference: {differ[0][0]!r} -> {differ[0][1]}): the teacher "
+        "must read the student's token ids, so both need the same tokenizer"
+    )
+
+
+def make_teacher(cfg: RunConfig, model_cfg):
+    """The run's distillation teacher, its weights read here (call it where the teacher lives:
+    this process, a worker process, a Ray actor): a `Trainer` without a loss, whose
+    `recompute_logprobs(batch)` is the teacher's log pi_T of the batch's targets, scored as the
+    trainer recomputes log pi_prox (its forward, micro-batches and the engine's `Sampling`
+    scoring spec; exact mode: the engine's bits on these weights) on weights that never change
+    (no optimizer state, no gradient). A mixture-of-experts teacher routes freely. A preset's
+    weights are a seed-0 random init."""
+    from flax import nnx
+
+    from minirl.training.trainer import Trainer
+
+    if Path(cfg.rl.teacher).is_dir():
+        from minirl.hf.model_files import load_hf
+
+        model = load_hf(cfg.rl.teacher, dtype=model_cfg.dtype)[1]
+    else:
+        from minirl.modeling.model import init_model
+
+        model = init_model(model_cfg, seed=0)
+    params = nnx.to_pure_dict(nnx.split(model)[1])
+    trainer_cfg = dataclasses.replace(cfg.trainer_config(), routing="free")
+    return Trainer(model_cfg, params, None, trainer_cfg, sampling=cfg.engine.sampling.scoring)
+
+
 def describe_inputs(cfg: RunConfig) -> dict:
     """For meta.json: what the model directory and dataset files were, by content."""
     from minirl.verifiers.registry import row_targets
@@ -223,6 +337,9 @@ def describe_inputs(cfg: RunConfig) -> dict:
     if cfg.model.path:
         config = Path(cfg.model.path) / "config.json"
         out["model"] = {"path": cfg.model.path, "config_sha256": _sha256(config)}
+    if cfg.rl.teacher and Path(cfg.rl.teacher).is_dir():
+        config = Path(cfg.rl.teacher) / "config.json"
+        out["teacher"] = {"path": cfg.rl.teacher, "config_sha256": _sha256(config)}
     if cfg.task.name == FILE_TASK:
         files = {"train": cfg.data.train, "eval": cfg.data.eval}
         out["data"] = {

@@ -4,8 +4,6 @@ computes them, and the per-micro-batch gradient of a loss on them.
     spec = ForwardSpec(model_cfg, sampling, "none")    # what the compiled code is specialised on
     logp = forward_fn(spec)(params, tokens, targets)     # [R, Tb] log pi(targets)
     acc, metrics, logp, choice = accumulate_fn(spec, loss)(params, acc, tokens, targets, part)
-    # LoRA: the gradient of the adapters alone, the frozen base joined in the forward
-    acc, metrics, logp, _ = accumulate_fn(spec, loss)(adapters, acc, tokens, targets, part, base)
 
 Mixture-of-experts models (`ForwardSpec.routing`): "free" lets each MoE layer's router choose;
 "replay" sends each position to the experts the engine recorded (`routes` [R, Tb, M, k], the
@@ -19,11 +17,9 @@ Numerics match the engine (RLAX §5.1): the same model call (`exact` flag) and t
 and the engine's behaviour log-probs differ only where the computation itself does (exact mode:
 not at all; docs/trainer.md).
 
-Remat (`ForwardSpec.remat`, only under the gradient): each decoder block is wrapped in
-`jax.checkpoint` with XLA's `dots_saveable` ("dots": keep matmul outputs, recompute the cheap
-elementwise work) or `nothing_saveable` ("nothing": recompute the whole block in the backward
-pass — RLAX's "nothing-saveable" setting, which keeps the training forward closest to the
-inference graph), or not at all ("none"). docs/trainer.md reports what each costs here.
+Remat (`ForwardSpec.remat`, only under the gradient): each decoder block in `jax.checkpoint`,
+"dots" (`dots_saveable`), "nothing" (RLAX's nothing-saveable: closest to the inference graph)
+or "none"; docs/trainer.md has their costs. Packed rows (`packing`): `_forward`.
 
 The functions are pure and jitted once per (spec, loss), shared between trainers with equal
 settings, so tests and benchmarks reuse compiles. The gradient accumulator is donated.
@@ -83,24 +79,34 @@ class _Checkpointed(nnx.Module):
         self.block = block
         self.policy = policy
 
-    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None):
+    def __call__(
+        self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None, segments=None
+    ):
         assert layer_cache is None, "remat is for the training forward (no KV cache)"
         graphdef, state = nnx.split(self.block)
 
-        def run(state, x, positions, inv_freq, starts, routes):
+        def run(state, x, positions, inv_freq, starts, routes, segments):
             block = nnx.merge(graphdef, state)
-            y = block(x, positions, inv_freq, None, starts, exact, routes)[0]
+            y = block(x, positions, inv_freq, None, starts, exact, routes, segments)[0]
             return y, nnx.pop(block, nnx.Intermediate)  # an MoE layer's record, brought out
 
-        args = (state, x, positions, inv_freq, starts, routes)
+        args = (state, x, positions, inv_freq, starts, routes, segments)
         y, sown = jax.checkpoint(run, policy=self.policy)(*args)
         nnx.update(self.block, sown)
         return y, None
 
 
-def _forward(s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, dropout=None):
-    """`logprobs_and_logits` and what the MoE layers did: (log-probs, logits, (routes run
-    [R, Tb, M, k] int32, router probabilities [R, Tb, M, E] float32) or (None, None))."""
+def unpack(x, packing):  # packed rows' values [P, Tb] -> rows [R, Tb] (0 elsewhere)
+    if packing is None or x is None:
+        return x
+    source = packing["source"]  # [R, Tb] flat index into [P * L], -1: none
+    got = x.reshape(-1)[jnp.maximum(source, 0)]
+    return jnp.where(source >= 0, got, jnp.zeros((), x.dtype))
+
+
+def _forward(s, params, tokens, targets, remat: bool, routes=None, dropout=None, packing=None):
+    """`logprobs_and_logits` (`packing`: packed rows in, [R, Tb] log-probs out) and what the MoE
+    layers did: routes run [R, Tb, M, k] int32 and router probabilities [R, Tb, M, E] or None."""
     model = nnx.merge(abstract_model(s.model)[0], params)
     if dropout is not None:
         lora.set_dropout(model, s.model.lora_dropout, dropout)
@@ -108,9 +114,10 @@ def _forward(s: ForwardSpec, params, tokens, targets, remat: bool, routes=None, 
     if policy is not None:
         model.layers = nnx.List([_Checkpointed(b, policy) for b in blocks])
     replay = routes.astype(jnp.int32) if s.routing == "replay" and routes is not None else None
-    logits = model(tokens, exact=s.exact, routes=replay)  # [R, Tb, V]
+    logits = model(tokens, exact=s.exact, routes=replay, packed=packing)  # [R, Tb, V] / [P, Tb, V]
     model.layers = blocks  # each holds its MoE record (a _Checkpointed put it back)
-    return token_logprobs(logits, targets, s.sampling), logits, moe.collect(model)
+    logp = unpack(token_logprobs(logits, targets, s.sampling), packing)
+    return logp, logits, moe.collect(model)
 
 
 def logprobs_and_logits(
@@ -140,6 +147,7 @@ def accumulate(
     routes=None,
     share=None,
     dropout=None,
+    packing=None,
 ):
     """Phase 2 of `loss` on one micro-batch: add its gradient and loss value to the accumulator
     `acc` = (gradients, loss), or start one if `acc` is None (no zeros to write and add on the
@@ -149,15 +157,17 @@ def accumulate(
     `router_aux_coef`): each counted token's share of the batch's counted tokens; the
     micro-batch adds coef x its load-balancing loss over those tokens x its share, so the sum
     over micro-batches is the token-weighted mean of theirs (the batch's own with one).
-    `dropout`: the micro-batch's LoRA dropout key (None: no dropout). Returns (accumulator, the
+    `dropout`: the micro-batch's LoRA dropout key (None: no dropout). `packing`: `_forward`'s.
+    Returns (accumulator, the
     micro-batch's metrics, the training forward's log-probs [R, Tb], for the RLAX Fig. 5
     metrics, and the routers' own choice [R, Tb, M, k] or None: module docstring)."""
 
     def micro_loss(p):
         logp, logits, (run, probs) = _forward(
-            s, lora.join(p, frozen), tokens, targets, True, routes, dropout
+            s, lora.join(p, frozen), tokens, targets, True, routes, dropout, packing
         )
         entropy = token_entropy(logits, s.sampling.temperature) if loss.needs_entropy else None
+        entropy = unpack(entropy, packing)
         value, metrics = loss.loss(logp, part, entropy=entropy)
         if getattr(loss, "router_aux_coef", 0.0):  # the load-balancing part (minirl/losses)
             aux = moe.load_balancing_loss(probs, run, s.model.num_experts, share > 0)
@@ -173,11 +183,11 @@ def accumulate(
 
 @functools.lru_cache(maxsize=32)
 def forward_fn(s: ForwardSpec):
-    """jit of (params, tokens [R, Tb], targets [R, Tb], routes=None) -> log-probs [R, Tb], no
-    remat (`routes`: the engine's, replayed under s.routing "replay")."""
+    """jit of (params, tokens [R, Tb], targets [R, Tb], routes=None, packing=None) -> log-probs
+    [R, Tb], no remat (`routes`: replayed under s.routing "replay"; `packing`: `_forward`'s)."""
     return jax.jit(
-        lambda params, tokens, targets, routes=None: _forward(
-            s, params, tokens, targets, False, routes
+        lambda params, tokens, targets, routes=None, packing=None: _forward(
+            s, params, tokens, targets, False, routes, packing=packing
         )[0]
     )
 
@@ -202,9 +212,9 @@ def training_forward_fn(s: ForwardSpec):
     too, or XLA would drop the backward pass and the remat with it). For diagnosing what the
     training forward itself changes (minirl diagnose's "training forward" rows)."""
 
-    def run(params, tokens, targets, routes=None):
+    def run(params, tokens, targets, routes=None, packing=None):
         def total(p):
-            logp = logprobs_and_logits(s, p, tokens, targets, remat=True, routes=routes)[0]
+            logp = _forward(s, p, tokens, targets, True, routes, packing=packing)[0]
             return jnp.sum(logp), logp
 
         (_, logp), grads = jax.value_and_grad(total, has_aux=True)(params)

@@ -1,24 +1,10 @@
 """Token-budget micro-batches: which rows of a train batch go through the model together.
 
-A train batch may be too big for one forward/backward pass, and its rows have very different
-lengths. AReaL (§6 and its Algorithm 1, "dynamic batching") packs whole sequences into
-micro-batches under a token budget with first-fit decreasing: sort sequences longest first, put
-each into the first micro-batch that still has room, open a new one when none has. The gradient
-is then accumulated over the micro-batches; with minirl's two-phase loss (minirl/losses) the sum
-over any partition of the rows is exactly the full-batch gradient.
-
-One adaptation: AReaL packs sequences padding-free (concatenated, with a segment mask), so a
-micro-batch costs its number of tokens. minirl's model reads right-padded rows, so a micro-batch
-of n rows costs n x (its longest row, rounded up to a bucket length). Because rows arrive longest
-first, a micro-batch's length is fixed by the row that opens it, and "room" means a row count:
-at most `capacity(length) = largest power of two with rows x length <= budget`.
-
-Bounded compiles: a micro-batch is an array of shape [R, Tb] where Tb is a bucket length and R a
-power of two (the last micro-batch is padded with empty rows up to one), so a run compiles at most
-(number of buckets) x log2(budget) shapes, and in practice a few.
-
-Pure numpy, no JAX: the trainer gathers each micro-batch on the host and hands it to its jitted
-functions.
+AReaL (§6, Algorithm 1) packs whole sequences into micro-batches under a token budget, first-fit
+decreasing; with minirl's two-phase loss (minirl/losses) any partition of the rows gives exactly
+the full-batch gradient. `pack_rows` pads: n rows cost n x Tb (Tb the longest, bucketed), so
+"room" is a row count, a power of two with rows x Tb <= budget. `pack_sequences` lays the rows
+side by side in packed rows (AReaL's padding-free packing). Few shapes, so few compiles. Numpy.
 """
 
 from __future__ import annotations
@@ -37,6 +23,7 @@ class MicroBatch:
     rows: np.ndarray  # [n] int indices into the batch, longest first
     num_rows: int  # R >= n: rows after padding with empty ones (a power of two)
     length: int  # Tb: positions kept (a bucket length; later positions hold no counted target)
+    packing: tuple | None = None  # (slot [n], offset [n], P): `pack_sequences`
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -44,7 +31,7 @@ class MicroBatch:
 
     @property
     def padded_tokens(self) -> int:
-        return self.num_rows * self.length
+        return (self.packing[2] if self.packing else self.num_rows) * self.length
 
 
 def row_lengths(mask: np.ndarray) -> np.ndarray:
@@ -127,3 +114,32 @@ def scatter(values: np.ndarray, mb: MicroBatch, out: np.ndarray) -> None:
     n = len(mb.rows)
     width = min(mb.length, out.shape[1])
     out[mb.rows, :width] = np.asarray(values)[:n, :width]
+
+
+def pack_sequences(lengths: np.ndarray, *args, **kwargs) -> list[MicroBatch]:
+    """`pack_rows(lengths, ...)` with each micro-batch's rows first-fit (longest first) in packed
+    rows of its length Tb, each from position 0: P x Tb positions run, not R x Tb."""
+    out = []
+    for mb in pack_rows(lengths, *args, **kwargs):
+        fill, slot, offset = [], [], []  # fill: positions used in each packed row
+        for n in lengths[mb.rows].tolist():
+            p = next((i for i, used in enumerate(fill) if used + n <= mb.length), len(fill))
+            fill += [0] * (p == len(fill))
+            slot, offset, fill[p] = slot + [p], offset + [fill[p]], fill[p] + n
+        step = max(1, _floor_pow2(len(fill)) // 4)  # P at four sizes per doubling: few shapes
+        p_rows = min(-(-len(fill) // step) * step, mb.num_rows)
+        out.append(dataclasses.replace(mb, packing=(np.array(slot), np.array(offset), p_rows)))
+    return out
+
+
+def packed(mb: MicroBatch, lengths: np.ndarray, tokens, targets) -> dict[str, np.ndarray]:
+    """Tokens, targets, positions, segments (0: none) [P, Tb]; source [R, Tb] (flat, -1: none)."""
+    slot, offset, p_rows = mb.packing
+    out = {k: np.zeros((p_rows, mb.length), np.int32) for k in ("tokens", "targets", "positions")}
+    out["segments"], out["source"] = np.zeros_like(out["tokens"]), np.full(mb.shape, -1, np.int32)
+    for j, (r, p, o) in enumerate(zip(mb.rows, slot, offset, strict=True)):
+        n, at = int(lengths[r]), slice(o, o + int(lengths[r]))
+        out["tokens"][p, at], out["targets"][p, at] = tokens[r, :n], targets[r, :n]
+        out["positions"][p, at], out["segments"][p, at] = np.arange(n), j + 1
+        out["source"][j, :n] = p * mb.length + o + np.arange(n)
+    return out

@@ -29,8 +29,8 @@ step reports `routing/*` (minirl/training/routing.py) from its first update's fo
 Rows meet devices only through `row_layout.rows(x)` / `row_layout.host(x)` (minirl/training/row_layout.py;
 scale/mesh.py's `MeshRows` on a mesh). This file holds the state (params, optimizer state,
 counters) and the order of operations; how it stays fast is in docs/trainer.md, "Speed".
-Simplified on purpose: no mesh of its own; no critic (PPO's advantages use V = 0); rows are
-padded, not packed.
+Simplified on purpose: no mesh of its own; no critic (PPO's advantages use V = 0); packed
+rows (`TrainerConfig.pack`) stay within a micro-batch's bucket length.
 """
 
 from __future__ import annotations
@@ -168,6 +168,8 @@ class Trainer:
         self.model_cfg, self.objective, self.cfg = model_cfg, objective, cfg
         if cfg.routing == "replay" and not model_cfg.num_experts:
             raise ValueError("trainer.routing=replay needs a mixture-of-experts model")
+        if cfg.pack and (sampling.exact or model_cfg.num_experts):
+            raise ValueError("trainer.pack runs dense models in fast mode only (not exact, MoE)")
         self._spec = ForwardSpec(model_cfg, sampling, cfg.remat, cfg.routing)
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
         self._params = self._check_params(params)
@@ -324,7 +326,7 @@ class Trainer:
     # ---- the steps' parts --------------------------------------------------------------------
 
     def _plan(self, batch: Batch, rows=None) -> list[mbt.MicroBatch]:
-        return mbt.pack_rows(
+        return (mbt.pack_sequences if self.cfg.pack else mbt.pack_rows)(
             mbt.row_lengths(batch.mask),
             self.cfg.micro_batch_tokens,
             self.cfg.bucket_minimum,
@@ -360,11 +362,17 @@ class Trainer:
 
     def _logprobs(self, params, batch: Batch, plan, fn=None) -> np.ndarray:
         fn = fn or forward_fn(self._spec)
-        results = [fn(params, *self._inputs(batch, mb), self._replayed(batch, mb)) for mb in plan]
+        results = [fn(params, *self._inputs(batch, mb)) for mb in plan]
         return self._masked(self._scatter(results, plan, batch.mask.shape), batch)  # [B, T]
 
     def _inputs(self, batch: Batch, mb: mbt.MicroBatch) -> tuple:
-        return self._rows(batch.tokens, mb), self._rows(batch.targets, mb)
+        """(tokens, targets, routes, packing): [R, Tb] rows, or [P, Tb] packed (`mbt.packed`)."""
+        routes = self._replayed(batch, mb)
+        if mb.packing is None:
+            return self._rows(batch.tokens, mb), self._rows(batch.targets, mb), routes, None
+        arrays = mbt.packed(mb, mbt.row_lengths(batch.mask), batch.tokens, batch.targets)
+        arrays = {k: self._row_layout.rows(v) for k, v in arrays.items()}
+        return arrays.pop("tokens"), arrays.pop("targets"), routes, arrays
 
     def routing(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """An MoE model's recompute forward under `trainer.routing`, with what it routed:
@@ -374,7 +382,7 @@ class Trainer:
         if not self.model_cfg.num_experts:
             raise ValueError("routing() needs a mixture-of-experts model")
         plan, fn = self._plan(batch), routing_fn(self._spec)
-        out = [fn(self._params, *self._inputs(batch, mb), self._replayed(batch, mb)) for mb in plan]
+        out = [fn(self._params, *self._inputs(batch, mb)[:3]) for mb in plan]
         b, t = batch.mask.shape
         shape = (b, t, len(self.model_cfg.moe_layers), self.model_cfg.experts_per_token)
         logp, ran, choice = (
@@ -432,9 +440,10 @@ class Trainer:
         for i, mb in enumerate(plan):
             part = jax.tree.map(lambda x, mb=mb: self._rows(x, mb), prepared)
             key = lora.dropout_key(self.cfg.seed, self.step, update, i) if drop else None
-            extra = (self._replayed(batch, mb), None if share is None else self._rows(share, mb))
+            tokens, targets, routes, packing = self._inputs(batch, mb)
+            shares = None if share is None else self._rows(share, mb)
             acc, m, logp, choice = accumulate(
-                train, acc, *self._inputs(batch, mb), part, frozen, *extra, key
+                train, acc, tokens, targets, part, frozen, routes, shares, key, packing
             )
             metrics.append(m)
             logps.append(logp)
@@ -488,11 +497,10 @@ class Trainer:
 
     def _check_batch(self, batch: Batch) -> None:
         b, t = batch.tokens.shape
-        for name in ("targets", "mask", "behaviour_logprobs", "versions"):
-            if getattr(batch, name).shape != (b, t):
-                raise ValueError(
-                    f"batch.{name} must be [B, T] = {(b, t)}, got {getattr(batch, name).shape}"
-                )
+        for name in ("targets", "mask", "behaviour_logprobs", "versions", "teacher_logprobs"):
+            x = getattr(batch, name)  # teacher_logprobs: None without a teacher
+            if x is not None and x.shape != (b, t):
+                raise ValueError(f"batch.{name} must be [B, T] = {(b, t)}, got {x.shape}")
         for name in ("rewards", "group_ids"):
             if getattr(batch, name).shape != (b,):
                 raise ValueError(

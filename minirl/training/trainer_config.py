@@ -39,6 +39,7 @@ class TrainerConfig:
     ppo_epochs: int = 1  # passes over the batch per train step
     num_minibatches: int = 1  # optimizer updates per pass (rows shuffled, split evenly)
     seed: int = 0  # keys the mini-batch shuffle: fold(seed, step, epoch)
+    pack: bool = False  # run each micro-batch on packed rows (several sequences per row)
     remat: str = "none"  # "none" | "dots" | "nothing": jax.checkpoint policy per block
     routing: str = "free"  # MoE models: free (the trainer's routers choose) | replay (run the experts the engine recorded, R3)
 

@@ -3,7 +3,8 @@
 Rows are prompt + completion + padding; groups are contiguous with arbitrary ids (including a
 singleton); masked positions hold -inf so every test also checks that garbage off the mask never
 leaks. Log-probs are built as ratios around pi_prox with chosen spreads, so each test can decide
-how far off-policy (log_ratio_scale) and how mismatched (correction_scale) the batch is.
+how far off-policy (log_ratio_scale) and how mismatched (correction_scale) the batch is. Every
+batch also carries a teacher's log-probs (on-policy distillation; unused by the other losses).
 """
 
 import jax.numpy as jnp
@@ -36,8 +37,10 @@ def make_batch(
     behav = prox - correction_scale * rng.standard_normal((B, T)).astype(np.float32)
     ref = prox + 0.2 * rng.standard_normal((B, T)).astype(np.float32)
     rewards = rng.standard_normal(B).astype(np.float32)
+    teacher = prox - 0.5 * rng.standard_normal((B, T)).astype(np.float32)  # drawn last: the
+    # other arrays are those of the batches before the teacher was added
     off = mask == 0
-    for x in (prox, logp, behav, ref):
+    for x in (prox, logp, behav, ref, teacher):
         x[off] = fill
     inputs = LossInputs(
         mask=jnp.asarray(mask),
@@ -46,6 +49,7 @@ def make_batch(
         rewards=jnp.asarray(rewards),
         group_ids=jnp.asarray(gids),
         ref_logp=jnp.asarray(ref),
+        teacher_logp=jnp.asarray(teacher),
     )
     return inputs, jnp.asarray(logp)
 

@@ -22,7 +22,13 @@ from minirl.losses import (
     with_rejection,
     with_tis,
 )
-from minirl.losses.presets import decoupled_ppo, grpo, reinforce_pp, with_behaviour_cap
+from minirl.losses.presets import (
+    decoupled_ppo,
+    grpo,
+    reinforce_pp,
+    with_behaviour_cap,
+    with_teacher,
+)
 
 # ---------------------------------------------------------------- numpy advantages (by loops)
 
@@ -68,7 +74,8 @@ def whiten_tokens(A_tok, m, eps=1e-6):
 
 
 def numpy_data(inputs):
-    d = {k: np.asarray(getattr(inputs, k)) for k in ("mask", "prox_logp", "behav_logp", "ref_logp")}
+    keys = ("mask", "prox_logp", "behav_logp", "ref_logp", "teacher_logp")
+    d = {k: np.asarray(getattr(inputs, k)) for k in keys}
     d["R"] = np.asarray(inputs.rewards, np.float64)
     d["gids"] = np.asarray(inputs.group_ids)
     d["n"] = d["mask"].sum(-1)
@@ -100,10 +107,13 @@ def _tok(A_seq, d):
     return jnp.asarray(A_seq, jnp.float32)[:, None] * jnp.ones_like(d["mask"])
 
 
-def J_grpo(logp, d, mask=None):
-    """DeepSeekMath Eq. 3: 1/G sum_i 1/|o_i| sum_t [min(rA, clip(r)A) - beta k3], k3 of Eq. 4."""
+def J_grpo(logp, d, mask=None, teacher=None):
+    """DeepSeekMath Eq. 3: 1/G sum_i 1/|o_i| sum_t [min(rA, clip(r)A) - beta k3], k3 of Eq. 4.
+    `teacher` (coef, discount): A plus that much of the teacher's advantage (`A_teacher`)."""
     m = d["mask"] if mask is None else mask
     A = _tok(adv_group_norm(d["R"], d["gids"]), d)
+    if teacher is not None:
+        A = A + jnp.asarray(A_teacher(d, *teacher), jnp.float32)
     lp = _safe(d, logp)
     rho = jnp.exp(_safe(d, d["ref_logp"]) - lp)
     k3 = rho - jnp.log(rho) - 1
@@ -221,6 +231,22 @@ def J_naive_ppo(logp, d):
     return jnp.where(d["mask"] > 0, surr, 0.0).sum() / d["mask"].sum()
 
 
+def A_teacher(d, coef=1.0, discount=0.0):
+    """On-policy distillation's advantage (GKD's reverse KL, Lu et al. 2025's per-token reward):
+    coef x the discounted sum over the rest of the row of -(log mu - log pi_T), by loops."""
+    m = d["mask"]
+    k = np.where(m > 0, d["behav_logp"], 0.0) - np.where(m > 0, d["teacher_logp"], 0.0)
+    return coef * np_gae(-k, m, discount, 1.0)
+
+
+def J_distill(logp, d, coef=1.0, discount=0.0):
+    """On-policy distillation through decoupled PPO's surrogate (AReaL Eq. 5): 1/sum|o| sum_t
+    (pi_prox/mu) min(u A, clip(u, 0.8, 1.2) A), u = pi_theta/pi_prox, A = `A_teacher`."""
+    A = jnp.asarray(A_teacher(d, coef, discount), jnp.float32)
+    surr = _c(d) * _ppo_min(_r(logp, d), A, 0.2, 0.2)
+    return jnp.where(d["mask"] > 0, surr, 0.0).sum() / d["mask"].sum()
+
+
 MIS = dict(token=(0.6, 1.8), sequence=("mean_k1", 0.12))
 
 
@@ -306,6 +332,20 @@ CASES = {
         {"correction_scale": 0.6},
         "reject",
     ),
+    # on-policy distillation: the teacher's per-token advantage, alone and mixed with a reward
+    "distill": (lambda: get_preset("distill"), J_distill, {}, "clip"),
+    "distill_discounted": (
+        lambda: with_teacher(get_preset("distill"), 0.7, 0.9),
+        lambda lp, d: J_distill(lp, d, 0.7, 0.9),
+        {},
+        "clip",
+    ),
+    "grpo_with_teacher": (
+        lambda: with_teacher(grpo(), 0.5, 1.0),
+        lambda lp, d: J_grpo(lp, d, teacher=(0.5, 1.0)),
+        {},
+        "clip",
+    ),
 }
 
 
@@ -379,6 +419,7 @@ RATIO_PRESETS = [
     "ppo",
     "decoupled_ppo",
     "naive_ppo",
+    "distill",
 ]
 
 
@@ -446,6 +487,7 @@ def test_registry():
         "ppo",
         "decoupled_ppo",
         "naive_ppo",
+        "distill",
     ):
         for suffix in ("", "_tis", "_mis", "_tis_mis"):
             assert base + suffix in names

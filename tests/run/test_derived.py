@@ -10,6 +10,7 @@ The slow test is the 2-step smoke run of a tiny model with Qwen's 152k vocabular
 import json
 import time
 
+import numpy as np
 import pytest
 from hf_tiny import make_model_dir
 
@@ -121,6 +122,30 @@ def test_the_same_command_again_keeps_what_was_derived(dirs, tmp_path, monkeypat
     with pytest.raises(Stop) as got:  # what you set still wins
         cli.main([*argv, "--run-dir", str(tmp_path / "run"), "--set", "eval.prompts=12"])
     assert got.value.args[0].eval.prompts == 12
+
+
+def test_a_user_models_compute_dtype_follows_the_machine(dirs, monkeypatch):
+    """model.dtype is derived (bf16 where the CPU multiplies bf16 natively: minirl/modeling/
+    precision.py; the suite pins float32), the weights stay float32 and keep the checkpoint's
+    bits under bf16 compute; what you set wins."""
+    from safetensors.numpy import load_file
+
+    from minirl.run.starting_point import initial_params
+
+    assert _config(dirs, "short").model.dtype == "float32"  # pinned by tests/conftest.py
+    monkeypatch.setenv("MINIRL_COMPUTE_DTYPE", "bfloat16")
+    cfg = _config(dirs, "short")
+    assert (cfg.model.dtype, cfg.model.param_dtype, cfg.engine.dtype) == (
+        "bfloat16",
+        "float32",
+        "float32",  # the engine decodes in float32 on a CPU (faster there)
+    )
+    assert _config(dirs, "short", "model.dtype=float32").model.dtype == "float32"
+    assert _config(dirs, "short", "engine.exact=true").engine.dtype is None  # the model's: bitwise
+    assert _config(dirs, "short", "model.dtype=bfloat16").engine.dtype is None
+    params = initial_params(cfg, seed=0)
+    stored = load_file(str(dirs["short"] / "model.safetensors"))["model.embed_tokens.weight"]
+    assert params["embed"].dtype == np.float32 and (np.asarray(params["embed"]) == stored).all()
 
 
 @pytest.mark.slow

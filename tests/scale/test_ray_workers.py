@@ -6,6 +6,7 @@ bit for bit, whatever process (or how many engine replicas) did the work.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -157,6 +158,28 @@ def test_a_lockstep_run_on_ray_actors_with_two_engine_replicas_equals_the_in_pro
     assert summary["counters"]["rollouts_generated"] == 3 * 8 * 4
     assert _rewards(tmp_path) == _rewards(reference)
     _assert_same_params(_params(tmp_path), _params(reference))
+
+
+@pytest.mark.slow
+def test_a_distillation_run_with_its_teacher_in_a_ray_actor_equals_the_in_process_run(
+    cluster, tmp_path
+):
+    """On-policy distillation (rl.loss=distill, a `tiny` preset teacher): the teacher in its own
+    actor gives the in-process run's teacher log-probs, so the same metrics and weights."""
+    cfg = make_config(
+        "fixture", ["rl.steps=2", "rl.checkpoint_every=1", "rl.loss=distill", "rl.teacher=tiny"]
+    )
+    Run(cfg, tmp_path / "local", log=lambda *a: None, progress=False).train()
+    placement = RayPlacement(engines=1, teacher={"num_cpus": 1})
+    Run(cfg, tmp_path / "ray", log=lambda *a: None, progress=False, placement=placement).train()
+    names = sorted(w.name for w in placement.workers)
+    placement.close()
+    assert names == ["engine0", "teacher", "trainer", "verifier"]
+    kl = lambda d: [json.loads(x)["train/distill/reverse_kl"] for x in open(d / "metrics.jsonl")]
+    assert kl(tmp_path / "ray") == kl(tmp_path / "local") and len(kl(tmp_path / "local")) == 2
+    _assert_same_params(_params(tmp_path / "ray"), _params(tmp_path / "local"))
+    with pytest.raises(ValueError, match="RayPlacement\\(teacher="):
+        RayPlacement().teacher(lambda: None)
 
 
 @pytest.mark.slow

@@ -398,6 +398,56 @@ def test_micro_batched_step_equals_full_batch_step(params, batch, full_step, bud
         assert metrics[key] == pytest.approx(full_metrics[key], rel=1e-4, abs=1e-6), key
 
 
+def test_pack_sequences_by_hand():
+    """The batch's rows need 60, 50, 46, 40, 30, 11, 20 and 8 positions: one micro-batch of
+    length 64, packed first-fit longest first into 5 rows (320 positions, not 8 x 64 = 512):
+    60 | 50 + 11 | 46 + 8 | 40 + 20 | 30."""
+    lengths = np.array([60, 50, 46, 40, 30, 11, 20, 8])
+    (mb,) = mbt.pack_sequences(lengths, 512)
+    assert mb.rows.tolist() == [0, 1, 2, 3, 4, 6, 5, 7] and mb.shape == (8, 64)
+    slot, offset, p_rows = mb.packing
+    assert slot.tolist() == [0, 1, 2, 3, 4, 3, 1, 2] and offset.tolist() == [
+        0,
+        0,
+        0,
+        0,
+        0,
+        40,
+        50,
+        46,
+    ]
+    assert p_rows == 5 and mb.padded_tokens == 320
+    tokens = np.arange(8 * 64).reshape(8, 64)
+    arrays = mbt.packed(mb, lengths, tokens, tokens + 1)
+    row = arrays["segments"][3]  # members 4 (40 positions) and 6 (row 6: 20 positions)
+    assert (row[:40] == 4).all() and (row[40:60] == 6).all() and (row[60:] == 0).all()
+    assert arrays["positions"][3, 38:42].tolist() == [38, 39, 0, 1]  # each row from 0
+    assert arrays["source"][5, :3].tolist() == [3 * 64 + 40, 3 * 64 + 41, 3 * 64 + 42]
+    assert arrays["source"][5, 20] == -1  # past row 6's 20 positions
+    assert arrays["tokens"][1, 50:52].tolist() == [5 * 64, 5 * 64 + 1]  # row 5 behind row 1
+    assert arrays["targets"][1, 50] == 5 * 64 + 1
+
+
+def test_packed_step_equals_the_unpacked_step(params, batch, full_step):
+    """trainer.pack: the model runs on 5 packed rows instead of 8 padded ones, each sequence at
+    its own positions behind a block-diagonal mask, and the step is the unpacked one (as for
+    micro-batches: 1e-4 of the update size); so is the recompute. Exact mode and MoE refuse it."""
+    full, full_metrics = full_step
+    cfg = TrainerConfig(micro_batch_tokens=512, pack=True, **GRAD_CFG)
+    trainer = Trainer(CFG, params, get_preset("grpo"), cfg)
+    prox = trainer.recompute_logprobs(batch)
+    unpacked = Trainer(CFG, params, None, TrainerConfig(micro_batch_tokens=512))
+    np.testing.assert_allclose(prox, unpacked.recompute_logprobs(batch), atol=1e-5)
+    metrics = trainer.train_step(batch)
+    assert metrics["padded_tokens"] == 320 and full_metrics["padded_tokens"] == 512
+    moved = _tree_max_diff(full.params(), params)
+    assert _tree_max_diff(trainer.params(), full.params()) < 1e-4 * moved
+    for key in ("loss", "grad_norm", "ratio_mean", "kl_behav_k3", "tokens", "sequences"):
+        assert metrics[key] == pytest.approx(full_metrics[key], rel=1e-4, abs=1e-6), key
+    with pytest.raises(ValueError, match="trainer.pack runs dense models in fast mode only"):
+        Trainer(CFG, params, get_preset("grpo"), cfg, sampling=Sampling(exact=True))
+
+
 def test_first_update_is_on_policy(full_step):
     _, metrics = full_step
     # the training forward sees log pi_prox: the ratio starts at 1 (up to forward/backward fusion)
