@@ -1,3 +1,4 @@
+# %% [markdown]
 r"""Lesson 16 — bring your own agent: an agent written with the openai SDK, trained with GRPO.
 
     python tutorials/16_bring_your_own_agent.py            # full mode (see the measured output)
@@ -56,6 +57,7 @@ Expected output (full mode, measured)
 (filled in from the measured run)
 """
 
+# %%
 from __future__ import annotations
 
 import argparse
@@ -83,6 +85,7 @@ CALC = {"type": "function", "function": {"name": "calc", "description": "Add int
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
 
 
+# %%
 def add(expression):
     try:
         return str(sum(int(x) for x in expression.split("+")))
@@ -114,6 +117,7 @@ async def edits(client, row):
 '''
 
 
+# %%
 def config(args, agent: Path, name: str = "solve"):
     """The run: the arithmetic preset with your agent, a short warm start, GRPO."""
     sets = [
@@ -132,6 +136,7 @@ def config(args, agent: Path, name: str = "solve"):
     return make_config("arithmetic", sets)
 
 
+# %%
 def show(episode) -> list[dict]:
     """An episode as runs of equal mask: what the policy wrote, what the tool answered."""
     edges = [0, *np.nonzero(np.diff(episode.mask))[0] + 1, len(episode.mask)]
@@ -144,6 +149,7 @@ def show(episode) -> list[dict]:
     return runs
 
 
+# %%
 def step2_warm_start(cfg, task) -> tuple[dict, dict]:
     print(f"\nStep 2. warm start: {cfg.sft.steps} supervised steps on episodes the agent laid out")
     demo = ScriptedDemonstrations(cfg, TOK, task)
@@ -156,6 +162,7 @@ def step2_warm_start(cfg, task) -> tuple[dict, dict]:
     return params, {"demonstration": runs, "report": report}
 
 
+# %%
 class Spy:
     """The engine, recording every rollout it returns: what was sampled for each call."""
 
@@ -171,6 +178,7 @@ class Spy:
         return out
 
 
+# %%
 def answers_are_the_engines(episodes, seen) -> tuple[bool, bool, int]:
     """(every answer is the tokens sampled for its call; every call's prompt is the episode so
     far; answers checked)."""
@@ -192,6 +200,7 @@ def answers_are_the_engines(episodes, seen) -> tuple[bool, bool, int]:
     return bool(same), bool(prompts), checked
 
 
+# %%
 def step3_token_checks(cfg, task, params, args) -> dict:
     print("\nStep 3. episodes through the endpoint, checked token by token (exact mode)")
     exact = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, exact=True))
@@ -228,6 +237,7 @@ def step3_token_checks(cfg, task, params, args) -> dict:
     }
 
 
+# %%
 def step4_rewritten(cfg, task, params, agent: Path) -> dict:
     print("\nStep 4. an agent that edits its first answer before the next call")
     cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, agent=f"{agent}:edits"))
@@ -240,12 +250,13 @@ def step4_rewritten(cfg, task, params, agent: Path) -> dict:
     return {"refused": "is not an answer minirl gave" in reason, "reason": reason}
 
 
+# %%
 def step5_rl(cfg, out: Path, args) -> dict:
     print(
         f"\nStep 5. minirl train --preset arithmetic --agent calc_agent.py:solve ({cfg.rl.steps} GRPO steps)"
     )
     summary = Run(cfg, out / "run", log=lambda *a: None, progress=not args.fast).train(resume=False)
-    metrics = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().split()]
+    metrics = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     before, after = summary["before"], summary["after"]
     for when, r in (("before", before), ("after", after)):
         print(f"  held-out {when} RL: pass@1 {r['pass@1']:.3f}  turns {r['turns']:.2f}")
@@ -254,6 +265,7 @@ def step5_rl(cfg, out: Path, args) -> dict:
     return {"before": before, "after": after, "train_rewards": rewards}
 
 
+# %%
 def plot(rl: dict, path: Path) -> None:
     import matplotlib
 
@@ -275,6 +287,7 @@ def plot(rl: dict, path: Path) -> None:
     plt.close(fig)
 
 
+# %%
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="tiny budgets (CI)")
@@ -311,5 +324,6 @@ def main() -> None:
         raise SystemExit(f"a claim of this lesson failed: {claims}, {results['rewrite']}")
 
 
+# %%
 if __name__ == "__main__":
     main()
