@@ -31,6 +31,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXTRAS_ONLY = ["ray", "pyarrow", "math_verify", "tensorboardX", "wandb", "torch", "pytest"]
+EXTRAS_ONLY += ["openai"]
 LESSONS_NEEDING_EXTRAS = {"11_scaling_out.py": "scale"}  # its Ray step
 TIMEOUT_S = 1800  # generous: a fresh machine compiles everything once
 
@@ -111,10 +112,12 @@ def check_next_commands(work: pathlib.Path, run_dir: pathlib.Path) -> None:
 
 def check_one_line_errors(work: pathlib.Path) -> None:
     (work / "data.parquet").write_bytes(b"PAR1")
+    (work / "agent.py").write_text("async def solve(client, row):\n    return 1.0\n")
     asks = [
         (["minirl", "train", "--run-dir", "r", "--set", "log.tensorboard=true"], "track"),
         (["minirl", "train", "--run-dir", "r", "--set", "log.wandb=project"], "track"),
         (["minirl", "train", "--data", "data.parquet", "--run-dir", "r"], "hf"),
+        (["minirl", "train", "--agent", "agent.py:solve", "--run-dir", "r"], "agent"),
         ([sys.executable, "-m", "scale.launch", "ray", "--run-dir", "r"], "scale"),
     ]
     for cmd, extra in asks:

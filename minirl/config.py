@@ -57,7 +57,10 @@ class TaskSpec:
     tools: tuple[
         str, ...
     ] = ()  # multi-turn episodes with these tools: calc, py (docs/multiturn.md)
-    max_turns: int = 4  # with tools: assistant turns per episode
+    max_turns: int = 4  # with tools, env or agent: assistant turns (model calls) per episode
+    env: str = ""  # your environment: path/to/file.py:Class with reset(row) and step(turn) (minirl train --env; docs/multiturn.md)
+    agent: str = ""  # your agent: path/to/file.py:solve, an async function of (openai client, row) run against minirl's endpoint (minirl train --agent; docs/multiturn.md)
+    timeout: float = 60.0  # with env or agent: seconds one episode may spend in your code (environment calls; the agent between its model calls), summed; past it, reward 0
 
     def __post_init__(self):
         unknown = [t for t in self.tools if t not in TOOLS]
@@ -65,6 +68,15 @@ class TaskSpec:
             raise ValueError(f"task.tools: each of {TOOLS} at most once, got {list(self.tools)}")
         if self.max_turns < 1:
             raise ValueError(f"task.max_turns must be >= 1, got {self.max_turns}")
+        if not 0 < self.timeout < math.inf:
+            raise ValueError(f"task.timeout must be a number of seconds > 0, got {self.timeout}")
+        if sum(map(bool, (self.tools, self.env, self.agent))) > 1:
+            raise ValueError("task.tools, env and agent: an episode has one kind; choose one")
+
+    @property
+    def episodes(self) -> bool:
+        """Multi-turn episodes (tools, your environment or agent), each scored as it ends."""
+        return bool(self.tools or self.env or self.agent)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,10 +300,13 @@ class RunConfig:
         if uses_file and self.task.tools:
             raise ConfigError(
                 "task.tools works with the built-in tasks only for now: a dataset's prompts "
-                "are rendered with the chat template before an episode could lay them out"
+                "are rendered with the chat template before an episode could lay them out "
+                "(your own environment, --env, lays a row out itself)"
             )
-        if self.task.max_turns != TaskSpec.max_turns and not self.task.tools:
-            raise ConfigError("task.max_turns does nothing without task.tools")
+        if self.task.max_turns != TaskSpec.max_turns and not self.task.episodes:
+            raise ConfigError("task.max_turns does nothing without task.tools, env or agent")
+        if self.task.timeout != TaskSpec.timeout and not (self.task.env or self.task.agent):
+            raise ConfigError("task.timeout does nothing without task.env or task.agent")
         rl = self.rl
         if rl.behaviour_cap != BEHAVIOUR_CAP and not has_behaviour_cap(get_preset(rl.loss)):
             raise ConfigError(

@@ -1,6 +1,8 @@
 """Tiny Hugging Face checkpoint directories for tests, made here (nothing is downloaded).
 
     make_tokenizer_dir(path, style="qwen" | "llama")   tokenizer.json + tokenizer_config.json
+                                                        ("qwen_tools", "llama_tools": the family's
+                                                        tool-calling template besides)
     make_model_dir(path, arch="qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe", style=...)
                                                         + config.json, model.safetensors and
                                                         generation_config.json (two EOS ids)
@@ -45,6 +47,86 @@ LLAMA_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
     "{%- endif %}"
 )
+# Tool calling in each family's format (tests/envs/test_tool_calls.py): Qwen2.5's (tools as JSON
+# lines in a <tools> block of the system message; calls as <tool_call> blocks; tool results as
+# <tool_response> blocks of a user turn) and Llama 3.1's (tools as indented JSON in the first user
+# message; a call as the whole assistant turn {"name", "parameters"}; results in the ipython role).
+QWEN_TOOLS_TEMPLATE = (
+    "{%- set system = messages[0]['content'] if messages[0]['role'] == 'system' "
+    "else 'You are a helpful assistant.' %}"
+    "{{- '<|im_start|>system\\n' + system }}"
+    "{%- if tools %}"
+    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query."
+    "\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": '
+    '<function-name>, "arguments": <args-json-object>}\\n</tool_call>\' }}'
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' and loop.first %}"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls %}"
+    "{%- set call = call.function if call.function is defined else call %}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' + call.name + \'", "arguments": \' '
+    "+ (call.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}"
+    "{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+LLAMA_TOOLS_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system = messages[0]['content'] | trim %}{%- set messages = messages[1:] %}"
+    "{%- else %}{%- set system = '' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{%- if tools %}{{- 'Environment: ipython\\n' }}{%- endif %}"
+    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: 26 Jul 2024\\n\\n' }}"
+    "{{- system + '<|eot_id|>' }}"
+    "{%- if tools %}"
+    "{%- set first = messages[0]['content'] | trim %}{%- set messages = messages[1:] %}"
+    "{{- '<|start_header_id|>user<|end_header_id|>\\n\\n' }}"
+    "{{- 'Given the following functions, please respond with a JSON for a function call with "
+    "its proper arguments that best answers the given prompt.\\n\\n' }}"
+    '{{- \'Respond in the format {"name": function name, "parameters": dictionary of '
+    "argument name and its value}.Do not use variables.\\n\\n' }}"
+    "{%- for tool in tools %}{{- (tool | tojson(indent=4)) + '\\n\\n' }}{%- endfor %}"
+    "{{- first + '<|eot_id|>' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role in ('tool', 'ipython') %}"
+    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' }}"
+    "{%- if message.content is mapping or message.content is iterable %}"
+    "{{- message.content | tojson }}{%- else %}{{- message.content }}{%- endif %}"
+    "{{- '<|eot_id|>' }}"
+    "{%- elif message.tool_calls %}"
+    "{%- if message.tool_calls | length != 1 %}"
+    "{{- raise_exception('This model only supports single tool-calls at once!') }}{%- endif %}"
+    "{%- set call = message.tool_calls[0].function %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    '{{- \'{"name": "\' + call.name + \'", "parameters": \' + (call.arguments | tojson) '
+    "+ '}<|eot_id|>' }}"
+    "{%- else %}"
+    "{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' "
+    "+ message.content | trim + '<|eot_id|>' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- endif %}"
+)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)  # the MoE archs'
 STYLES = {
     # specials (in id order), config's special tokens, extra EOS of generation_config, template
@@ -67,6 +149,8 @@ STYLES = {
         LLAMA_TEMPLATE,
     ),
 }
+STYLES["qwen_tools"] = (*STYLES["qwen"][:3], QWEN_TOOLS_TEMPLATE)
+STYLES["llama_tools"] = (*STYLES["llama"][:3], LLAMA_TOOLS_TEMPLATE)
 
 
 def corpus(n: int = 400) -> list[str]:
@@ -106,7 +190,7 @@ def make_tokenizer_dir(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(corpus() + list(extra_text), trainer)
-    if style == "llama":
+    if style.startswith("llama"):
         bos = config["bos_token"]
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tok.token_to_id(bos))]

@@ -94,6 +94,20 @@ def reads():
         cls.__getattribute__ = original
 
 
+USER_CODE = """
+class Env:
+    def reset(self, row):
+        return row["prompt"]
+
+    def step(self, turn):
+        return "ok", 0.5, False, {}
+
+async def solve(client, row):
+    r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    return r.choices[0].message.content
+"""
+
+
 def _train(run_dir, preset, sets):
     Run(make_config(preset, [*SHORT, *sets]), run_dir, progress=False, log=lambda *a: None).train()
 
@@ -164,6 +178,12 @@ def test_every_setting_is_read_by_the_part_it_configures(reads, tmp_path, monkey
             "rl.router_aux_coef=0.01",
         ],
     )
+    user = tmp_path / "user.py"  # your own environment and agent (task.env, task.agent)
+    user.write_text(USER_CODE)
+    arithmetic = ["task.name=arithmetic", 'task.args={"max_digits": 1, "max_operands": 2}']
+    short = ["task.max_turns=2", "task.timeout=30", "engine.cache_len=64"]
+    _train(tmp_path / "env", "fixture", [*arithmetic, *short, f"task.env={user}:Env"])
+    _train(tmp_path / "agent", "fixture", [*arithmetic, *short, f"task.agent={user}:solve"])
     model = make_model_dir(tmp_path / "model", arch="qwen3")
     data = tmp_path / "train.jsonl"
     data.write_text(

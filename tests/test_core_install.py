@@ -179,14 +179,16 @@ def _one_line_naming(res: dict, extra: str) -> str:
 
 def test_first_commands_work_and_paths_needing_an_extra_say_which(tmp_path):
     (tmp_path / "train.parquet").write_bytes(b"PAR1")
+    (tmp_path / "agent.py").write_text("async def solve(client, row):\n    return 1.0\n")
     run = ["--run-dir", str(tmp_path / "r")]
-    helps, train_help, config, tensorboard, wandb, parquet = _cli_runs(
+    helps, train_help, config, tensorboard, wandb, parquet, agent = _cli_runs(
         ["--help"],
         ["train", "--help"],
         ["config"],
         ["train", "--preset", "fixture", *run, "--set", "log.tensorboard=true"],
         ["train", "--preset", "fixture", *run, "--set", "log.wandb=proj"],
         ["train", "--data", str(tmp_path / "train.parquet"), *run],
+        ["train", "--preset", "fixture", *run, "--agent", f"{tmp_path / 'agent.py'}:solve"],
     )
     assert helps["rc"] == 0 and "usage: minirl" in helps["out"]
     assert train_help["rc"] == 0 and "--preset" in train_help["out"]
@@ -196,6 +198,9 @@ def test_first_commands_work_and_paths_needing_an_extra_say_which(tmp_path):
     )
     assert "log.wandb needs the 'wandb' package" in _one_line_naming(wandb, "track")
     assert "a .parquet data file needs the 'pyarrow' package" in _one_line_naming(parquet, "hf")
+    assert "--agent (your agent's OpenAI client) needs the 'openai' package" in _one_line_naming(
+        agent, "agent"
+    )
     assert not (tmp_path / "r").exists()  # each refused before any work
 
 

@@ -242,3 +242,16 @@ def test_sim_papers_fast_mode(tmp_path):
     assert result["pipeline"]["max_lag=1"]["lag_share"] == [1.0]  # on-policy: every token lag 0
     for png in ("areal_sync_vs_async.png", "rlax_stale16_vs_stale32.png", "pipelinerl_lag.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_agent_experiment_fast_mode(tmp_path):
+    """experiments/agent.py: `minirl train --agent` (Run) with the openai-SDK calculator agent."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MINIRL_CACHE=str(tmp_path / "cache"))
+    script = str(ROOT / "experiments" / "agent.py")
+    cmd = [sys.executable, script, "--fast", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=900)
+    result = json.loads((tmp_path / "agent.json").read_text())
+    (seed,) = result["seeds"].values()
+    assert 0.0 <= seed["before"]["pass@1"] <= 1.0 and 0.0 <= seed["after"]["pass@1"] <= 1.0
+    assert seed["before"]["turns"] >= 1.0 and set(result["claim_holds"]) == {"0"}

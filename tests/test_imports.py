@@ -23,6 +23,7 @@ LAYERS = [
     ["verifiers", "hf", "plots"],  # what plugs into a run, and reads one
     ["tasks"],
     ["envs"],
+    ["agents"],  # your own agent: the OpenAI-compatible endpoint over the engine
     ["run"],  # a run end to end
     ["sim", "diagnose"],  # what drives the run's parts in other ways
     ["minirl.cli"],  # the command line

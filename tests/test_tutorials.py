@@ -277,6 +277,25 @@ EXPECTED = {
             and all(len(a["heldout_pass@1"]) == 1 for a in r["runs"].values())
         ),
     ),
+    "16_bring_your_own_agent.py": dict(
+        files=["agent_rl.png", "calc_agent.py", "run/metrics.jsonl"],
+        prints=[
+            "Step 2. warm start",
+            "each the engine's sampled tokens, byte for byte: True",
+            "(no re-tokenization): True",
+            "recompute equals the engine's log-probs bitwise: True",
+            "is not an answer minirl gave",
+            "held-out pass@1 up after RL",
+        ],
+        check=lambda r: (
+            r["checks"]["answers_byte_equal"]
+            and r["checks"]["prompts_are_the_episode"]
+            and r["checks"]["exact_bitwise"]
+            and r["checks"]["answers_checked"] > 0
+            and r["rewrite"]["refused"]
+            and all(0.0 <= r["rl"][w]["pass@1"] <= 1.0 for w in ("before", "after"))
+        ),
+    ),
     "17_on_policy_distillation.py": dict(
         files=["distillation.png", "teacher/config.json", "teacher/tokenizer.json"],
         prints=[

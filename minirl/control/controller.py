@@ -68,7 +68,9 @@ class Group:
 
     @property
     def version(self) -> int:
-        return min(r.oldest_version for r in self.rollouts)
+        """The oldest policy token's version (an episode without one does not count)."""
+        wrote = [r.oldest_version for r in self.rollouts if r.oldest_version >= 0]
+        return min(wrote, default=-1)
 
 
 @dataclasses.dataclass

@@ -17,6 +17,10 @@ e.g. arithmetic's one calculator call), the call, its output (mask 0) and the an
 otherwise the task's own demonstration as one turn — so supervised steps teach the format the
 RL episodes will have.
 
+`demonstration_turns` is the same demonstration as turns alone (the call, the answer), for a
+scripted policy (minirl/envs/scripted.py) to say to your own environment or agent: the warm
+start of `--env` / `--agent` runs, whose episodes only your code knows how to lay out.
+
 Why countdown with a calculator: the task is to hit a target with + - * / over given numbers;
 a calculator lets the model test a candidate before committing — the reason agents use tools.
 """
@@ -41,7 +45,7 @@ class ToolTaskEnv:
     """A `Task` (its prompts and verifier) with `tools`; one instance per episode."""
 
     def __init__(self, task, tools: Sequence[Tool]):
-        self.task, self.tools = task, {t.name: t for t in tools}
+        self.task, self.by_name = task, {t.name: t for t in tools}
         self.prompt: Prompt | None = None
 
     def reset(self, prompt: Prompt) -> str:
@@ -52,7 +56,7 @@ class ToolTaskEnv:
         call = self._call(turn_text)
         if call is not None:
             name, argument = call
-            return Step(self.tools[name](argument), 0.0, False, {"reason": f"called {name}"})
+            return Step(self.by_name[name](argument), 0.0, False, {"reason": f"called {name}"})
         empty = np.zeros(0, np.int32)
         answer = Rollout(self.prompt, 0, empty, empty.astype(np.float32), empty, "eos")
         answer.text = turn_text
@@ -62,7 +66,7 @@ class ToolTaskEnv:
     def _call(self, text: str) -> tuple[str, str] | None:
         """(tool name, argument) if `text` ends with a call `<name>argument</name>`."""
         text = text.rstrip()
-        for name in self.tools:
+        for name in self.by_name:
             open_tag, close_tag = f"<{name}>", f"</{name}>"
             if text.endswith(close_tag) and open_tag in text:
                 start = text.rindex(open_tag) + len(open_tag)
@@ -100,3 +104,17 @@ def demonstration_episode(task, prompt: Prompt, turns, tools: Sequence[Tool], sa
     return Rollout(
         prompt, 0, tokens, zeros, zeros.astype(np.int32), "eos", score=Score(0.0), mask=mask
     )
+
+
+def demonstration_turns(task, prompt: Prompt, turns, sample: int = 0) -> list[np.ndarray]:
+    """A task's demonstration as the policy's turns: [the call `<name>argument</name>`, the
+    answer + EOS] when the task has a tool demonstration and the template knows no tool calling
+    of its own (the `tags` format of minirl/envs/tool_calls.py, whose call needs no parameter
+    name), else [the task's demonstration + EOS]."""
+    tok = turns.tokenizer
+    demo = getattr(task, "tool_demonstration", None)
+    if demo is not None and turns.format == "tags":
+        name, argument, answer = demo(prompt)
+        call = tok.encode(f"<{name}>{argument}</{name}>", bos=False)
+        return [call, tok.encode(answer, bos=False, eos=True)]
+    return [tok.encode(task.demonstration(prompt, sample=sample), bos=False, eos=True)]

@@ -22,6 +22,12 @@ A turn's message content is its decoded text (special tokens kept as text) witho
 token: the template writes its own end-of-turn marker. A turn that ended on a stop sequence (a
 tool call's closing tag) has no EOS; the template's marker then opens the observation (mask 0).
 
+Tools (OpenAI function schemas) go to the template as its `tools` variable, so the model sees
+them in its own format; `parse` reads a turn's tool calls in the format the template teaches
+(minirl/envs/tool_calls.py: Qwen's <tool_call> blocks, Llama 3.1's JSON, minirl's tags).
+A turn's message in the history stays its text as sampled (the calls as the model wrote them),
+never a re-rendering of the parsed calls: that keeps the history append-only.
+
 Checkpoint tokenizers use their own chat template; the character tokenizer of the built-in tasks
 has none, so `TOY_TEMPLATE` lays turns out plainly: the user's text, the assistant's text, and
 each tool output as `\\n= output\\n`. Observations are lower-cased for the character tokenizer
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minirl.envs.tool_calls import Turn, format_of, parse
 from minirl.hf.chat_template import render
 
 TOY_TEMPLATE = (
@@ -61,6 +68,22 @@ def appended(before: str, after: str, parts: list[tuple[int, str]] = ()) -> str:
     )
 
 
+def as_messages(value, role: str) -> list[dict]:
+    """What an environment hands over as chat messages: text (one message in `role`), a message
+    dict ({"role": str, "content": str, ...}), or a non-empty list of them; ValueError else."""
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    items = [value] if isinstance(value, dict) else value
+    if not isinstance(items, list | tuple) or not items:
+        raise ValueError(f"expected text or chat messages, got {type(value).__name__}")
+    for i, m in enumerate(items):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)):
+            raise ValueError(f"message {i} is not a dict with a string 'role'")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"message {i} ({m['role']}) has no string 'content'")
+    return [dict(m) for m in items]
+
+
 class Turns:
     """Renders an episode's messages and encodes what each turn appends (module docstring).
 
@@ -73,20 +96,23 @@ class Turns:
         self.template = None if own else template or TOY_TEMPLATE  # None: the tokenizer's
         self.bos = not own  # a checkpoint's template writes its own BOS text
         self.max_observation_chars = max_observation_chars
+        self.format = format_of(tokenizer.chat_template if own else self.template)  # tool calls
         ids = {"eos_token": tokenizer.eos_id, "bos_token": tokenizer.bos_id}
         self.special = {
             k: tokenizer.decode([i], skip_special=False) for k, i in ids.items() if i is not None
         }
 
-    def render(self, messages: list[dict]) -> str:
-        """The conversation laid out, ending where the assistant's next turn begins."""
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The conversation laid out, ending where the assistant's next turn begins; `tools`
+        (OpenAI function schemas) as the template shows them (its `tools` variable)."""
         if self.template is None:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return render(self.template, messages, True, **self.special)
+            return self.tokenizer.apply_chat_template(messages, True, tools=tools)
+        return render(self.template, messages, True, tools=tools, **self.special)
 
-    def first(self, user_text: str) -> tuple[str, np.ndarray]:
-        """The prompt of an episode that starts with `user_text`: (its text, its tokens)."""
-        text = self.render([{"role": "user", "content": user_text}])
+    def first(self, first, tools: list[dict] | None = None) -> tuple[str, np.ndarray]:
+        """The prompt of an episode that starts with `first` (the user's text, or a list of
+        messages: `as_messages`): (its text, its tokens)."""
+        text = self.render(as_messages(first, "user"), tools)
         return text, self.tokenizer.encode(text, bos=self.bos)
 
     def turn(self, tokens: np.ndarray) -> tuple[str, str]:
@@ -97,6 +123,21 @@ class Turns:
         content = self.tokenizer.decode(tokens[:-1] if ends else tokens, skip_special=False)
         return spelled, content
 
+    def parse(self, text: str, tools: list[dict] | None = None) -> Turn:
+        """A turn's text (special tokens dropped) with the tool calls in it, read in the format
+        the template teaches (minirl/envs/tool_calls.py)."""
+        content, calls = parse(self.format, text, tools)
+        return Turn(text, content, calls)
+
+    def ends_conversation(self, token: int) -> bool:
+        """Did a turn that ended on `token` end the conversation? Yes for an EOS id the template
+        cannot write (Qwen's <|endoftext|>, Llama's <|end_of_text|>: the tokenizer's other EOS
+        ids; any EOS for a template without `eos_token`, such as TOY_TEMPLATE): the rendering
+        after it could not continue the episode's text."""
+        ids = self.tokenizer.eos_ids
+        silent = self.template is not None and "eos_token" not in self.template
+        return token in ids[1:] or (silent and token == ids[0])
+
     def clean(self, observation: str) -> str:
         """An observation the tokenizer can encode, at most `max_observation_chars` long."""
         text = str(observation)[: self.max_observation_chars]
@@ -105,9 +146,9 @@ class Turns:
             text = "".join(ch if ch in alphabet else "?" for ch in text.lower())
         return text
 
-    def observation(self, before: str, messages: list[dict], parts=()) -> str:
+    def observation(self, before: str, messages: list[dict], parts=(), tools=None) -> str:
         """The text the rendering of `messages` appends to the episode's text `before`."""
-        return appended(before, self.render(messages), parts)
+        return appended(before, self.render(messages, tools), parts)
 
     def encode(self, text: str) -> np.ndarray:
         return self.tokenizer.encode(text, bos=False)

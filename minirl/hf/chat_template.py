@@ -11,13 +11,18 @@ The rendering follows what `transformers` does, so the same messages give the sa
 (tests/hf/test_chat_template.py compares with `apply_chat_template`): a sandboxed, immutable Jinja
 environment with `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, a `tojson`
 filter that keeps non-ASCII characters, and the globals `raise_exception` and `strftime_now`.
-The template sees `messages`, `add_generation_prompt`, `tools=None`, the special-token
-strings (`bos_token`, `eos_token`, `pad_token`, `unk_token`) and any keyword arguments given,
-as transformers' `apply_chat_template(..., **kwargs)` passes them (`data.chat_template_kwargs`,
-e.g. Qwen3's `enable_thinking=False`, which writes an empty think block into the prompt).
+The template sees `messages`, `add_generation_prompt`, `tools` (a list of OpenAI function
+schemas, `{"type": "function", "function": {"name", "description", "parameters"}}`, or None:
+the model's native tool-calling prompt, e.g. Qwen's `<tools>` block or Llama 3.1's
+"Given the following functions" message), the special-token strings (`bos_token`,
+`eos_token`, `pad_token`, `unk_token`) and any keyword arguments given, as transformers'
+`apply_chat_template(..., tools=..., **kwargs)` passes them (`data.chat_template_kwargs`, e.g.
+Qwen3's `enable_thinking=False`, which writes an empty think block into the prompt). Messages
+may carry what tool calling adds: an assistant message's `tool_calls` (its content may then be
+None), a tool message's `tool_call_id` and `name`.
 
-Simplified on purpose: no tools, documents or assistant-token masks; the `{% generation %}` tag
-some templates use to mark assistant text is accepted and renders its body unchanged.
+Simplified on purpose: no documents or assistant-token masks; the `{% generation %}` tag some
+templates use to mark assistant text is accepted and renders its body unchanged.
 """
 
 from __future__ import annotations
@@ -78,28 +83,45 @@ def compile_template(source: str) -> jinja2.Template:
 
 
 def check_messages(messages) -> list[dict]:
-    """A list of {"role": str, "content": str} dicts, or a ChatTemplateError saying what is off."""
+    """A list of {"role": str, "content": str} dicts (an assistant message with `tool_calls` may
+    have content None), or a ChatTemplateError saying what is off."""
     if not isinstance(messages, list | tuple) or not messages:
         raise ChatTemplateError(f"messages must be a non-empty list, got {type(messages).__name__}")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ChatTemplateError(f"message {i} is a {type(m).__name__}, not a dict")
-        for key in ("role", "content"):
-            if not isinstance(m.get(key), str):
-                raise ChatTemplateError(f"message {i} needs a string {key!r}")
+        if not isinstance(m.get("role"), str):
+            raise ChatTemplateError(f"message {i} needs a string 'role'")
+        calls = m.get("tool_calls")
+        if not isinstance(m.get("content"), str) and not (m.get("content") is None and calls):
+            raise ChatTemplateError(f"message {i} needs a string 'content'")
+        if calls is not None and not isinstance(calls, list | tuple):
+            raise ChatTemplateError(f"message {i}: 'tool_calls' must be a list")
         out.append(dict(m))
     return out
 
 
-def render(source: str, messages, add_generation_prompt: bool = True, **variables) -> str:
-    """`messages` laid out by the template `source`; `variables`: the special tokens
-    (bos_token=..., etc.) and any keyword the template reads (`enable_thinking=False`)."""
+def check_tools(tools) -> list[dict] | None:
+    """None, or a list of tool schemas (dicts); a ChatTemplateError otherwise."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list | tuple) or not all(isinstance(t, dict) for t in tools):
+        raise ChatTemplateError("tools must be a list of JSON schemas (dicts)")
+    return list(tools)
+
+
+def render(
+    source: str, messages, add_generation_prompt: bool = True, tools=None, **variables
+) -> str:
+    """`messages` laid out by the template `source`; `tools`: OpenAI function schemas (None =
+    no tools); `variables`: the special tokens (bos_token=..., etc.) and any keyword the
+    template reads (`enable_thinking=False`)."""
     template = compile_template(source)
     try:
         return template.render(
             messages=check_messages(messages),
-            tools=None,
+            tools=check_tools(tools),
             documents=None,
             add_generation_prompt=add_generation_prompt,
             **variables,

@@ -119,10 +119,13 @@ class HFTokenizer:
         as one character, so this bounds the characters a token decodes to from above."""
         return max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
+    def apply_chat_template(
+        self, messages, add_generation_prompt: bool = True, tools=None, **kwargs
+    ) -> str:
         """The prompt text of `messages` (a list of {"role", "content"} dicts), laid out by the
         checkpoint's chat template as transformers lays it out (minirl/hf/chat_template.py).
-        `kwargs`: more variables the template reads, as transformers passes them (e.g. Qwen3's
+        `tools`: OpenAI function schemas the template shows the model (None = none). `kwargs`:
+        more variables the template reads, as transformers passes them (e.g. Qwen3's
         `enable_thinking=False`)."""
         from minirl.hf.chat_template import render
 
@@ -131,7 +134,9 @@ class HFTokenizer:
         tokens = {k: v for k, v in self.special_tokens.items() if v is not None}
         unk = self.config.get("unk_token")
         tokens["unk_token"] = unk.get("content") if isinstance(unk, dict) else unk
-        return render(self.chat_template, messages, add_generation_prompt, **tokens, **kwargs)
+        return render(
+            self.chat_template, messages, add_generation_prompt, tools=tools, **tokens, **kwargs
+        )
 
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> np.ndarray:
         ids = self._tok.encode(text, add_special_tokens=bos).ids

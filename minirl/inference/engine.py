@@ -13,6 +13,7 @@
   extend(uid, sample, tokens, n)  multi-turn: append an observation to a held episode's cache,
                                   then sample its next turn (minirl/envs/episodes.py)
   release(uid, sample)            multi-turn: the episode is over; free its slot
+  cancel(uid, sample)             drop a request, queued or in flight (minirl/agents/)
 
 Each rollout token carries its behaviour log-prob (`model.token_logprobs` of the logits it was
 sampled from, minirl/modeling/sampling.py) and the weight version loaded when it was sampled. With
@@ -35,6 +36,7 @@ chunked) for prefill; the paged cache gathers pages into a contiguous view per d
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterable
 from typing import Any
@@ -188,6 +190,13 @@ class Engine:
         b = self._sched.find(uid, sample_index)
         self._kv.release(b)
         self._sched.release(b)
+
+    def cancel(self, uid: int, sample_index: int) -> None:
+        """Drop a request, queued or in flight (its slot freed); nothing if unknown."""
+        queue, key = self._sched.queue, (uid, sample_index)
+        self._sched.queue = type(queue)(r for r in queue if (r.prompt.uid, r.sample_index) != key)
+        with contextlib.suppress(KeyError):
+            self.release(uid, sample_index)
 
     def generate(self, requests: Iterable[Request], progress=None) -> list[Rollout]:
         """Run `requests` to completion on an idle engine; rollouts in request order.

@@ -44,8 +44,10 @@ class Request:
     sample_index: int = 0
     max_new_tokens: int = 64  # per turn
     multi_turn: bool = False  # after each turn keep the slot and its cache (Engine.extend)
+    stop: tuple[tuple[int, ...], ...] = ()  # this request's own stop sequences (token ids)
 
     def __post_init__(self):
+        object.__setattr__(self, "stop", tuple(tuple(int(t) for t in s) for s in self.stop))
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.sample_index < 0:
@@ -149,11 +151,11 @@ def finish_reason(
 ) -> str | None:
     """Why `seq` must stop after its last token, or None. EOS and stop-sequence tokens stay in
     the completion (they were sampled and have behaviour log-probs the trainer needs). A stop
-    sequence counts only inside the current turn (never across an observation)."""
+    sequence (the engine's or the request's) counts only inside the current turn."""
     if seq.tokens[-1] in eos_ids:
         return "eos"
     turn = seq.tokens[seq.turn_start :]
-    for stop in stop_sequences:
+    for stop in (*stop_sequences, *seq.request.stop):
         if len(turn) >= len(stop) and tuple(turn[-len(stop) :]) == stop:
             return "stop"
     if seq.remaining <= 0:

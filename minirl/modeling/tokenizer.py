@@ -11,7 +11,8 @@ Interface (both tokenizers):
     vocab_size: int; pad_id: int; eos_id: int (the one appended to demonstrations)
     eos_ids: tuple[int, ...] (every id that ends a completion; eos_id first)
     bos_id: int or None (None for models without a BOS token, e.g. Qwen)
-    chat_template: str or None; apply_chat_template(messages, add_generation_prompt=True, **kw) -> str
+    chat_template: str or None; apply_chat_template(messages, add_generation_prompt=True,
+        tools=None, **kw) -> str
     encode(text, bos=True, eos=False) -> np.ndarray int32 [T]
     decode(ids, skip_special=True) -> str   (unknown ids decode to U+FFFD, never raise)
     max_token_chars: int (no token stands for more characters: a cheap bound on a text's tokens)

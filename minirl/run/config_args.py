@@ -1,7 +1,8 @@
 """How every command takes a RunConfig — the `minirl` CLI, `python -m scale.launch`, the
-experiments: `--preset NAME`, `--set KEY=VALUE` (repeatable), `--staleness NAME`, and `--model
-DIR` / `--data FILE` / `--eval-data FILE` / `--verifier NAME` for your own model and data, and
-`--teacher DIR` for a model to distil from.
+experiments: `--preset NAME`, `--set KEY=VALUE` (repeatable), `--staleness NAME`, `--model
+DIR` / `--data FILE` / `--eval-data FILE` / `--verifier NAME` for your own model and data,
+`--teacher DIR` for a model to distil from, and `--env FILE.py:Class` / `--agent FILE.py:solve`
+for your own environment or agent.
 
     add_config_arguments(parser)                # the flags
     cfg = config_from_args(args)                # preset -> staleness -> your files -> --set
@@ -48,6 +49,7 @@ def add_config_arguments(
         "`minirl config` lists every key)",
     )
     _add_input_arguments(p)
+    _add_user_code_arguments(p)
 
 
 def _add_input_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,9 +90,35 @@ def _add_input_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_user_code_arguments(p: argparse.ArgumentParser) -> None:
+    """--env and --agent: your own environment or agent, from a file."""
+    p.add_argument(
+        "--env",
+        metavar="FILE.py:CLASS",
+        help="multi-turn episodes in your own environment (task.env): a class with "
+        "reset(row) -> first message(s) and step(turn) -> (observation, reward, done, info); "
+        "a fresh instance per episode (docs/multiturn.md)",
+    )
+    p.add_argument(
+        "--agent",
+        metavar="FILE.py:FUNCTION",
+        help="episodes run by your own agent (task.agent): an async function of (client, row), "
+        "where client is an openai.AsyncOpenAI pointed at minirl's OpenAI-compatible endpoint "
+        "over the rollout engine; it returns the reward, or the final answer for the task's "
+        "verifier (docs/multiturn.md; needs the `agent` extra)",
+    )
+
+
+def _file_spec(spec: str) -> str:
+    """path/to/file.py:name with the path made absolute (anything else as given: the config
+    check names what is wrong)."""
+    path, sep, name = spec.rpartition(":")
+    return f"{Path(path).resolve()}:{name}" if sep and path.endswith(".py") else spec
+
+
 def input_overrides(args) -> list[str]:
-    """--model / --data / --eval-data / --verifier as the overrides they stand for (paths made
-    absolute, so a run directory resumes from anywhere)."""
+    """--model / --data / --eval-data / --verifier / --env / --agent as the overrides they
+    stand for (paths made absolute, so a run directory resumes from anywhere)."""
     out = []
     if args.model:
         out.append(f"model.path={Path(args.model).resolve()}")
@@ -99,9 +127,10 @@ def input_overrides(args) -> list[str]:
     if args.eval_data:
         out.append(f"data.eval={Path(args.eval_data).resolve()}")
     if args.verifier:
-        path, sep, function = args.verifier.rpartition(":")
-        spec = f"{Path(path).resolve()}:{function}" if sep and path.endswith(".py") else None
-        out.append(f"data.verifier={spec or args.verifier}")
+        out.append(f"data.verifier={_file_spec(args.verifier)}")
+    for key in ("env", "agent"):
+        if getattr(args, key, None):
+            out.append(f"task.{key}={_file_spec(getattr(args, key))}")
     return out
 
 
@@ -122,7 +151,8 @@ def config_from_args(args, default_preset: str | None = None, extra: list[str] =
     """The RunConfig of `add_config_arguments`' flags: the preset (or `default_preset`, or
     minirl's default), the staleness preset, then `extra` overrides, then the --set ones."""
     inputs = input_overrides(args)
-    preset = args.preset or default_preset or ("custom" if inputs else DEFAULT_PRESET)
+    own = args.model or args.data or args.eval_data or args.verifier  # your model or data
+    preset = args.preset or default_preset or ("custom" if own else DEFAULT_PRESET)
     overrides = [*extra, *inputs, *teacher_overrides(args), *args.overrides]
     return make_config(preset, overrides, getattr(args, "staleness", None))
 

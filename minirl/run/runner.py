@@ -27,6 +27,7 @@ from minirl.losses import make_objective
 from minirl.modeling import lora
 from minirl.run.loop import Parts, train
 from minirl.run.starting_point import (
+    check_user_code,
     load_tokenizer,
     make_engine,
     make_task,
@@ -59,13 +60,15 @@ class Run:
                 f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
                 f"{self.tokenizer.vocab_size}"
             )
+        check_user_code(cfg)  # your environment or agent: loaded and checked before any work
         self.task = make_task(cfg, self.tokenizer)
         self.teacher_cfg = teacher_model(cfg, self.tokenizer)  # distillation: checked, not loaded
-        # with task.tools the episodes arrive scored by their environments (as make_verifier)
-        self.verifier = EpisodeScores() if cfg.task.tools else self.task.verifier
+        # episodes arrive scored by their environments or agents (as make_verifier)
+        self.verifier = EpisodeScores() if cfg.task.episodes else self.task.verifier
 
     def engine(self, version: int, params):
-        """A rollout engine holding `params` (with task.tools: an EpisodeRunner over one)."""
+        """A rollout engine holding `params` (with task.tools or task.env: an EpisodeRunner
+        over one; with task.agent: an AgentRunner)."""
         engine = make_engine(self.cfg, self.tokenizer, self.task)
         engine.load_weights(version, params)
         return engine

@@ -34,25 +34,79 @@ from minirl.modeling.tokenizer import CharTokenizer
 
 def make_engine(cfg, tokenizer, task=None):
     """The rollout engine of a run: `cfg.engine`, its EOS ids (engine.eos_ids, or the
-    tokenizer's when that is empty), sampling keyed by rl.seed. With `task.tools` it is an
-    `EpisodeRunner` over that engine (the same interface; multi-turn episodes, each scored by
-    its environment), whose turns also end after a tool call's closing tag; `task` is the run's
-    (built from cfg when None, e.g. inside an engine process)."""
+    tokenizer's when that is empty), sampling keyed by rl.seed. With episodes (`task.tools`,
+    `task.env` or `task.agent`) it is wrapped by `episode_runner` (the same interface), and its
+    turns also end after a tool call's closing tag where the call format has one; `task` is the
+    run's (built from cfg when None, e.g. inside an engine process)."""
     ecfg = (
         cfg.engine
         if cfg.engine.eos_ids
         else dataclasses.replace(cfg.engine, eos_ids=tuple(tokenizer.eos_ids))
     )
-    if not cfg.task.tools:
+    if not cfg.task.episodes:
         return Engine(cfg.model, ecfg, seed=cfg.rl.seed)
-    from minirl.envs import EpisodeConfig, EpisodeRunner, ToolTaskEnv, Turns, stop_sequences
-
-    tools = make_tools(cfg)
-    task = task if task is not None else make_task(cfg, tokenizer)
-    stops = tuple(dict.fromkeys(ecfg.stop_sequences + stop_sequences(tools, tokenizer)))
+    stops = tuple(dict.fromkeys(ecfg.stop_sequences + _tool_stops(cfg, tokenizer)))
     engine = Engine(cfg.model, dataclasses.replace(ecfg, stop_sequences=stops), seed=cfg.rl.seed)
-    episodes = EpisodeConfig(max_turns=cfg.task.max_turns)
-    return EpisodeRunner(engine, lambda: ToolTaskEnv(task, tools), Turns(tokenizer), episodes)
+    return episode_runner(cfg, tokenizer, engine, task)
+
+
+def episode_runner(cfg, tokenizer, engine, task=None):
+    """Multi-turn episodes over `engine` (an Engine, or the warm start's ScriptedEngine): an
+    `EpisodeRunner` with the built-in tools' environment (task.tools) or yours (task.env, each
+    call time-limited by task.timeout), or an `AgentRunner` running your agent (task.agent)
+    against the OpenAI-compatible endpoint. All scored as they end."""
+    from minirl.envs import EpisodeConfig, EpisodeRunner, ToolTaskEnv, Turns
+
+    task = task if task is not None else make_task(cfg, tokenizer)
+    t = cfg.task
+    if t.agent:
+        from minirl.agents import AgentConfig, AgentRunner, load_agent
+
+        config = AgentConfig(max_turns=t.max_turns, timeout=t.timeout)
+        return AgentRunner(engine, load_agent(t.agent), Turns(tokenizer), task, config)
+    episodes = EpisodeConfig(max_turns=t.max_turns, timeout=t.timeout if t.env else 0.0)
+    if t.env:
+        from minirl.envs.user_env import FileEnvs
+
+        make_env = FileEnvs(t.env)
+    else:
+        tools = make_tools(cfg)
+        make_env = lambda: ToolTaskEnv(task, tools)  # noqa: E731
+    return EpisodeRunner(engine, make_env, Turns(tokenizer), episodes)
+
+
+def _tool_stops(cfg, tokenizer) -> tuple:
+    """Stop sequences that end a turn after a tool call: the built-in tools' closing tags, or
+    those of the tools your environment's class declares when the template knows no tool
+    calling (minirl's `tags` format); an agent's tools are per request (minirl/agents/)."""
+    from minirl.envs import Turns, stop_sequences, tool_calls
+
+    if cfg.task.tools:
+        return stop_sequences(make_tools(cfg), tokenizer)
+    if not cfg.task.env:
+        return ()
+    from minirl.envs.user_env import load_env
+
+    tools = getattr(load_env(cfg.task.env), "tools", None)
+    tools = tools if isinstance(tools, list) else None
+    return tool_calls.stop_sequences(Turns(tokenizer).format, tools, tokenizer)
+
+
+def check_user_code(cfg) -> None:
+    """Your environment class or agent function (task.env, task.agent) loaded and checked now,
+    before any model work: a missing file, class or function, or a wrong signature, is one
+    ConfigError line."""
+    try:
+        if cfg.task.env:
+            from minirl.envs.user_env import load_env
+
+            load_env(cfg.task.env)
+        if cfg.task.agent:
+            from minirl.agents import load_agent
+
+            load_agent(cfg.task.agent)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def make_tools(cfg) -> list:
@@ -80,8 +134,8 @@ def load_tokenizer(cfg: RunConfig):
 
 def make_verifier(cfg: RunConfig):
     """The verifier of the run's task (built on its own, e.g. inside a verifier process); with
-    `task.tools` the episodes arrive scored by their environments (`EpisodeScores`)."""
-    if cfg.task.tools:
+    `task.tools`, `task.env` or `task.agent` the episodes arrive scored (`EpisodeScores`)."""
+    if cfg.task.episodes:
         from minirl.envs import EpisodeScores
 
         return EpisodeScores()
@@ -95,7 +149,9 @@ def make_verifier(cfg: RunConfig):
 
 
 def make_task(cfg: RunConfig, tokenizer):
-    """A built-in task, or the dataset files named in cfg.data (read and checked here)."""
+    """A built-in task, or the dataset files named in cfg.data (read and checked here). With
+    task.env or task.agent each prompt carries its row (`meta["fields"]`) for your code; with
+    task.env the rows need no gold answer (your environment scores)."""
     if cfg.task.name != FILE_TASK:
         from minirl.tasks import get_task
 
@@ -119,7 +175,8 @@ def make_task(cfg: RunConfig, tokenizer):
         use_chat_template=d.chat_template,
         chat_template_kwargs=d.chat_template_kwargs,
         max_prompt_tokens=cfg.engine.cache_len - d.max_new_tokens,
-        targets=row_targets(d.verifier),
+        targets="row" if cfg.task.env else row_targets(d.verifier),
+        with_row=bool(cfg.task.env or cfg.task.agent),
     )
 
 
@@ -293,6 +350,10 @@ def describe_inputs(cfg: RunConfig) -> dict:
         if row_targets(cfg.data.verifier) == "row":  # your reward function's file, by content
             path = cfg.data.verifier.rpartition(":")[0]
             out["verifier"] = {"spec": cfg.data.verifier, "sha256": _sha256(path)}
+    for key in ("env", "agent"):  # your environment's or agent's file, by content
+        spec = getattr(cfg.task, key)
+        if spec:
+            out[key] = {"spec": spec, "sha256": _sha256(spec.rpartition(":")[0])}
     return out
 
 

@@ -5,6 +5,12 @@ everywhere. The warm start teaches the format from the demonstrations that hones
 the task (docs/tasks.md: for countdown, well-formed expressions that ignore the target) and
 stops there, at a base model with partial success, so RL has room to help.
 
+With your own environment or agent (task.env, task.agent) the demonstrations are episodes laid
+out by your code: a scripted policy says the task's demonstration turns (arithmetic: one `calc`
+call, then the answer: minirl/envs/tool_task.py `demonstration_turns`) to your environment or
+agent through the same runner the RL episodes use (minirl/envs/scripted.py), so the supervised
+steps teach exactly the prompt, tool-output layout and markers the RL episodes will have.
+
 The result is cached under `$MINIRL_CACHE` (default `~/.cache/minirl`) in `warmstart/<hash>`,
 keyed on everything that determines it (task, model, SFT and trainer configs, seed), so a second
 `minirl train` skips it. `minirl sft` runs it alone.
@@ -60,6 +66,36 @@ def demonstration_rollouts(
     return out
 
 
+class ScriptedDemonstrations:
+    """`demonstration_rollouts` of an env or agent run: the task's demonstration turns said by
+    a scripted policy to your environment or agent (its runner made once, reused per batch).
+    Episodes in which the policy said nothing (your code failed first) are left out."""
+
+    def __init__(self, cfg, tokenizer, task):
+        from minirl.envs import Turns
+        from minirl.envs.scripted import ScriptedEngine
+        from minirl.run.starting_point import episode_runner
+
+        self.task, self.turns = task, Turns(tokenizer)
+        e = cfg.engine
+        self.engine = ScriptedEngine({}, tokenizer.eos_ids, e.cache_len, e.sampling)
+        self.runner = episode_runner(cfg, tokenizer, self.engine, task)
+
+    def __call__(self, start: int, count: int, seed: int) -> list[Rollout]:
+        from minirl.envs import demonstration_turns
+        from minirl.inference.scheduler import Request
+
+        prompts = [self.task.prompt(i, "train") for i in range(start, start + count)]
+        self.engine.script = {
+            p.uid: demonstration_turns(self.task, p, self.turns, seed) for p in prompts
+        }
+        requests = [Request(p, 0, self.task.max_new_tokens) for p in prompts]
+        return [e for e in self.runner.generate(requests) if e.mask.any()]
+
+    def close(self) -> None:
+        getattr(self.runner, "close", lambda: None)()
+
+
 @dataclasses.dataclass(frozen=True)
 class _Key:  # what determines a warm start (hashed for the cache file name)
     task: object
@@ -71,11 +107,13 @@ class _Key:  # what determines a warm start (hashed for the cache file name)
 
 
 def _input_files(cfg) -> tuple:
-    """What the warm start reads from disk, by name, size and time: an edit misses the cache."""
+    """What the warm start reads from disk, by name, size and time: an edit misses the cache
+    (your environment's or agent's file too: it lays the demonstrations out)."""
     paths = (
         sorted(p for p in Path(cfg.model.path).iterdir() if p.is_file()) if cfg.model.path else []
     )
     paths += [Path(p) for p in (cfg.data.train, cfg.data.eval) if p]
+    paths += [Path(s.rpartition(":")[0]) for s in (cfg.task.env, cfg.task.agent) if s]  # yours
     return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
 
 
@@ -87,6 +125,30 @@ def warm_start(cfg, tokenizer, task, progress: bool = True, log=print) -> tuple[
     base_cfg = dataclasses.replace(cfg, model=lora.base_config(cfg.model))
     params, report = _warm_start(base_cfg, tokenizer, task, progress, log)
     return lora.add_adapters(params, cfg.model, cfg.rl.seed), report
+
+
+def _sft_steps(cfg, tokenizer, task, trainer, progress) -> list[float]:
+    """`cfg.sft.steps` supervised steps on the task's demonstrations (laid out by your own
+    environment or agent, when the run has one); their losses."""
+    sft, tools = cfg.sft, tuple(make_tools(cfg))  # () without task.tools
+    scripted = (
+        ScriptedDemonstrations(cfg, tokenizer, task) if cfg.task.env or cfg.task.agent else None
+    )
+    losses = []
+    bar = tqdm(range(sft.steps), desc="warm start (SFT)", disable=not progress, leave=False)
+    for step in bar:
+        start = step * sft.batch_size
+        demos = (
+            scripted(start, sft.batch_size, sft.seed)
+            if scripted
+            else demonstration_rollouts(task, tokenizer, start, sft.batch_size, sft.seed, tools)
+        )
+        m = trainer.sft_step(make_batch(demos, tokenizer.pad_id))
+        losses.append(m["loss"])
+        bar.set_postfix(loss=f"{m['loss']:.3f}")
+    if scripted:
+        scripted.close()
+    return losses
 
 
 def _warm_start(cfg, tokenizer, task, progress, log) -> tuple[dict, dict]:
@@ -121,16 +183,8 @@ def _warm_start(cfg, tokenizer, task, progress, log) -> tuple[dict, dict]:
     if sft.steps == 0:
         return params, {"cached": False, "steps": 0}
     trainer = Trainer(cfg.model, params, None, trainer_cfg)
-    tools = tuple(make_tools(cfg))  # () without task.tools
-    t0, losses = time.perf_counter(), []
-    bar = tqdm(range(sft.steps), desc="warm start (SFT)", disable=not progress, leave=False)
-    for step in bar:
-        demos = demonstration_rollouts(
-            task, tokenizer, step * sft.batch_size, sft.batch_size, sft.seed, tools
-        )
-        m = trainer.sft_step(make_batch(demos, tokenizer.pad_id))
-        losses.append(m["loss"])
-        bar.set_postfix(loss=f"{m['loss']:.3f}")
+    t0 = time.perf_counter()
+    losses = _sft_steps(cfg, tokenizer, task, trainer, progress)
     params = trainer.params(host=True)
     report = {
         "cached": False,

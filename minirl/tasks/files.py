@@ -85,6 +85,7 @@ class FileFormat:
     # what a row must hold besides its prompt: "answer" (a gold answer), "tests" (a code
     # problem's tests, tasks/code_rows.py), "row" (nothing: your reward function reads the row)
     targets: str = "answer"
+    with_row: bool = False  # every prompt's meta also holds the row ("fields": your env or agent)
 
     def __post_init__(self):
         if self.targets not in TARGETS:
@@ -154,6 +155,8 @@ def row_messages(obj, fmt: FileFormat) -> tuple[list[dict], dict, str | None]:
         targets = {"answer": gold_answer(solution, "the assistant message")[0]}
     else:
         raise ValueError(f"missing answer field {fmt.answer_key!r}")
+    if fmt.with_row:
+        targets = {**targets, "fields": obj}
     if fmt.system_prompt and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": fmt.system_prompt})
     if fmt.instruction:

@@ -7,7 +7,9 @@
 `RewardFunction("path/to/file.py:function")` loads the file by its path (it need not be on
 `sys.path` or in a package) and is a `Verifier`: `completion` is the model's text, `row` the
 dataset row the prompt came from, every field as read from the file (`meta["fields"]`, which
-dataset files put there for this verifier; for other prompts, their meta). It runs wherever
+dataset files put there for this verifier; for a built-in task's prompt, its text and meta:
+`row_of`). `load_function` is also how `--env file.py:Class` and `--agent file.py:solve` are
+loaded (minirl/envs/user_env.py, minirl/agents/). It runs wherever
 verifiers run: in-process, in a `VerifierPool`'s workers and behind the verifier service
 (scale/), because it travels as its path and name and each process loads the file itself.
 
@@ -37,30 +39,42 @@ def is_function_spec(name: str) -> bool:
     return bool(sep) and path.endswith(".py") and function.isidentifier()
 
 
-def load_function(spec: str) -> Callable[..., Any]:
-    """The function `spec` ("path/to/file.py:function") names; ValueError saying what is wrong."""
+def load_function(
+    spec: str, flag: str = "--verifier", what: str = "function"
+) -> Callable[..., Any]:
+    """The callable `spec` ("path/to/file.py:name") names; ValueError saying what is wrong, as
+    one line starting with the command-line `flag` it came from. The same loader serves
+    `--verifier` (a function), `--env` (a class) and `--agent` (an async function): `what` is
+    the word the messages use."""
     path, _, name = spec.rpartition(":")
     if not is_function_spec(spec):
-        raise ValueError(f"--verifier {spec!r}: expected path/to/file.py:function")
+        raise ValueError(f"{flag} {spec!r}: expected path/to/file.py:{what}")
     if not os.path.isfile(path):
-        raise ValueError(f"--verifier {spec!r}: no file {path}")
+        raise ValueError(f"{flag} {spec!r}: no file {path}")
     digest = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:12]
-    module_spec = importlib.util.spec_from_file_location(f"minirl_reward_{digest}", path)
+    module_spec = importlib.util.spec_from_file_location(f"minirl_user_{digest}", path)
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:  # a user's file: any failure is a set-up error
         why = f"{type(e).__name__}: {e}"
-        raise ValueError(f"--verifier {spec!r}: {path} failed to load: {why}") from None
+        raise ValueError(f"{flag} {spec!r}: {path} failed to load: {why}") from None
     function = getattr(module, name, None)
     if not callable(function):
-        raise ValueError(f"--verifier {spec!r}: {path} has no function {name!r}")
+        raise ValueError(f"{flag} {spec!r}: {path} has no {what} {name!r}")
     return function
 
 
-def as_reward(value: Any) -> Score:
-    """A reward function's return value as a Score; a value that is not a finite number, a
-    bool or a Score with a finite reward is reward 0 saying what came back."""
+def row_of(prompt) -> dict:
+    """What a user's code is handed for a prompt: a dataset file's row as read (its fields, in
+    `meta["fields"]`), or for a built-in task's prompt its text and meta ({"prompt": ..., ...})."""
+    meta = prompt.meta
+    return dict(meta["fields"]) if "fields" in meta else {"prompt": prompt.text, **meta}
+
+
+def as_reward(value: Any, who: str = "reward function") -> Score:
+    """A reward function's (or `who`'s) return value as a Score; a value that is not a finite
+    number, a bool or a Score with a finite reward is reward 0 saying what came back."""
     if isinstance(value, Score):
         reward, reason = value.reward, value.reason
     elif isinstance(value, bool):
@@ -68,13 +82,13 @@ def as_reward(value: Any) -> Score:
     elif isinstance(value, numbers.Real):  # numpy's scalars too
         reward, reason = value, ""
     else:
-        return Score(0.0, f"reward function returned {type(value).__name__}, not a number")
+        return Score(0.0, f"{who} returned {type(value).__name__}, not a number")
     try:
         reward = float(reward)
     except (TypeError, ValueError):
-        return Score(0.0, f"reward function returned a Score with reward {reward!r}")
+        return Score(0.0, f"{who} returned a Score with reward {reward!r}")
     if not math.isfinite(reward):
-        return Score(0.0, f"reward function returned {reward}")
+        return Score(0.0, f"{who} returned {reward}")
     return Score(reward, str(reason))
 
 
@@ -93,10 +107,8 @@ class RewardFunction:
         self.__init__(state["spec"])
 
     def score_one(self, rollout: Rollout) -> Score:
-        meta = rollout.prompt.meta
-        row = meta.get("fields", meta)
         try:
-            value = self._function(rollout.text or "", dict(row))
+            value = self._function(rollout.text or "", row_of(rollout.prompt))
         except Exception as e:  # noqa: BLE001 - the run survives anything the function does
             return Score(0.0, f"reward function raised {type(e).__name__}: {e}"[:300])
         return as_reward(value)

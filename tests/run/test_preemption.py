@@ -128,6 +128,38 @@ TOOL_RUN = [
     *("--set", "task.tools=calc", "--set", "engine.cache_len=64"),
     *("--set", "engine.prefill_buckets=(16,32)", "--set", "sft.steps=40"),
 ]
+# Your own agent (issue #47, minirl/agents/): the calculator agent of tests/agents/calc_agent.py
+# with the real openai client, warm-started on demonstrations it lays out itself.
+AGENT_RUN = [
+    *("--agent", f"{ROOT}/tests/agents/calc_agent.py:solve"),
+    *("--set", "task.name=arithmetic", "--set", 'task.args={"max_digits":1,"max_operands":3}'),
+    *("--set", "engine.cache_len=64", "--set", "engine.prefill_buckets=(16,32)"),
+    *("--set", "sft.steps=40"),
+]
+
+
+@pytest.mark.slow
+def test_agent_run_resumes_bitwise_after_sigkill(tmp_path):
+    """Issue #47: kill -9 while agent episodes are in flight (an agent between its calls, a call
+    in the engine) and resume: the lost episodes run again from their start with fresh agents
+    and replay to the same tokens (keys per episode, call and position; the runner's barrier
+    makes the engine's batches independent of timing), so the run ends bitwise equal; an
+    episode is never half-counted (it becomes a rollout only when its agent returns)."""
+    _run(tmp_path / "ref", AGENT_RUN)
+    killed = _run_with_kills(tmp_path / "killed", AGENT_RUN, kills=3, seed=47)
+    assert killed >= 1
+    summary = json.loads((tmp_path / "ref" / "summary.json").read_text())
+    assert summary["before"]["turns"] > 1.2  # the agent's calls really are several per episode
+    _assert_same_run(tmp_path / "ref", tmp_path / "killed", "length/mean", "turns/mean")
+
+
+@pytest.mark.slow
+def test_async_agent_run_loses_and_repeats_no_episode(tmp_path):
+    """The async scheduler over agent episodes, killed twice and resumed: every episode's
+    prompt is trained once or accounted for, within the bounds k and eta."""
+    run_dir = tmp_path / "async_agent"
+    _run_with_kills(run_dir, [*AGENT_RUN, *ASYNC], kills=2, seed=8)
+    _assert_every_prompt_accounted_for(run_dir)
 
 
 @pytest.mark.slow
@@ -143,11 +175,19 @@ def test_multi_turn_run_resumes_bitwise_after_sigkill(tmp_path):
     _assert_same_run(tmp_path / "ref", tmp_path / "killed", "length/mean", "turns/mean")
 
 
+ASYNC = ["--set", "rl.scheduler=async", "--set", "rl.max_lag=3", "--set", "rl.eta=2"]
+
+
 @pytest.mark.slow
 def test_async_resume_loses_and_repeats_no_prompt(tmp_path):
-    extra = ["--set", "rl.scheduler=async", "--set", "rl.max_lag=3", "--set", "rl.eta=2"]
     run_dir = tmp_path / "async"
-    _run_with_kills(run_dir, extra, kills=2, seed=7)
+    _run_with_kills(run_dir, ASYNC, kills=2, seed=7)
+    _assert_every_prompt_accounted_for(run_dir)
+
+
+def _assert_every_prompt_accounted_for(run_dir):
+    """Trained once each, or discarded, filtered, buffered or in flight: nothing lost, nothing
+    trained twice (and the controller asserted the bound k at every step)."""
     ckpt = CheckpointManager(run_dir).restore()
     assert ckpt.step == STEPS
     ctl = ckpt.controller_state["controller"]

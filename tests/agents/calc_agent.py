@@ -1,0 +1,34 @@
+"""An agent for the end-to-end tests of `minirl train --agent` (tests/agents/, tests/run/):
+the real `openai` client, a `calc` tool the agent runs itself, at most three model calls."""
+
+import json
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "Add integers: 12+345+6.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+
+
+def add(expression: str) -> str:
+    try:
+        return str(sum(int(x) for x in expression.split("+")))
+    except ValueError:
+        return "error: integers and + only"
+
+
+async def solve(client, row):
+    messages = [{"role": "user", "content": row["prompt"]}]
+    for _ in range(3):
+        r = await client.chat.completions.create(model="minirl", messages=messages, tools=[CALC])
+        m = r.choices[0].message
+        messages.append(m.model_dump(exclude_none=True))
+        if not m.tool_calls:
+            return m.content  # the final answer: the task's verifier scores it
+        for c in m.tool_calls:
+            value = add(json.loads(c.function.arguments).get("expression", ""))
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": value})
+    return None  # out of calls: the last answer is scored
