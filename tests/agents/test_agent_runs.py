@@ -32,7 +32,9 @@ def test_minirl_train_with_an_agent_in_process_and_in_a_worker_process(tmp_path)
         cmd = [*base, "--run-dir", str(run_dir), "--set", f"rl.workers={workers}"]
         environ = {**os.environ, "PYTHONPATH": str(ROOT)}
         subprocess.run(cmd, check=True, env=environ, capture_output=True, timeout=900)
-        runs[workers] = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        runs[workers] = [
+            json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
     summary = json.loads((tmp_path / "inprocess" / "summary.json").read_text())
     assert summary["before"]["turns"] > 1.2  # the model calls the agent's calculator
     for a, b in zip(runs["inprocess"], runs["process"], strict=True):
