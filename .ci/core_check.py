@@ -32,7 +32,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXTRAS_ONLY = ["ray", "pyarrow", "math_verify", "tensorboardX", "wandb", "torch", "pytest"]
 EXTRAS_ONLY += ["openai"]
-LESSONS_NEEDING_EXTRAS = {"11_scaling_out.py": "scale"}  # its Ray step
+LESSONS_NEEDING_EXTRAS = {"11_scaling_out.py": "scale", "16_bring_your_own_agent.py": "agent"}
 TIMEOUT_S = 1800  # generous: a fresh machine compiles everything once
 
 
