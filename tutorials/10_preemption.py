@@ -58,7 +58,7 @@ WHAT THE SCRIPT DOES
    several times, restarting it each time. After each kill it prints what survived on disk.
    The last start runs to the end.
 3. Compares the two runs: parameters and optimizer state bit for bit (`assert_trees_equal`),
-   every logged metric of every step (except wall-clock times), and the held-out evaluation.
+   every logged metric of every step (except clocks and memory readings), and the held-out evaluation.
 4. Damages the killed run's newest checkpoint (one flipped byte) and shows that restore detects
    it (sha256) and falls back to the checkpoint before it.
 5. Tries to resume with a changed loss (`--set rl.loss=dapo`) and shows the refusal.
@@ -98,7 +98,7 @@ to the uninterrupted run's, and the same held-out evaluation.
       final step                 30 vs 30
       parameters                 bitwise equal
       optimizer state            bitwise equal
-      metrics.jsonl              steps 1..30; 2220 of 2220 values identical (wall-clock times left out)
+      metrics.jsonl              steps 1..30; 2220 of 2220 values identical (clocks and memory left out)
       held-out after RL          {'pass@1': 0.6953125, 'pass@4': 0.75, 'reward': 0.6953125, 'length': 2.0} vs {'pass@1': 0.6953125, 'pass@4': 0.75, 'reward': 0.6953125, 'length': 2.0}
       reward per step            0.098 0.051 0.266 0.301 0.301 0.398 0.375 0.441 0.641 0.551
                                  0.551 0.488 0.598 0.617 0.695 0.633 0.672 0.668 0.746 0.637
@@ -154,8 +154,9 @@ FAST = dict(steps=10, checkpoint_every=3, kills=1, max_delay_s=0.3, seed=0)
 # A bigger batch than the preset's 8 x 4, so that a step lasts long enough to be hit mid-way.
 BATCH = ["--set", "rl.prompts_per_step=32", "--set", "rl.group_size=8"]
 
-# Metrics that measure time, not what the run computed: they differ between any two runs.
-TIMING_KEYS = ("wall_time", "time/", "time_", "_per_s", "busy_seconds")
+# Metrics that measure the machine, not what the run computed (clocks, and the process's peak
+# memory): they differ between any two runs.
+TIMING_KEYS = ("wall_time", "time/", "time_", "_per_s", "busy_seconds", "memory/")
 
 
 # %%
@@ -400,7 +401,7 @@ def main() -> None:
     print(
         f"  metrics.jsonl              steps {cmp['steps'][1][0]}..{cmp['steps'][1][-1]}; "
         f"{cmp['metric_values_compared'] - cmp['metric_values_different']} of "
-        f"{cmp['metric_values_compared']} values identical (wall-clock times left out)"
+        f"{cmp['metric_values_compared']} values identical (clocks and memory left out)"
     )
     print(f"  held-out after RL          {cmp['after'][1]} vs {cmp['after'][0]}")
     rewards = [f"{r:.3f}" for r in cmp["reward"][1]]
