@@ -91,6 +91,21 @@ def test_a_lesson_without_cells_is_refused_with_a_sentence(tmp_path, capsys):
         bn.lesson_notebook(lesson)
 
 
+def test_a_cell_that_is_not_python_on_its_own_is_refused_with_a_sentence(tmp_path, capsys):
+    """A notebook runs cell by cell, so a `# %%` in the middle of a block would split the code
+    into cells that are not Python; the builder names the cell instead of writing it."""
+    lesson = tmp_path / "16_new.py"
+    lesson.write_text(
+        '# %% [markdown]\n"""Lesson 16 — new.\n\nExpected output (full mode, measured)\n---\nx\n"""\n'
+        "\n# %%\nfor i in range(3):\n    x = i\n# %%\n    y = x\n"
+    )
+    assert bn.main([str(lesson)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: 16_new.py: cell 3, which starts 'y = x', is not valid Python")
+    assert "is a `# %%` inside a string or a block?" in err
+    assert not lesson.with_suffix(".ipynb").exists()
+
+
 _FIND_SPEC = importlib.util.find_spec
 
 

@@ -54,7 +54,42 @@ WHAT THE SCRIPT DOES
 
 Expected output (full mode, measured)
 -------------------------------------
-(filled in from the measured run)
+Measured on 2026-11-28 with `python tutorials/16_bring_your_own_agent.py --out /tmp/l16/out`
+(empty warm-start cache), library at commit e18407d, on a virtual machine with 2 cores
+(nproc = 2), nothing else running (load average 1-2, this lesson's own). It took 347 s of wall
+time and 531 s of CPU time (user + sys; the lesson's own count, 527 s, leaves out the start-up).
+The figure is figures/16_bring_your_own_agent.png.
+
+    Step 1. the agent: /tmp/l16/out/calc_agent.py (the openai SDK, a calc tool it runs itself)
+
+    Step 2. warm start: 60 supervised steps on episodes the agent laid out
+      prompt '8+1=' (the agent's first message, rendered)
+        policy  (mask 1)   16 tokens  '<calc>8+1</calc>'
+        tool    (mask 0)    5 tokens  '\n= 9\n'
+        policy  (mask 1)    7 tokens  '#### 9<eos>'
+      warm start: {'cached': False, 'steps': 60, 'seconds': 81.1, 'final_loss': 0.0386}
+
+    Step 3. episodes through the endpoint, checked token by token (exact mode)
+      prompt '1+8+5=' -> reward 1.0 (correct)
+        policy  (mask 1)   18 tokens  '<calc>1+8+5</calc>'
+        tool    (mask 0)    6 tokens  '\n= 14\n'
+        policy  (mask 1)    8 tokens  '#### 14<eos>'
+      64 answers: each the engine's sampled tokens, byte for byte: True
+      each call's prompt is the episode's tokens so far (no re-tokenization): True
+      837 answer tokens (246 after a tool result): the trainer's recompute equals the engine's log-probs bitwise: True
+
+    Step 4. an agent that edits its first answer before the next call
+      reward 0.0: agent raised BadRequestError: Error code: 400 - messages[1] is not an answer
+      minirl gave (('', (('calc', '{"expression": "1+8+5"}'),)) became (' (edited)', ...
+
+    Step 5. minirl train --preset arithmetic --agent calc_agent.py:solve (40 GRPO steps)
+      held-out before RL: pass@1 0.639  turns 2.00
+      held-out after RL: pass@1 0.803  turns 2.00
+      held-out pass@1 up after RL: True
+
+The training reward over the 40 steps (64 episodes each) went from 0.61 / 0.55 / 0.55 at the
+start to 0.91 / 0.89 at the end (results.json, `rl.train_rewards`); held-out pass@4 0.859 ->
+0.922. One seed here; `experiments/agent.py` runs three (docs/multiturn.md, "Your own agent").
 """
 
 # %%
@@ -85,7 +120,6 @@ CALC = {"type": "function", "function": {"name": "calc", "description": "Add int
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
 
 
-# %%
 def add(expression):
     try:
         return str(sum(int(x) for x in expression.split("+")))

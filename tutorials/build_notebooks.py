@@ -196,7 +196,16 @@ def lesson_cells(path: Path) -> list[tuple[str, str]]:
         raise LessonFormatError(f"{path.name}: the docstring has no {MEASURED!r} section")
     for heading, body in [s for s in sections if s[0] != MEASURED]:
         out.append(("markdown", show_figures(f"## {heading}\n\n{prose_to_markdown(body)}", shown)))
-    out.extend((c.cell_type, c.source) for c in cells[1:])
+    for i, cell in enumerate(cells[1:], start=2):
+        if cell.cell_type == "code":
+            try:  # a notebook runs cell by cell: each must be whole Python on its own
+                ast.parse(cell.source)
+            except SyntaxError as err:
+                raise LessonFormatError(
+                    f"{path.name}: cell {i}, which starts {cell.source.strip()[:40]!r}, is not "
+                    f"valid Python on its own ({err.msg}): is a `# %%` inside a string or a block?"
+                ) from None
+        out.append((cell.cell_type, cell.source))
     for heading, body in measured:
         out.append(("markdown", show_figures(f"## {heading}\n\n{prose_to_markdown(body)}", shown)))
     return out
