@@ -112,6 +112,7 @@ def _train(run_dir, preset, sets):
     Run(make_config(preset, [*SHORT, *sets]), run_dir, progress=False, log=lambda *a: None).train()
 
 
+@pytest.mark.slow  # ~70 s cold: a run per knob; CI's slow lane runs it
 def test_every_setting_is_read_by_the_part_it_configures(reads, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     _train(

@@ -152,6 +152,7 @@ def test_train_then_export_loads_in_transformers(arch, model_dirs, data, tmp_pat
     assert np.array_equal(_minirl_logits(run_dir / "hf", tokens), mine)
 
 
+@pytest.mark.slow  # ~20 s cold: three runs; bitwise resume stays in the default lane (tests/control, tests/run)
 def test_resumed_model_run_equals_uninterrupted(model_dirs, data, tmp_path):
     model_dir = model_dirs["qwen2"]
     whole, parts = tmp_path / "whole", tmp_path / "parts"

@@ -183,6 +183,7 @@ def test_exact_logprobs_equal_the_trainers_across_turns(params, episodes, batch)
     )
 
 
+@pytest.mark.slow  # ~20 s cold: a paged engine pressed into preemption
 def test_paged_cache_with_preemption_replays_the_same_episodes(params, episodes):
     run = runner(PAGED, params)
     again = run.generate(requests())

@@ -166,6 +166,7 @@ RUN_SETS = ["eval.prompts=8", "eval.samples=2", "rl.steps=2", "model.lora_rank=1
 RUN_SETS += ["engine.exact=true"]
 
 
+@pytest.mark.slow  # ~40 s cold: a whole LoRA run (module fixture)
 def test_a_lora_run_trains_the_adapters_only_and_exports_the_merged_model(lora_run, tmp_path):
     """`minirl train --set model.lora_rank=16`, 2 steps in exact mode: the checkpoint's base
     weights are the warm start's bit for bit, its adapters moved, its optimizer state holds
@@ -332,6 +333,7 @@ def test_the_engine_samples_from_the_adapted_model(exact):
     np.testing.assert_array_equal(same.logprobs, out.logprobs)
 
 
+@pytest.mark.slow  # shares the LoRA run above
 @pytest.mark.reference
 def test_the_peft_adapter_loads_onto_the_base_with_equal_logits(lora_run, tmp_path):
     """`minirl export RUN --out DIR --adapter`: peft loads DIR onto DIR/base (a built-in run's

@@ -46,6 +46,7 @@ def table():
     return {r["compares"].split(":")[0]: r for r in json.loads(done.stdout)}
 
 
+@pytest.mark.slow  # ~30 s cold: the sharded diagnose table; tests/scale/test_exact_layouts.py keeps the layouts bitwise in the default lane
 def test_sharding_rows_measure_divergent_parallelism(table):
     exact_one_device = table["fp32 decode exact vs fp32 recompute exact"]
     assert exact_one_device["max"] == 0.0 and exact_one_device["tokens"] > 0

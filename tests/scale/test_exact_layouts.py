@@ -67,6 +67,7 @@ def _flags(engines, trainers) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # ~50 s cold; the default lane keeps the async TP-engine/FSDP-trainer run
 def test_moe_bf16_lora_tp_engine_equals_fsdp_trainer_bitwise(tmp_path):
     engines, trainers = ["tensor=4"], ["fsdp=2,tensor=2"]
     r = _layouts(

@@ -185,6 +185,7 @@ def _report(r: dict, label: str) -> None:
     print("\n".join(lines))
 
 
+@pytest.mark.slow  # ~30 s cold; the default lane keeps tests/scale/test_exact_layouts.py's TP/FSDP run
 def test_sharded_engine_and_trainer_on_four_fake_devices(tmp_path):
     out = tmp_path / "out.json"
     subprocess.run(

@@ -81,6 +81,7 @@ def test_a_job_spans_two_nodes_and_runs_spmd(two_nodes):
     job.close()
 
 
+@pytest.mark.slow  # ~8 s: a job killed and rebuilt on a local Ray cluster
 def test_a_dead_process_fails_the_job_at_once_and_restart_rebuilds_it(two_nodes):
     job = _job()
     assert job.call("total", 8).result(120) == 28.0

@@ -141,6 +141,7 @@ def reference(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow  # ~20 s: a Ray cluster, two engine replicas, two runs
 def test_a_lockstep_run_on_ray_actors_with_two_engine_replicas_equals_the_in_process_run(
     cluster, reference, tmp_path
 ):

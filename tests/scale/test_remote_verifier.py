@@ -110,6 +110,7 @@ def test_bytes_by_reference_vs_by_value(tmp_path, make_rollout):
     assert val2 > 20 * ref2  # each request of 8 carries 4 test files by value
 
 
+@pytest.mark.slow  # ~10 s: a service killed and restarted mid-run
 def test_killed_and_restarted_service_costs_retries_not_rollouts(
     tmp_path, start_service, make_rollout, local
 ):
