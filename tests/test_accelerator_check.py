@@ -128,6 +128,7 @@ def _ran(row: dict) -> bool:
     return row["ok"] or row["kind"] == "decode" and row["error"].startswith("RuntimeError: timing")
 
 
+@pytest.mark.slow  # ~12 s cold: the whole prepared check on the CPU
 def test_the_check_runs_on_the_cpu_and_writes_a_sane_json(check, tmp_path):
     """The same driver as on a GPU, one tiny decode row (the other rows: the slow test below)."""
     out = tmp_path / "check.json"

@@ -39,7 +39,7 @@ TIMEOUT_S = 900  # generous: the machine may be shared; a fast mode takes ~10-30
 # The fast modes run in the default lane only for these cheap lessons (a few CPU seconds each);
 # the others are in the slow lane (`pytest -m slow`, which CI runs as well), and every lesson
 # is imported in the default lane (test_every_lesson_imports).
-FAST_IN_DEFAULT_LANE = ("03_verifiers.py", "04_loss_as_parts.py")
+FAST_IN_DEFAULT_LANE = ("03_verifiers.py",)
 # Each lesson is also a notebook (tutorials/build_notebooks.py); the slow lane runs these
 # notebooks in a Jupyter kernel, in fast mode (issue #49).
 NOTEBOOKS_RUN = LESSONS[:5]

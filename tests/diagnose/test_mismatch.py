@@ -252,6 +252,7 @@ def test_rlax_fig5_series_separate_recompute_from_the_engine(run_root):
         assert abs(without - r["mismatch/mean_abs_dlogp"]) <= with_ + 1e-12
 
 
+@pytest.mark.slow  # runs the all-bf16 exact run, which is in the slow lane
 def test_the_bf16_run_really_trains_bf16_weights(run_root):
     # Not a vacuous zero: the all-bf16 run's checkpoint holds bf16 weights (the fp32 run's fp32).
     for name, dtype in (("bf16", "bfloat16"), ("fp32", "float32")):
