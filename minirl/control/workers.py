@@ -233,8 +233,10 @@ class ProcessWorker:
             try:
                 self._conn.send_bytes(encode((call_id, method, args, kwargs)))
             except (OSError, ValueError) as e:
-                self._pending.pop(call_id, None)
-                future.set_exception(WorkerDied(f"{self.name}: cannot send ({e})"))
+                with self._lock:  # the reader may have failed it already, as the process died
+                    self._pending.pop(call_id, None)
+                    if not future.done():
+                        future.set_exception(WorkerDied(f"{self.name}: cannot send ({e})"))
         return future
 
     def alive(self) -> bool:

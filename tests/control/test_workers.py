@@ -136,6 +136,32 @@ def test_killed_process_fails_pending_calls_and_restarts():
     assert not w.alive()
 
 
+def test_a_send_into_a_dying_process_fails_the_call_once():
+    """The race the async loop met: the process dies while a call is being sent, the reader
+    thread fails the call's future (the process owed it an answer), then the send itself breaks
+    its pipe. The caller gets one WorkerDied, never InvalidStateError from a second failure."""
+    w = ProcessWorker(make_echo, name="dying").start()
+    conn = w._conn
+
+    class Breaking:
+        def send_bytes(self, data):
+            with w._lock:  # what the reader does when the process exits
+                for future in w._pending.values():
+                    future.set_exception(WorkerDied("dying process exited before answering"))
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def __getattr__(self, name):
+            return getattr(conn, name)
+
+    w._conn = Breaking()
+    future = w.call("double", 1)
+    with pytest.raises(WorkerDied, match="exited before answering"):
+        future.result(timeout=30)
+    assert w._pending == {}
+    w._conn = conn
+    w.close()
+
+
 def test_gather_fails_at_once_when_a_worker_dies_and_waits_for_other_errors():
     """A death fails the gathered call without waiting for the others (in a multi-process job
     they may wait forever for the dead one); other errors once all have answered."""
