@@ -137,7 +137,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from minirl.measure.metrics_log import read_metrics
+from minirl.measure.metrics_log import measures_the_machine, read_metrics
 from minirl.store.checkpoints import CheckpointManager
 from minirl.store.trees import tree_mismatch
 
@@ -153,10 +153,6 @@ FULL = dict(steps=30, checkpoint_every=5, kills=3, max_delay_s=0.3, seed=0)
 FAST = dict(steps=10, checkpoint_every=3, kills=1, max_delay_s=0.3, seed=0)
 # A bigger batch than the preset's 8 x 4, so that a step lasts long enough to be hit mid-way.
 BATCH = ["--set", "rl.prompts_per_step=32", "--set", "rl.group_size=8"]
-
-# Metrics that measure the machine, not what the run computed (clocks, and the process's peak
-# memory): they differ between any two runs.
-TIMING_KEYS = ("wall_time", "time/", "time_", "_per_s", "busy_seconds", "memory/")
 
 
 # %%
@@ -252,7 +248,7 @@ def compare_runs(ref: Path, got: Path) -> dict:
             differing += 1
             first_difference = first_difference or (x["step"], "keys", sorted(set(x) ^ set(y)))
         for key in x:
-            if any(t in key for t in TIMING_KEYS):
+            if measures_the_machine(key):  # clocks, rates, peak memory: differ between any two runs
                 continue
             compared += 1
             if x[key] != y.get(key):

@@ -5,6 +5,9 @@ them back (`read_metrics`). Non-finite values are written as null, a torn last l
 mid-write) is skipped (and moved to a side file when the run resumes: `truncate_metrics`), and
 an I/O error becomes a warning: metrics never stop a run.
 
+`replayed(record)` drops the keys that measure the machine (clocks, rates, peak memory): what is
+left is what a resumed run must reproduce bit for bit.
+
 `format_table(rows, columns)` prints metrics (dicts) as a plain-text table; `minirl diagnose`,
 the lag table of `minirl plot` and the experiments' summaries all print through it.
 """
@@ -24,6 +27,21 @@ import numpy as np
 from minirl.store.hashed_files import atomic_write
 
 METRICS_FILE = "metrics.jsonl"
+
+# Keys that measure the machine rather than what the run computed: clocks and rates ("time",
+# "per_s", "busy_seconds") and the process's peak memory ("memory/"). They differ between any
+# two runs, a resumed run and its uninterrupted twin included; every other key replays exactly.
+MACHINE_KEYS = ("time", "per_s", "busy_seconds", "memory/")
+
+
+def measures_the_machine(key: str) -> bool:
+    """True for a metric that is a reading of the machine (see MACHINE_KEYS), not of the run."""
+    return any(part in key for part in MACHINE_KEYS)
+
+
+def replayed(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a metrics record that a replay of the same steps reproduces exactly."""
+    return {k: v for k, v in record.items() if not measures_the_machine(k)}
 
 
 def _scalar(value) -> float | None:

@@ -144,8 +144,10 @@ def test_greedy_equals_a_plain_greedy_loop(params):
     assert matched >= 60  # of 72: near-ties are rare
 
 
-@pytest.mark.parametrize(
-    "config", [SAMPLED, pytest.param(EXACT, marks=pytest.mark.gpu)], ids=["fast", "exact"]
+@pytest.mark.parametrize(  # the fast case (close, not equal: ~8 s of compiles) in the slow lane
+    "config",
+    [pytest.param(SAMPLED, marks=pytest.mark.slow), pytest.param(EXACT, marks=pytest.mark.gpu)],
+    ids=["fast", "exact"],
 )
 def test_same_request_alone_or_in_a_full_batch(params, config):
     reqs = requests(make_prompts(6, seed=2), max_new=(6, 14), seed=2)
@@ -200,7 +202,8 @@ def test_two_engine_replicas_make_the_rollouts_one_engine_makes(params):
     [
         (SAMPLED, None),
         pytest.param(EXACT, None, marks=pytest.mark.gpu),
-        pytest.param(EXACT, "bfloat16", marks=pytest.mark.gpu),
+        # bf16 compiles its own engine and trainer (~13 s cold): the slow lane runs it
+        pytest.param(EXACT, "bfloat16", marks=[pytest.mark.gpu, pytest.mark.slow]),
     ],
     ids=["fast-fp32", "exact-fp32", "exact-bf16"],
 )

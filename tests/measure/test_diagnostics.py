@@ -16,7 +16,7 @@ from minirl.measure.diagnostics import (
     snis_baseline_proxy,
     zero_centred_contributions,
 )
-from minirl.measure.metrics_log import MetricsWriter, flatten_metrics, read_metrics
+from minirl.measure.metrics_log import MetricsWriter, flatten_metrics, read_metrics, replayed
 from minirl.types import Batch
 
 INF, NAN = math.inf, math.nan
@@ -338,6 +338,27 @@ def test_flatten_metrics():
     assert flat["reward/mean"] == 0.5 and flat["lag/[1,3)/mean_rho"] == 1.25 and flat["ok"] == 1.0
     assert math.isnan(flat["nan"]) and flat["one"] == 2.0
     assert all(type(v) is float for v in flat.values())
+
+
+def test_replayed_drops_the_readings_of_the_machine_and_keeps_the_run():
+    record = {
+        "step": 3,
+        "wall_time": 1.7e9,
+        "time/step": 2.5,
+        "time/train": 1.0,
+        "engine/decode_tokens_per_s": 900.0,
+        "engine/busy_seconds": 4.0,
+        "memory/peak_rss_gb": 0.8,
+        "reward/mean": 0.25,
+        "loss/ratio_max": 1.0,
+        "lag/[1,3)/mean_rho": None,
+    }
+    assert replayed(record) == {
+        "step": 3,
+        "reward/mean": 0.25,
+        "loss/ratio_max": 1.0,
+        "lag/[1,3)/mean_rho": None,
+    }
 
 
 def test_metrics_writer_round_trip_with_nan_and_torn_last_line(tmp_path):

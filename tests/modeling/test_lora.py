@@ -357,6 +357,7 @@ def test_the_peft_adapter_loads_onto_the_base_with_equal_logits(lora_run, tmp_pa
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)  # measured 1.9e-6 (off: 0.30)
 
 
+@pytest.mark.slow  # ~11 s cold; the adapters' state-dict round trip is in tests/training (default)
 def test_a_resumed_lora_run_equals_the_uninterrupted_one(tmp_path):
     """3 steps at once, or 2 then a resume to 3 in the same run directory: the same adapters,
     base and optimizer state, bit for bit."""

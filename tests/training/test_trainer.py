@@ -705,7 +705,9 @@ def test_reinforce_raises_the_logprob_of_rewarded_completions(params):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("remat", ["none", "dots"])
+@pytest.mark.parametrize(  # a remat policy compiles its own step (~8 s cold): "dots" in the slow lane
+    "remat", ["none", pytest.param("dots", marks=pytest.mark.slow)]
+)
 def test_training_forward_logprobs_equal_the_recompute_in_exact_mode(params, batch, remat):
     """The training step's forward (under the gradient, with remat) computes the same numbers
     as the recompute when every reduction has a fixed order: minirl diagnose relies on it."""
