@@ -441,7 +441,9 @@ def full_step(params, batch):
     return trainer, metrics
 
 
-@pytest.mark.parametrize("budget, count", [(256, 2), (128, 3)])
+@pytest.mark.parametrize(  # a second budget compiles its own step (~5 s cold): the slow lane
+    "budget, count", [(256, 2), pytest.param(128, 3, marks=pytest.mark.slow)]
+)
 def test_micro_batched_step_equals_full_batch_step(params, batch, full_step, budget, count):
     full, full_metrics = full_step
     assert full_metrics["micro_batches"] == 1
@@ -783,6 +785,7 @@ def test_lora_state_dict_round_trip_resumes_bitwise(lora_params, batch):
     )
 
 
+@pytest.mark.slow  # its own compile (~5 s cold); the dropout mask by hand: tests/modeling/test_lora.py
 def test_lora_dropout_changes_the_step_by_its_keys_alone(lora_params, batch, lora_step):
     """model.lora_dropout: 0 is the step without dropout bit for bit; 0.25 changes the
     update, and two trainers give the same result (keys from (seed, step, update, micro-batch),
