@@ -5,9 +5,6 @@ them back (`read_metrics`). Non-finite values are written as null, a torn last l
 mid-write) is skipped (and moved to a side file when the run resumes: `truncate_metrics`), and
 an I/O error becomes a warning: metrics never stop a run.
 
-`replayed(record)` drops the keys that measure the machine (clocks, rates, peak memory): what is
-left is what a resumed run must reproduce bit for bit.
-
 `format_table(rows, columns)` prints metrics (dicts) as a plain-text table; `minirl diagnose`,
 the lag table of `minirl plot` and the experiments' summaries all print through it.
 """
@@ -28,9 +25,8 @@ from minirl.store.hashed_files import atomic_write
 
 METRICS_FILE = "metrics.jsonl"
 
-# Keys that measure the machine rather than what the run computed: clocks and rates ("time",
-# "per_s", "busy_seconds") and the process's peak memory ("memory/"). They differ between any
-# two runs, a resumed run and its uninterrupted twin included; every other key replays exactly.
+# Keys that measure the machine, not the run (clocks, rates, the process's peak memory): they differ
+# between any two runs, a resumed one and its uninterrupted twin included; every other key replays.
 MACHINE_KEYS = ("time", "per_s", "busy_seconds", "memory/")
 
 

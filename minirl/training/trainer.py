@@ -14,7 +14,7 @@ One `train_step`: plan micro-batches (minirl/training/microbatch.py) -> recomput
 engine's sampling spec, in the training shapes -> phase 1 of the loss on the whole batch ->
 `ppo_epochs` x `num_minibatches` updates, each phase 2 per micro-batch with the gradients summed
 (minirl/training/forward.py) and one guarded AdamW update (minirl/training/optimizer.py). `sft_step` is the same
-machinery on the token NLL; `recompute_logprobs` is the recompute alone. The recompute is
+machinery on the token NLL (minirl/training/step_losses.py); `recompute_logprobs` is the recompute alone. The recompute is
 skipped where it cannot change the loss (`skips_recompute`: on-policy, one update, not exact
 mode: log pi_prox is then the stop-gradient of the training forward), and log pi_ref is computed
 only with a KL term (`rl.kl_coef=0` drops grpo's); docs/trainer.md, "One train step".
@@ -35,7 +35,6 @@ rows (`TrainerConfig.pack`) stay within a micro-batch's bucket length.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from typing import Any
@@ -46,7 +45,6 @@ import numpy as np
 from flax import nnx
 
 from minirl.losses import LossInputs, finalize_metrics, validate_inputs
-from minirl.losses.inputs import clamped_difference
 from minirl.measure.diagnostics import first_update_dlogp
 from minirl.modeling import exact as exact_ops
 from minirl.modeling import lora
@@ -66,6 +64,7 @@ from minirl.training.forward import (
 from minirl.training.optimizer import learning_rate
 from minirl.training.routing import ran_positions, routing_metrics
 from minirl.training.row_layout import HostRows, place_like, shardings_like_params
+from minirl.training.step_losses import NLL, SelfProx
 from minirl.training.trainer_config import TrainerConfig
 from minirl.types import Batch
 
@@ -73,65 +72,12 @@ __all__ = ["Trainer", "TrainerConfig", "learning_rate"]
 
 
 # ---------------------------------------------------------------------------------------------
-# Loss phases: the objective's phase 1, jitted; the supervised loss
+# Loss phases: the objective's phase 1, jitted (the other losses: minirl/training/step_losses.py)
 
 
 @functools.lru_cache(maxsize=32)
 def _prepare_fn(objective):
     return jax.jit(objective.prepare)
-
-
-@dataclasses.dataclass(frozen=True)
-class _TokenNLL:
-    """The supervised loss as a two-phase loss: phase 1 weights every counted token by
-    1 / (counted tokens in the whole batch); phase 2 sums -w log p. Summed over micro-batches it
-    is the batch's mean token NLL."""
-
-    needs_entropy = False
-
-    @staticmethod
-    def prepare(mask: np.ndarray) -> dict:
-        mask = np.asarray(mask, np.float32)
-        return {"weight": mask / max(float(mask.sum()), 1.0)}  # [B, T]
-
-    @staticmethod
-    def loss(logp, part, entropy=None):
-        w = part["weight"]
-        nll = -jnp.where(w > 0, logp, 0.0) * w
-        return nll.sum(), {"loss": nll.sum(), "tokens": (w > 0).sum().astype(jnp.float32)}
-
-
-_NLL = _TokenNLL()
-
-
-@dataclasses.dataclass(frozen=True)
-class _SelfProx:
-    """`objective` with log pi_prox taken from the training forward itself (the skipped
-    recompute, `Trainer.skips_recompute`): phase 1 runs with log mu in pi_prox's place (nothing
-    it keeps depends on pi_prox without rejection) and hands log mu on; phase 2 sets log pi_prox
-    = stop_gradient(log pi_theta) and log c = clamp(log pi_prox - log mu), exactly as phase 1
-    would have from a recompute that equals the training forward."""
-
-    objective: Any
-
-    @property
-    def needs_entropy(self) -> bool:
-        return self.objective.needs_entropy
-
-    @property
-    def router_aux_coef(self) -> float:
-        return self.objective.router_aux_coef
-
-    def prepare(self, inputs: LossInputs):
-        prepared = self.objective.prepare(inputs)
-        return prepared, prepared.prox_logp  # [B, T] log mu, 0 off the mask
-
-    def loss(self, logp, part, entropy=None):
-        prepared, behav = part
-        prox = jnp.where(prepared.valid > 0, jax.lax.stop_gradient(logp), 0.0)  # [b, T]
-        log_c = clamped_difference(prox, behav, self.objective.log_ratio_clamp)
-        prepared = prepared.replace(prox_logp=prox, log_c=log_c)
-        return self.objective.loss(logp, prepared, entropy=entropy)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,7 +191,7 @@ class Trainer:
             raise ValueError("trainer.routing=replay needs the engine's routes (batch.routes)")
         plan = self._plan(batch)
         skip = prox_logp is None and self.skips_recompute(on_policy)
-        objective = _SelfProx(self.objective) if skip else self.objective
+        objective = SelfProx(self.objective) if skip else self.objective
         if skip:  # phase 1 reads log mu in its place (module docstring, step 2)
             prox_logp = batch.behaviour_logprobs
         elif prox_logp is None:
@@ -293,7 +239,7 @@ class Trainer:
         t0 = time.perf_counter()
         self._check_batch(batch)
         plan = self._plan(batch)
-        parts, stat, *_ = self._update(_NLL, batch, _NLL.prepare(batch.mask), plan, scale=1.0)
+        parts, stat, *_ = self._update(NLL, batch, NLL.prepare(batch.mask), plan, scale=1.0)
         parts = jax.device_get(parts)
         metrics = {
             "loss": float(sum(p["loss"] for p in parts)),

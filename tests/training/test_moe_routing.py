@@ -31,7 +31,8 @@ from minirl.modeling.model import ModelConfig, init_model
 from minirl.training.batching import make_batch
 from minirl.training.forward import ForwardSpec, _forward, accumulate, accumulate_fn
 from minirl.training.routing import differs, ran_positions, routing_metrics
-from minirl.training.trainer import _NLL, Trainer, TrainerConfig
+from minirl.training.step_losses import NLL
+from minirl.training.trainer import Trainer, TrainerConfig
 from minirl.types import Prompt, Score
 
 CFG = ModelConfig.preset("tiny-moe", max_seq_len=128)
@@ -224,7 +225,7 @@ def test_replay_still_trains_the_router(engine_batch, moved_router):
     spec = ForwardSpec(CFG, FAST, "nothing", "replay")
     b, valid = engine_batch, ran_positions(engine_batch.mask)
     part = {"weight": b.mask / b.mask.sum()}
-    run = jax.jit(lambda p, *args: accumulate(spec, _NLL, p, None, *args))
+    run = jax.jit(lambda p, *args: accumulate(spec, NLL, p, None, *args))
     (grads, _), _, _, choice = run(t.params(), b.tokens, b.targets, part, None, b.routes)
     np.testing.assert_array_equal(np.asarray(choice)[valid], t.routing(b)[2][valid])
     assert differs(np.asarray(choice), b.routes)[valid].any()  # its own pick, not the replay
