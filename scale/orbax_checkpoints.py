@@ -54,6 +54,19 @@ class TrainerCheckpoints:
         self._manager.reload()  # another process may have written or deleted steps
         return sorted(self._manager.all_steps())
 
+    def _agreed_steps(self, why: str) -> list[int]:
+        """The steps on disk as every process of the job sees them, before any of them deletes
+        one. Deleting is a collective: a process that listed after another had already removed a
+        step's directory would skip that delete and the job's next collective would mismatch.
+        So every process lists, then all wait for each other, then they act on the same list."""
+        import jax
+        from jax.experimental import multihost_utils
+
+        steps = self.steps()
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"minirl TrainerCheckpoints {why}")
+        return steps
+
     def save(self, step: int, trainer) -> int:
         """Write the trainer's params, optimizer state and counters as `step` (every process of
         the job calls this; it returns once the step is committed). A step already there (left
@@ -61,7 +74,7 @@ class TrainerCheckpoints:
         import orbax.checkpoint as ocp
 
         state = trainer.state_dict(host=False)
-        if step in self.steps():
+        if step in self._agreed_steps("save"):
             self._manager.delete(step)
         self._manager.save(
             step,
@@ -98,7 +111,7 @@ class TrainerCheckpoints:
 
     def discard_after(self, step: int) -> list[int]:
         """Delete the steps after `step` (a resumed run redoes them); returns them."""
-        later = [s for s in self.steps() if s > step]
+        later = [s for s in self._agreed_steps("discard_after") if s > step]
         for s in later:
             self._manager.delete(s)
         return later
@@ -106,7 +119,7 @@ class TrainerCheckpoints:
     def keep_only(self, steps) -> list[int]:
         """Delete every step not in `steps` (the controller's checkpoints decide); returns them."""
         keep = set(steps)
-        gone = [s for s in self.steps() if s not in keep]
+        gone = [s for s in self._agreed_steps("keep_only") if s not in keep]
         for s in gone:
             self._manager.delete(s)
         return gone

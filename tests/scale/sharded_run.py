@@ -223,6 +223,10 @@ from scale.orbax_checkpoints import TrainerCheckpoints  # noqa: E402
 
 orbax = TrainerCheckpoints(args.store.rstrip("/") + "_orbax")
 orbax.save(1, fsdp)
+orbax.save(2, fsdp)  # a step a resume drops: every process must delete it, even one that
+if jax.process_index() == 1:  # lists the steps after another process has removed the directory
+    time.sleep(2)
+orbax.discard_after(1)
 fresh = Trainer(
     CFG,
     mesh_lib.place_params(params, train_mesh, mesh_lib.fsdp()),
