@@ -8,9 +8,11 @@ RLAX keeps "up to N weight snapshots in host memory" per parameter server and ga
 versions before step s "only once global progress to step s is confirmed" — the controller
 decides when old weights may go. `InMemoryWeightStore` follows that:
 
-  * `put(version, params)` copies every leaf to host numpy (so the caller may mutate or donate
-    its arrays afterwards). Versions must strictly increase; an older or repeated version is
-    refused with a clear error (a resumed run starts from a fresh store).
+  * `put(version, params)` makes every leaf read-only host numpy: numpy leaves are copied (the
+    caller may write to them afterwards), JAX arrays on the CPU viewed in place (they never
+    change, and a buffer a view holds is never donated: minirl.store.trees.host_view).
+    Versions must strictly increase; an older or repeated version is refused with a clear
+    error (a resumed run starts from a fresh store).
   * `release(before_version)` drops every version older than `before_version`. Only the
     controller calls it; the newest version is never released.
   * `keep=N` is a hard memory cap on top of that: a `put` that would hold N+1 versions evicts the
@@ -36,6 +38,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 import numpy as np
+
+from minirl.store.trees import host_view
 
 
 class EmptyStoreError(LookupError):
@@ -117,7 +121,9 @@ class _Snapshot:
 def _host_copy(x: Any) -> Any:
     if x is None or isinstance(x, bool | int | float | str | bytes):
         return x  # immutable already
-    a = np.array(x, copy=True, order="C")  # jax array -> host; numpy -> a private copy
+    if isinstance(x, jax.Array):  # never changes: on the CPU viewed in place, not copied
+        return host_view(x)
+    a = np.array(x, copy=True, order="C")  # numpy -> a private copy
     a.flags.writeable = False
     return a
 

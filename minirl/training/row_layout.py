@@ -5,7 +5,7 @@ jitted functions passes through `row_layout.rows(x)` (axis 0 = rows of the micro
 every per-row result it brings back passes through `row_layout.host(x)`:
 
     HostRows()                   the default: numpy in (jit puts it on the default device),
-                                 numpy copies out. One device, no mesh.
+                                 read-only numpy out (`host_view`). One device, no mesh.
     scale.mesh.MeshRows(mesh, rules)
                                  rows split over the rules' "batch" mesh axes (data x fsdp for
                                  FSDP training), results gathered from every process
@@ -22,18 +22,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minirl.store.trees import host_view
+
 
 class HostRows:
     """The default row layout: no mesh. Micro-batch arrays go to the jitted functions as numpy
-    (jit puts them on the default device); results come back as numpy copies."""
+    (jit puts them on the default device); results come back as read-only numpy (`host_view`)."""
 
     def rows(self, x: np.ndarray) -> Any:
         """A host array whose axis 0 is micro-batch rows -> what the jitted functions take."""
         return x
 
     def host(self, tree: Any) -> Any:
-        """Device arrays (a pytree) -> numpy copies, the same on every process of a job."""
-        return jax.tree.map(lambda x: np.array(x, copy=True), tree)
+        """Device arrays (a pytree) -> read-only numpy, the same on every process of a job."""
+        return jax.tree.map(host_view, tree)
 
 
 def place_like(value: Any, like: Any) -> jax.Array:

@@ -1,9 +1,11 @@
-"""The LM head in chunks of positions (minirl/modeling/chunked_logprobs.py): the same log-probs,
-entropies and gradients as the whole [B, T, V] logits at once — bitwise in exact mode, within
-stated bounds in the fast one — and no logits-sized buffer in the compiled forward or backward.
+"""The LM head in chunks (minirl/modeling/chunked_logprobs.py): the same log-probs, entropies and
+gradients as the whole [B, T, V] logits at once — bitwise in exact mode (chunks of positions),
+within stated bounds on the fast path (slices of the vocabulary under a custom VJP) — and no
+logits-sized buffer in the compiled forward or backward.
 
-One small shape ([3, 11] positions, D 16, V 64) for the numbers; chunks of 5 (three chunks, the
-last one padded), 11 and 32 positions; the untied head [D, V] and the tied embedding [V, D].
+One small shape ([3, 11] positions, D 16, V 64) for the numbers; budgets of 5 positions' logits
+(exact: three chunks of positions, the last one padded; fast: seven slices of 9 ids and one of 1),
+11 and 32; the untied head [D, V] and the tied embedding [V, D].
 """
 
 import jax
@@ -20,7 +22,8 @@ SAMPLINGS = {
     "fast top-k top-p": Sampling(0.7, top_k=8, top_p=0.9),
     "exact": Sampling(0.7, exact=True),
 }
-FAST_TOL = 1e-6  # |log-prob or entropy difference| allowed on the fast path (measured here: 0)
+FAST_TOL = 1e-6  # |log-prob or entropy difference| allowed on the fast path, plus FAST_TOL x
+# its size (an online log-sum-exp over slices rounds differently: measured <= 1.4e-6 at -2.2)
 GRAD_RTOL = 1e-6  # max |gradient difference| / max |gradient|, per argument (measured: <= 3e-7)
 
 
@@ -51,8 +54,8 @@ def test_chunks_give_the_unchunked_logprobs_and_entropies(inputs, name, tied):
                 np.asarray(logp).view(np.uint32), np.asarray(want_logp).view(np.uint32)
             )
         else:
-            np.testing.assert_allclose(logp, want_logp, rtol=0, atol=FAST_TOL)
-        np.testing.assert_allclose(ent, want_ent, rtol=0, atol=FAST_TOL)
+            np.testing.assert_allclose(logp, want_logp, rtol=FAST_TOL, atol=FAST_TOL)
+        np.testing.assert_allclose(ent, want_ent, rtol=FAST_TOL, atol=FAST_TOL)
 
 
 @pytest.mark.parametrize("name", ["fast", "exact"])
@@ -73,9 +76,11 @@ def test_chunks_give_the_unchunked_gradients(inputs, name):
         assert float(jnp.abs(got - ref).max() / jnp.abs(ref).max()) <= GRAD_RTOL
 
 
-def test_no_logits_sized_buffer_forward_or_backward():
+@pytest.mark.parametrize("name", ["fast", "fast top-k top-p"])
+def test_no_logits_sized_buffer_forward_or_backward(name):
     """The compiled value-and-gradient holds less scratch memory than ONE [N, V] logits array
-    with chunks of 16 positions; all at once it holds at least two (so this test can fail)."""
+    with a budget of 16 positions' logits (fast: slices of 512 ids; truncated sampling: chunks
+    of 16 positions); all at once it holds at least two (so this test can fail)."""
     n, d, v = 256, 32, 8192
     logits_bytes = n * v * 4  # 8 MiB
     x = jax.ShapeDtypeStruct((4, n // 4, d), jnp.float32)
@@ -84,7 +89,7 @@ def test_no_logits_sized_buffer_forward_or_backward():
 
     def temp_bytes(chunk):
         def loss(x, w, t):
-            logp, ent = head_logprobs(x, w, t, Sampling(), chunk, entropy=True, tied=True)
+            logp, ent = head_logprobs(x, w, t, SAMPLINGS[name], chunk, entropy=True, tied=True)
             return jnp.sum(logp) + jnp.sum(ent)
 
         fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
