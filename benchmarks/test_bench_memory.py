@@ -3,7 +3,7 @@
 measured in the same benchmark run. The other arm is `trainer.logit_chunk_mb=0`: the whole
 micro-batch's [rows, positions, vocabulary] logits at once, the code before the chunks.
 
-  smoke   peak RSS (`getrusage` ru_maxrss) of the README's smoke command, `minirl train --model
+  smoke   peak RSS (VmHWM: minirl/run/memory.py) of the README's smoke command, `minirl train --model
           DIR --data FILE --set rl.steps=2 --set rl.prompts_per_step=4 --set
           data.max_new_tokens=64`, on a 2-layer model with Qwen's vocabulary (151,680 ids, D 64;
           tests/hf_tiny.py builds it, nothing is downloaded), in fresh processes, chunked and
@@ -40,6 +40,7 @@ from flax import nnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
+from test_bench_real_size import PEAK_CODE  # noqa: E402
 from test_bench_trainer import random_batch  # noqa: E402
 
 from minirl.losses import get_preset  # noqa: E402
@@ -55,17 +56,13 @@ ARMS = {"chunked": (), "unchunked": ("trainer.logit_chunk_mb=0",)}
 def peak_rss(model_dir: Path, data: Path, run_dir: Path, sets) -> tuple[float, float]:
     """(peak RSS in GB of a fresh `minirl train` process, the last `memory/peak_rss_gb` it
     logged)."""
-    code = (
-        "import resource, sys; from minirl.cli import main; rc = main(sys.argv[1:]); "
-        "print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
-    )
-    argv = [sys.executable, "-c", code, "train", "--quiet", "--model", str(model_dir)]
+    argv = [sys.executable, "-c", PEAK_CODE, "train", "--quiet", "--model", str(model_dir)]
     argv += ["--data", str(data), "--run-dir", str(run_dir)]
     for s in sets:
         argv += ["--set", s]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    return int(out.split("MAXRSS")[1].split()[0]) * 1024 / 1e9, logged[-1]["memory/peak_rss_gb"]
+    return float(out.split("PEAK_GB")[1].split()[0]), logged[-1]["memory/peak_rss_gb"]
 
 
 def _time(fn) -> float:

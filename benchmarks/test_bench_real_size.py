@@ -177,6 +177,14 @@ def _train(cfg, params, peak: float, rows: int = 4, length: int = 128) -> dict:
     }
 
 
+# `minirl train` in a fresh process that prints its own peak RSS at the end (VmHWM on Linux, not
+# getrusage's ru_maxrss, which a child inherits from the benchmark's bigger process)
+PEAK_CODE = (
+    "import sys; from minirl.cli import main; from minirl.run.memory import peak_rss_gb; "
+    "rc = main(sys.argv[1:]); print('PEAK_GB', peak_rss_gb()); sys.exit(rc)"
+)
+
+
 def _rl_run_peak_rss(checkpoint: Path, remat: str, extra: tuple = (), name: str = "") -> int:
     """Peak RSS (bytes) of a fresh `minirl train` process doing 2 RL steps on the checkpoint
     (`extra`: more `--set` overrides; the run directory is `run-{name or remat}` beside it)."""
@@ -195,14 +203,10 @@ def _rl_run_peak_rss(checkpoint: Path, remat: str, extra: tuple = (), name: str 
         f"trainer.remat={remat}",
         *extra,
     ]
-    code = (
-        "import resource, sys; from minirl.cli import main; rc = main(sys.argv[1:]); "
-        "print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
-    )
     argv = [
         sys.executable,
         "-c",
-        code,
+        PEAK_CODE,
         "train",
         "--quiet",
         "--model",
@@ -215,7 +219,7 @@ def _rl_run_peak_rss(checkpoint: Path, remat: str, extra: tuple = (), name: str 
     for s in sets:
         argv += ["--set", s]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    return int(out.split("MAXRSS")[1].split()[0]) * 1024  # Linux: kilobytes
+    return int(float(out.split("PEAK_GB")[1].split()[0]) * 1e9)
 
 
 def _accounting(cfg: ModelConfig) -> dict:

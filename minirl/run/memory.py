@@ -1,8 +1,11 @@
 """The process's peak resident memory: metrics.jsonl's `memory/peak_rss_gb`.
 
 Peak RSS (resident set size) is the most physical memory the operating system has seen this
-process hold at once since it started: `resource.getrusage(RUSAGE_SELF).ru_maxrss`, in
-kilobytes on Linux and in bytes on macOS. It only grows, so the value a step logs is the peak of
+process hold at once since it started: on Linux `VmHWM` in /proc/self/status, elsewhere
+`resource.getrusage(RUSAGE_SELF).ru_maxrss` (bytes on macOS). Not `ru_maxrss` on Linux: a
+process started from a bigger one (a notebook's kernel, pytest, a benchmark's driver) inherits
+that parent's peak in it across the fork and exec, so a 2 GB run launched from a 9 GB driver
+would report 9 GB; VmHWM belongs to the process's own memory map (tests/run/test_memory.py). It only grows, so the value a step logs is the peak of
 the run so far, compiles and evaluations included; what `/usr/bin/time -v` reports as "Maximum
 resident set size" at the end is the last step's value or a little more (the final evaluation,
 the export). It counts this process only: with the workers in other processes
@@ -18,6 +21,13 @@ import sys
 def peak_rss_gb() -> float | None:
     """This process's peak resident memory so far, in GB (1e9 bytes), or None where the
     platform does not report it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):  # "VmHWM:   123456 kB"
+                    return int(line.split()[1]) * 1024 / 1e9
+    except (OSError, ValueError, IndexError):
+        pass  # not Linux: getrusage below
     try:
         import resource
     except ImportError:  # Windows

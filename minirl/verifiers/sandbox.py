@@ -162,7 +162,8 @@ class RunResult:
     stderr: bytes = b""
     cpu_s: float = 0.0
     wall_s: float = 0.0
-    max_rss_mb: float = 0.0
+    max_rss_mb: float = 0.0  # wait4's ru_maxrss: on Linux at least the launching process's peak
+    # at the fork (the kernel carries it across exec), so an upper bound, not the program's own
     wall_timeout: bool = False
     output_exceeded: bool = False
     files: dict[str, bytes] = dataclasses.field(default_factory=dict)
