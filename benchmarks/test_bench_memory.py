@@ -1,5 +1,6 @@
-"""Benchmark: what the LM head in chunks of positions saves (minirl/modeling/chunked_logprobs.py,
-`trainer.logit_chunk_mb`, default 64 MiB of logits per chunk), each figure a ratio of two arms
+"""Benchmark: what the LM head in chunks saves (minirl/modeling/chunked_logprobs.py: slices of the
+vocabulary on the fast path these runs take, `trainer.logit_chunk_mb`, default 64 MiB of logits
+at once), each figure a ratio of two arms
 measured in the same benchmark run. The other arm is `trainer.logit_chunk_mb=0`: the whole
 micro-batch's [rows, positions, vocabulary] logits at once, the code before the chunks.
 
@@ -17,8 +18,8 @@ micro-batch's [rows, positions, vocabulary] logits at once, the code before the 
           the arms, interleaved over ROUNDS rounds (median of the per-round ratios): the smoke
           shape (32 x 128 positions) and, in `real`, the 0.5B shape (8 x 128, ~14 GB).
 
-Run: `python -m pytest benchmarks/test_bench_memory.py -q -s` (~20 min on 2 busy cores; `-k
-smoke` ~6 min). Needs the `reference` extra (transformers builds the checkpoints). Nothing about
+Run: `python -m pytest benchmarks/test_bench_memory.py -q -s` (~17 min alone; `-k smoke` ~6
+min; the full arms need ~14 GB free). Needs the `reference` extra (transformers builds the checkpoints). Nothing about
 time or memory is asserted beyond "it ran"; at a small vocabulary the chunked setting compiles
 the same program as the unchunked one (tests/training/test_trainer.py checks it), so issue
 #40's work (a 300-token vocabulary) is unchanged by construction.

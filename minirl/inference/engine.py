@@ -1,37 +1,22 @@
 """The rollout engine: `Request`s in, `Rollout`s out, continuous batching over fixed slots
 (RLAX §3 inference workers; AReaL §4 interruptible generation; docs/engine.md).
 
-  load_weights(version, params)   swap in new weights (an nnx.State or its pure-dict form)
-  submit(requests)                queue work
-  step() -> [Rollout]             one scheduling round: rebuild interrupted caches, append
-                                  queued observations (multi-turn), fill free slots (prefill),
-                                  decode `decode_chunk` tokens in every active slot, return what
-                                  finished
-  interrupt(policy)               "discard" (re-queue from scratch: one version per rollout) or
-                                  "continue" (keep the tokens, rebuild the cache with new weights)
-  generate(requests)              submit + step() until done
-  extend(uid, sample, tokens, n)  multi-turn: append an observation to a held episode's cache,
-                                  then sample its next turn (minirl/envs/episodes.py)
-  release(uid, sample)            multi-turn: the episode is over; free its slot
-  cancel(uid, sample)             drop a request, queued or in flight (minirl/agents/)
+The calls, and what each does: `load_weights(version, params)`, `submit(requests)`, `step()`
+(one scheduling round), `interrupt(policy)` ("discard" or "continue"), `generate(requests)`,
+and for multi-turn episodes `extend` and `release` (minirl/envs/episodes.py): docs/engine.md,
+"The interface". Also `cancel(uid, sample)`: drop a request, queued or in flight (minirl/agents/).
 
 Each rollout token carries its behaviour log-prob (`model.token_logprobs` of the logits it was
 sampled from, minirl/modeling/sampling.py) and the weight version loaded when it was sampled. With
 `exact=True` these log-probs equal the trainer's recompute bit for bit, whatever the slot, batch
 or chunk (minirl/modeling/exact.py; tests/inference/test_engine.py). On a mixture-of-experts
-model a rollout also carries `routes`: the experts each MoE layer sent every position the engine
-ran to (prompt and fed tokens; a rebuild's routes replace the ones it recomputes), what the
-trainer replays with `trainer.routing=replay` (docs/moe.md); `stats["route_bytes"]` counts them.
+model a rollout also carries `routes`, the experts each MoE layer chose for every position the
+engine ran, which the trainer replays with `trainer.routing=replay` (docs/moe.md).
 
-Why chunks: Python runs once per `decode_chunk` tokens (one jitted `lax.fori_loop` with the KV
-cache donated), so its overhead is paid once per chunk; the price is up to `decode_chunk - 1`
-idle steps for a slot that finishes inside a chunk. Compiled shapes are bounded (prefill buckets
-x row counts, one decode per attention window: minirl/inference/decoding.py), so nothing compiles in
-steady state. The engine is passive: it never reloads weights or fetches work by itself.
-
-Simplified on purpose: one device; one sampling configuration per engine; prompts padded (not
-chunked) for prefill; the paged cache gathers pages into a contiguous view per decode chunk
-(minirl/inference/paged_cache.py). Measured speed and the reasons behind each choice: docs/engine.md.
+Python runs once per `decode_chunk` tokens, and compiled shapes are bounded, so nothing compiles
+in steady state (docs/engine.md, "How a step runs"). The engine is passive: it never reloads
+weights or fetches work by itself. Measured speed, what is simplified on purpose and the reasons
+behind each choice: docs/engine.md.
 """
 
 from __future__ import annotations

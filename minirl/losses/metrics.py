@@ -6,35 +6,10 @@ Phase 2 (`Objective.loss`) returns, per micro-batch, a flat dict of scalar SUMS,
 order — and turn the merged dict into reported numbers with `finalize_metrics`. Everything is
 plain jnp, so merging and finalising can run inside `jit` as well as on the host.
 
-Reported (finalize_metrics):
-  loss                          the summed loss (already the batch loss: weights are normalised)
-  clip_fraction                 counted tokens whose gradient was clipped away (PPO/GRPO/GSPO mask)
-                                or whose weight was clipped (CISPO, TIS cap)
-  ratio_mean/max                r = pi_theta / pi_prox (after the pre-exp clamp), completion tokens
-  correction_mean/max           c = pi_prox / mu, completion tokens
-  kl_prox_k1/k3                 k1 = -log r, k3 = r - 1 - log r: KL(pi_prox || pi_theta) per token
-  kl_behav_k1/k3                k1 = -log c, k3 = c - 1 - log c: KL(mu || pi_prox) per token
-  rejected_token_fraction       completion tokens not counted (token or sequence rejection)
-  rejected_sequence_fraction    sequences dropped by the sequence rule
-  is_weight_mean/max            IS_it over counted tokens
-  is_weight_zero_fraction       counted tokens whose IS_it is 0: dropped by decoupled PPO's bound
-                                on c (still counted in the denominators, unlike rejection)
-  is_weight_ess                 Kish's effective sample size of the IS weights, as a share of the
-                                counted tokens: (sum w)^2 / (n sum w^2); 1 when every w is equal,
-                                small when a few tokens carry the weighted gradient
-  entropy                       mean per-token entropy, when the trainer passed it
-  distill/reverse_kl            with a teacher: mean over completion tokens of log mu - log pi_T
-                                (clamped to [-C, C]), the k1 estimate of KL(mu || pi_T) per token
-  distill/teacher_logp          with a teacher: its mean per-token log-prob of the student's tokens
-  zero_centred_pos/neg          sum over counted tokens with A > 0 (A < 0) of A (c - 1): VeXact
-                                Eq. 5's zero-centred contribution, 0 when pi_prox = mu; its sign
-                                imbalance shows mismatch damage before the KL estimates do
-  tokens, sequences             completion tokens and non-empty rows of the batch
+Every metric `finalize_metrics` reports, with its meaning: docs/losses.md, "What the metrics mean".
 
-Percentiles are not summable. `batch_statistics(logp, prepared, clamp)` computes the exact p95 of r
-and c over the completion tokens of whatever rows it is given: call it on the full batch (the
-convenience `Objective.__call__` does). On one micro-batch it is that micro-batch's p95, NOT the
-batch's; averaging such values is only an approximation.
+Percentiles are not summable: `batch_statistics(logp, prepared, clamp)` gives the exact p95 of r and
+c over the rows it is given, so call it on the full batch (docs/losses.md, "The two-phase API").
 """
 
 from __future__ import annotations

@@ -6,48 +6,24 @@
 (`regularizers`). The parts live in aggregation.py, importance.py, advantages.py, terms.py,
 regularizers.py and rejection.py; presets.py names the combinations of the papers.
 
-THE TWO-PHASE CONTRACT (what the trainer calls)
------------------------------------------------
-    inputs = LossInputs(mask, prox_logp, behav_logp, rewards, group_ids,
-                        ref_logp=None, token_rewards=None, teacher_logp=None)   # whole batch
-    prepared = objective.prepare(inputs)          # phase 1: once per train batch, jittable
-    for rows in micro_batches:                    # any partition of range(B); rows never split
-        part = take_rows(prepared, rows)          # every leaf of `prepared` has leading axis B
-        loss_sum, m = objective.loss(logp[rows], part, entropy=None)
-        # phase 2: jittable, differentiable in logp [b, T] (and entropy)
-    # summing loss_sum (and its gradient) over the partition gives exactly the full-batch loss
-    metrics = finalize_metrics([m_1, m_2, ...])   # or merge_metrics(...) then finalize_metrics
-    metrics |= objective.batch_statistics(logp_all, prepared)   # optional exact p95 (full batch)
+The two phases (what the trainer calls): `prepare(inputs)` runs once on the WHOLE train batch and
+does everything that depends on the batch and not on theta (advantages, rejection masks, the
+aggregation weights with N, sum n and L_max folded in); `loss(logp, take_rows(prepared, rows),
+entropy=None)` runs per micro-batch of whole rows and returns `(loss_sum, metrics)`: this slice's
+share of -J with NO further division, and its metric sums (metrics.py). Summed over any partition
+of the rows, the loss and its gradient are exactly the full-batch ones. `objective(inputs, logp)`
+does both phases on the full batch. `needs_ref`, `needs_teacher` and `needs_entropy` tell the
+trainer what to supply: `ref_logp` or `teacher_logp` (on-policy distillation, distill.py) in the
+inputs, per-token `entropy` [b, T] to `loss`. There is no value loss: minirl trains no critic.
 
-Phase 1 does everything that depends on the whole batch and not on theta: advantages (group and
-batch statistics), rejection masks (functions of pi_prox and mu only), and the aggregation
-weights with the batch normalisers N, sum n, L_max folded in. Phase 2 does everything that
-depends on theta; it needs whole rows because sequence-level quantities (GSPO's s_i, the sequence
-ratio) sum over a row. `loss_sum` is this slice's share of -J, with NO further division.
-
-Micro-batches here are GRADIENT ACCUMULATION: one optimizer update per `prepare`. For several
-optimizer updates per rollout batch (PPO-style mini-batches), each update is its own train batch:
-`prepare` that update's rows (whole groups; pi_prox stays the weights of the step start), so its
-normalisers are its own — otherwise each update would see only its share of the batch loss.
-
-`objective(inputs, logp)` does both phases on the full batch and returns (loss, finalized metrics
-incl. p95). `needs_ref`, `needs_teacher` and `needs_entropy` tell the trainer what to supply:
-`ref_logp` or `teacher_logp` (on-policy distillation, distill.py) in the inputs; per-token
-`entropy` [b, T] to `loss`. There is no value loss: minirl trains no critic
-(its model has no value head; PPO's GAE runs with V = 0, advantages.py).
+The code sketch, PPO-style mini-batches (`prepare` each update's rows) and the inputs both phases
+refuse (shapes; non-finite rewards): docs/losses.md, "The two-phase API (what the trainer calls)".
+How a non-finite log pi_theta at a counted token is read, the same for every preset, so the loss
+and its gradient stay finite: docs/losses.md, "Where the code deliberately differs from the
+papers".
 
 Garbage (-inf, nan) at masked positions never reaches the loss or its gradient (`jnp.where`, never
 `mask * x`), and every log-ratio is clamped to [-C, C] before exp (C = `log_ratio_clamp`, 20).
-
-NON-FINITE INPUTS (one contract for every preset; docs/losses.md: "no log-ratio, however large or
-non-finite, may put inf/nan into the loss or its gradient"). A non-finite log pi_theta at a COUNTED token is read as the
-value its clamped log-ratio implies, log pi_prox + l (nan -> l = 0, -inf -> l = -C, +inf -> l = +C),
-in every part (ratios, log-prob terms, KL terms), and that token passes no gradient: the loss and
-its gradient stay finite for every preset. A non-finite REWARD is refused by an eager `prepare`
-(ValueError); under `jit` it cannot be seen, so it reaches the loss as nan, which the trainer's
-non-finite guard skips (and the trainer's batches never hold one: `make_batch` refuses them).
-Shapes are checked in Python in both phases (static under `jit`): `loss` refuses a `logp` whose
-shape differs from the prepared rows' instead of broadcasting it.
 """
 
 from __future__ import annotations

@@ -15,24 +15,11 @@
     naive_ppo        token_mean     c = pi_prox/mu        group_norm+whiten   clipped_ratio on pi/mu  -
     distill          token_mean     c = pi_prox/mu        teacher: -(log mu - log pi_T)  clipped_ratio(.2,.2)  -
 
-Variants, for any preset, by function or by name suffix (applied left to right):
-    with_tis(p, cap=2.0)                    `<name>_tis`: IS *= min(c, cap) (replaces c if present)
-    with_behaviour_cap(p, cap)              decoupled PPO's bound on c (None: the paper's uncapped c)
-    with_kl_coef(p, beta)                   the KL term's coefficient; 0 drops the term (and with it
-                                            the trainer's reference model and its forward)
-    with_teacher(p, coef, discount)         + coef x the teacher's per-token advantage (distill.py):
-                                            on-policy distillation mixed with the verifier's reward
-    with_rejection(p, token=(lo, hi),       `<name>_mis`: token rejection (0.5, 5.0) then sequence
-                   sequence=(stat, U))      rejection ("mean_k1", 0.01)
-e.g. `get_preset("grpo_tis")`, `get_preset("decoupled_ppo_tis_mis", log_ratio_clamp=5.0)`.
-
-Defaults: eps and beta as in each paper (DeepSeekMath beta = 0.04; DAPO eps_hi = 0.28; CISPO
-without a lower bound; GSPO 3e-4 / 4e-4; dual clip 3, Ye et al.; AReaL eps 0.2 with batch-normalised
-advantages; its released trainer drops tokens with c > 5 from the loss, see `Correction`).
-REINFORCE++'s k2 coefficient 1e-3 and the `_mis` thresholds are our choices (the
-token band is IcePop's [0.5, 5]; the sequence threshold 0.01 on |mean log c| keeps sequences whose
-geometric-mean correction is within 1%): tune them. PPO here has no critic (AReaL's set-up: GAE
-with gamma = lambda = 1 and V = 0 gives every token the sequence reward).
+Variants, for any preset, by function or by name suffix (applied left to right): `with_tis`
+(`<name>_tis`), `with_rejection` (`<name>_mis`), `with_behaviour_cap`, `with_kl_coef` and
+`with_teacher`, e.g. `get_preset("decoupled_ppo_tis_mis", log_ratio_clamp=5.0)`. What each does,
+the run settings behind them, and every preset's defaults and paper: docs/losses.md, "Presets".
+Our own choices, not a paper's: REINFORCE++'s k2 coefficient 1e-3 and the `_mis` thresholds.
 """
 
 from __future__ import annotations

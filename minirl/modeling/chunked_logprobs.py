@@ -1,21 +1,12 @@
 """Token log-probs (and entropies) from the final hidden states, in chunks: the [rows, positions,
 vocabulary] logits never exist at once, forward or backward (at 151,936 ids, 4,096 positions are
 2.5 GB of float32 logits per copy; Liger Kernel's fused linear + cross-entropy and TRL's chunked
-entropy answer the same problem). Two ways, one budget (`chunk` positions' worth of logits):
-
-  over the vocabulary  the fast path (no exact mode, no top-k / top-p): a custom VJP runs the head
-                       a slice of ids at a time with an online log-sum-exp; the backward pass
-                       recomputes each slice's logits once and writes the head's gradient slice by
-                       slice (disjoint rows, nothing accumulated). One more head matmul than the
-                       whole logits at once, and no skinny ones.
-  over positions       exact mode and truncated sampling: a `lax.scan` over equal chunks of
-                       positions (the last zero-padded) runs head, log-softmax and gather, its
-                       body under `jax.checkpoint`. Each position goes through the unchunked
-                       functions on its own, so exact mode (no reduction depends on the row count)
-                       gives the same bits chunked or not: the engine's.
-
-The fast path may differ from the whole logits in the last bits (tests/modeling/
-test_chunked_logprobs.py; docs/trainer.md, "The LM head in chunks").
+entropy answer the same problem). The fast path (no exact mode, no top-k / top-p) runs the head
+over slices of the vocabulary with an online log-sum-exp under a custom VJP, whose backward
+recomputes each slice's logits once and writes the head's gradient slice by slice. Exact mode
+and truncated sampling take chunks of positions in a `lax.scan` under `jax.checkpoint`, each
+position through the unchunked functions, so exact mode gives the engine's bits chunked or not.
+docs/trainer.md, "The LM head in chunks"; tests/modeling/test_chunked_logprobs.py.
 """
 
 from __future__ import annotations
@@ -50,58 +41,49 @@ def _head_outputs(hidden, head, targets, sampling: Sampling, entropy: bool, tied
     return logp, -jnp.sum(jnp.exp(tempered) * tempered, axis=-1)  # untruncated, as logged
 
 
-# ---- over the vocabulary (the fast path) ------------------------------------------------------
-
-MIN_IDS = 16  # the narrowest slice of the vocabulary a chunk takes, however many positions
+MIN_IDS = 16  # the fast path's narrowest slice of the vocabulary, however many positions
 
 
 def _for_slices(vocab: int, size: int, body, carry):
-    """carry = body(start, width, carry) over [0, vocab) in slices of `size` ids: a fori_loop over
-    the whole slices, then the rest (a static width) once."""
+    """carry = body(start, width, carry) over [0, vocab) in slices of `size` ids (a fori_loop),
+    then the rest (a static width)."""
     whole, rest = divmod(vocab, size)
     carry = jax.lax.fori_loop(0, whole, lambda i, c: body(i * size, size, c), carry)
     return body(whole * size, rest, carry) if rest else carry
 
 
-def _slice(w, start, width: int, axis: int):
-    return jax.lax.dynamic_slice_in_dim(w, start, width, axis)
-
-
 def _slice_logits(h, w, start, width: int, axis: int, temperature: float):
-    """z = (h @ head[:, start:start+width]) / temperature, float32 [N, width]."""
-    eq = "nd,vd->nv" if axis == 0 else "nd,dv->nv"
-    wc = _slice(w, start, width, axis).astype(h.dtype)
-    return jnp.einsum(eq, h, wc, preferred_element_type=jnp.float32) / temperature
+    """(z = h @ head[ids start..start+width] / temperature, float32 [N, width], that slice)."""
+    wc = jax.lax.dynamic_slice_in_dim(w, start, width, axis).astype(h.dtype)
+    eq = "nd,vd->nv" if axis == 0 else "nd,dv->nv"  # tied embedding [V, D] or head [D, V]
+    return jnp.einsum(eq, h, wc, preferred_element_type=jnp.float32) / temperature, wc
 
 
 def _vocab_forward(h, w, t, size: int, axis: int, temperature: float, entropy: bool):
-    """(log-probs [N], entropies [N] or None, log-sum-exp [N]) from a running max m and the
-    running sums s = sum exp(z - m) and u = sum exp(z - m) (z - m): lse = m + log s and
-    H = lse - E[z] = log s - u / s (small terms, no cancellation of two large ones)."""
-    n, vocab = h.shape[0], w.shape[axis]
+    """(log-probs [N], entropies [N] or None, log-sum-exp [N]) from a running max m and sums
+    s = sum exp(z - m), u = sum exp(z - m) (z - m): lse = m + log s, H = log s - u / s."""
+    n = h.shape[0]
 
     def body(start, width, c):
         m, s, u, zt = c
-        z = _slice_logits(h, w, start, width, axis, temperature)
+        z = _slice_logits(h, w, start, width, axis, temperature)[0]
         m2 = jnp.maximum(m, z.max(axis=1))
         e, fade = jnp.exp(z - m2[:, None]), jnp.exp(m - m2)
         if entropy:  # the old terms' (z - m) become (z - m2) = (z - m) + (m - m2)
             u = fade * (u + (m - m2) * s) + jnp.sum(e * (z - m2[:, None]), axis=1)
         k = t - start
         picked = jnp.take_along_axis(z, jnp.clip(k, 0, width - 1)[:, None], axis=1)[:, 0]
-        zt = jnp.where((k >= 0) & (k < width), picked, zt)
-        return m2, s * fade + e.sum(axis=1), u, zt
+        return m2, s * fade + e.sum(axis=1), u, jnp.where((k >= 0) & (k < width), picked, zt)
 
     zero, lowest = jnp.zeros(n, jnp.float32), jnp.full(n, jnp.finfo(jnp.float32).min)
-    m, s, u, zt = _for_slices(vocab, size, body, (lowest, zero, zero, zero))
+    m, s, u, zt = _for_slices(w.shape[axis], size, body, (lowest, zero, zero, zero))
     lse = m + jnp.log(s)
     return zt - lse, (jnp.log(s) - u / s if entropy else None), lse
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def _vocab_chunked(h, w, t, size: int, axis: int, temperature: float, entropy: bool):
-    logp, ent, _ = _vocab_forward(h, w, t, size, axis, temperature, entropy)
-    return logp, ent
+    return _vocab_forward(h, w, t, size, axis, temperature, entropy)[:2]
 
 
 def _vocab_fwd(h, w, t, size, axis, temperature, entropy):
@@ -110,35 +92,25 @@ def _vocab_fwd(h, w, t, size, axis, temperature, entropy):
 
 
 def _vocab_bwd(size, axis, temperature, entropy, res, grads):
-    """d logp/dz = onehot(t) - p; d H/dz = -p (log p + H); d/dlogits = (d/dz) / temperature.
-    Each slice's logits are recomputed once; its rows of the head's gradient are written, not
-    added (slices are disjoint); the hidden states' gradient sums over the slices."""
-    h, w, t, lse, ent = res
-    g_logp, g_ent = grads
-    vocab = w.shape[axis]
+    """d logp/dz = onehot(t) - p, d H/dz = -p (log p + H), d/dlogits = (d/dz) / temperature.
+    The head's gradient is written slice by slice (disjoint rows, nothing added)."""
+    (h, w, t, lse, ent), (g_logp, g_ent) = res, grads
+    ws = "vd" if axis == 0 else "dv"
 
     def body(start, width, c):
-        dh, dw = c
-        z = _slice_logits(h, w, start, width, axis, temperature)
+        z, wc = _slice_logits(h, w, start, width, axis, temperature)
         logp = z - lse[:, None]
         p = jnp.exp(logp)
-        onehot = (t - start)[:, None] == jnp.arange(width)[None, :]
-        g = g_logp[:, None] * (onehot - p)
+        g = g_logp[:, None] * (((t - start)[:, None] == jnp.arange(width)) - p)
         if entropy:
             g = g - g_ent[:, None] * p * (logp + ent[:, None])
         g = (g / temperature).astype(h.dtype)
-        wc = _slice(w, start, width, axis).astype(h.dtype)
-        if axis == 0:  # tied embedding [V, D]
-            dh = dh + jnp.einsum("nv,vd->nd", g, wc, preferred_element_type=jnp.float32)
-            part = jnp.einsum("nv,nd->vd", g, h, preferred_element_type=jnp.float32)
-        else:  # head [D, V]
-            dh = dh + jnp.einsum("nv,dv->nd", g, wc, preferred_element_type=jnp.float32)
-            part = jnp.einsum("nv,nd->dv", g, h, preferred_element_type=jnp.float32)
-        dw = jax.lax.dynamic_update_slice_in_dim(dw, part.astype(dw.dtype), start, axis)
-        return dh, dw
+        dh = c[0] + jnp.einsum(f"nv,{ws}->nd", g, wc, preferred_element_type=jnp.float32)
+        part = jnp.einsum(f"nv,nd->{ws}", g, h, preferred_element_type=jnp.float32)
+        return dh, jax.lax.dynamic_update_slice_in_dim(c[1], part.astype(w.dtype), start, axis)
 
-    dh0 = jnp.zeros(h.shape, jnp.float32)
-    dh, dw = _for_slices(vocab, size, body, (dh0, jnp.zeros_like(w)))
+    zeros = (jnp.zeros(h.shape, jnp.float32), jnp.zeros_like(w))
+    dh, dw = _for_slices(w.shape[axis], size, body, zeros)
     return dh.astype(h.dtype), dw, None
 
 
@@ -157,15 +129,8 @@ def head_logprobs(hidden, head, targets, sampling: Sampling, chunk: int, entropy
         axis = 0 if tied else 1
         vocab = head.shape[axis]
         size = min(vocab, max(MIN_IDS, chunk * vocab // n))  # the same logits budget, in ids
-        logp, ent = _vocab_chunked(
-            hidden.reshape(n, -1),
-            head,
-            targets.reshape(n),
-            size,
-            axis,
-            float(sampling.temperature),
-            entropy,
-        )
+        args = (size, axis, float(sampling.temperature), entropy)
+        logp, ent = _vocab_chunked(hidden.reshape(n, -1), head, targets.reshape(n), *args)
         unflat = lambda y: y.reshape(targets.shape)  # noqa: E731
         return unflat(logp), (unflat(ent) if entropy else None)
     # ---- over positions (exact mode, truncated sampling) ----

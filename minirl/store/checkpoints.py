@@ -6,43 +6,15 @@ crash the controller reloads the newest snapshot and replays deterministically. 
 persistent half. One checkpoint holds everything a resume needs: the step, the parameters, the
 optimizer state and the controller's snapshot (mixture position, RNG states, counters).
 
-Layout on disk (trees use the format of serialization.py):
+`CheckpointManager(run_dir, keep=3, max_pending=1)`: `save` or `save_async` (then `wait`,
+`close`), and `restore(template=(params, opt_state), step=None)`, which returns None when there is
+no checkpoint yet and skips a damaged one (with `logging.warning`) for the one before it. Trees
+are written in the format of serialization.py, and their bytes by hashed_files.py (a sha256 per
+8 MiB chunk, hashed on every core while the disk works; why per chunk: that file's docstring).
 
-    run_dir/checkpoints/
-        step_00000120/
-            manifest.json          {"format": 2, "step": 120, "chunk_bytes": 8388608,
-                                    "files": {"params.tree": {"size": ...,
-                                                              "sha256": [one per chunk]}, ...}}
-            params.tree
-            opt_state.tree
-            controller_state.tree
-        .tmp-step_00000130-x8f2/   a save in progress, or one a crash cut short
-
-Saving is crash-safe at every instant: the files are written into a fresh temporary directory,
-each file is fsync'ed, the manifest is written last, the directory is fsync'ed, and only then is
-it renamed to `step_XXXXXXXX` (a rename is atomic) and the parent directory fsync'ed. A crash
-before the rename leaves only a `.tmp-` directory, which `restore` never reads and the next save
-deletes. Damage that happens later (a truncated copy, a flipped bit, a deleted file) is caught on
-restore by the manifest: every file's size is checked, then every byte is hashed as it is read,
-and a damaged checkpoint is reported with `logging.warning` and skipped for the one before it.
-
-The bytes are written and read by hashed_files.py, with a sha256 per 8 MiB chunk hashed on every
-core while the disk works (why per chunk: that file's docstring). Restore reads each file into
-one buffer, checks every chunk, and only then decodes (the arrays are views into the buffer, so
-nothing is copied twice). Format-1 manifests (one sha256 per file) are still read.
-
-Optimizer state: optax states are tuples of namedtuples. They are stored by structure, with each
-namedtuple as a dict of its fields (see serialization.py). `restore(template=(params, opt_state))`
-puts the leaves back into the template's exact structure and checks every shape and dtype;
-without a template the optimizer state comes back as plain dicts and tuples.
-
-Background saving: `save_async` takes a host copy of the trees at once (so the train step may
-go on and overwrite or donate its buffers) and writes it on one background thread. At most
-`max_pending` saves wait behind the one being written; `save_async` blocks when that many are
-waiting. `wait()` flushes. An error in the background is raised by the next call.
-
-Simplified on purpose: local filesystem only (scale/ can add object stores), one writer per
-run directory, and no sharding: every tree is one file.
+docs/weights.md, "Checkpoints", has the rest in full: the layout on disk, why a crash never leaves
+a half checkpoint, how damage is detected on restore, templates (optax states), retention and
+background saving; what is simplified on purpose is at the end of that page.
 """
 
 from __future__ import annotations

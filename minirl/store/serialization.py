@@ -7,28 +7,14 @@ bytes or None. `to_bytes` / `from_bytes` turn one into bytes and back, bit for b
 `read_tree` do the same to a file without building the bytes in memory first.
 
 The format ("minirl tree", version 1) is the same in memory and on disk, in the spirit of
-safetensors: a small msgpack header describing the tree, then the raw bytes of every array.
+safetensors: a small msgpack header describing the tree (dtypes by name, "<f4" or "bfloat16", so
+bfloat16 round-trips exactly), then the raw bytes of every array, each 64-byte aligned. The
+byte layout, why the arrays are not packed inside msgpack, the supported leaf types, and how a
+namedtuple (an optax state) is stored as a dict of its fields and put back by `match_template`
+(minirl.store.trees): docs/weights.md, "Serialization".
 
-    offset 0    8 bytes   magic b"MRLTREE1"
-    offset 8    8 bytes   header length H, unsigned little-endian
-    offset 16   H bytes   msgpack map {"format": 1,
-                                       "arrays": [[dtype, shape, offset], ...],
-                                       "tree": <msgpack bytes of the tree skeleton>}
-    zero padding up to a multiple of 64 (the start of the data section)
-    the bytes of each array in C order, each at `data start + offset`, offsets multiples of 64
-
-The skeleton is the tree with each array replaced by a reference to its entry in "arrays".
-Because array bytes are never packed element by element, writing is one `write` per array and
-reading is one `readinto` straight into the final numpy buffer; `from_bytes` makes zero-copy
-(read-only) views. dtypes are stored by name ("<f4", "bfloat16"), so bfloat16 (from ml_dtypes,
-which jax installs) round-trips exactly.
-
-Simplified on purpose:
-  * A namedtuple (optax states) or any other registered pytree node is stored as a dict of its
-    fields; its Python type is not stored. `match_template` puts the values back into the
-    template's structure (minirl.store.trees; that is how checkpoints restore optax states). Tuples stay tuples.
-  * Dict keys must be str or int. Integers wider than 64 bits (numpy RNG states) are kept exact.
-  * No compression, no sharding: one tree is one buffer/file.
+Simplified on purpose: the Python type of a pytree node is not stored (loading never imports
+code); no compression, no sharding: one tree is one buffer/file.
 """
 
 from __future__ import annotations

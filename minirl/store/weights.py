@@ -5,29 +5,19 @@ latest version (or the one the controller names) when they reload. Every rollout
 the version that produced it, so the store is what makes staleness measurable in versions.
 
 RLAX keeps "up to N weight snapshots in host memory" per parameter server and garbage-collects
-versions before step s "only once global progress to step s is confirmed" — the controller
-decides when old weights may go. `InMemoryWeightStore` follows that:
+versions before step s "only once global progress to step s is confirmed": the controller decides
+when old weights may go (`release(before_version)`), and `InMemoryWeightStore(keep=N)` adds a hard
+cap that evicts the oldest version. Versions strictly increase; `get` hands out the stored
+read-only arrays without a copy, and a reader sees a whole version or none. What each call
+promises, its errors, and the contract every store must pass (tests/weightstore_suite.py):
+docs/weights.md, "The weight store".
 
-  * `put(version, params)` makes every leaf read-only host numpy: numpy leaves are copied (the
-    caller may write to them afterwards), JAX arrays on the CPU viewed in place (they never
-    change, and a buffer a view holds is never donated: minirl.store.trees.host_view).
-    Versions must strictly increase; an older or repeated version is refused with a clear
-    error (a resumed run starts from a fresh store).
-  * `release(before_version)` drops every version older than `before_version`. Only the
-    controller calls it; the newest version is never released.
-  * `keep=N` is a hard memory cap on top of that: a `put` that would hold N+1 versions evicts the
-    oldest one. A controller that releases on time never hits it; one that forgets cannot grow
-    host memory without bound. A `get` of an evicted version fails with the list of versions
-    that are still there.
-  * `get` publishes by reference: the stored snapshot is immutable (read-only arrays), so it is
-    handed out without a copy, in fresh containers. A reader sees a whole version or none.
+`put` makes every leaf read-only host numpy: numpy leaves are copied (the caller may write to them
+afterwards), JAX arrays on the CPU are viewed in place (they never change, and a buffer a view
+holds is never donated: minirl.store.trees.host_view).
 
-Concurrency: one lock guards the version table. The expensive copy in `put` happens outside the
-lock, and the finished snapshot becomes visible in a single dict assignment, so readers running
-concurrently with `put` never see a partly written version.
-
-Simplified on purpose: one process, host memory only (scale/ adds a TensorStore-backed store
-with the same interface; tests/weightstore_suite.py is the contract both must pass).
+Simplified on purpose: one process, host memory only (scale/ adds a TensorStore-backed store with
+the same interface).
 """
 
 from __future__ import annotations

@@ -130,3 +130,21 @@ def test_a_prefill_computes_the_last_positions_logits_only():
 
     logits_bytes = rows * t * cfg.vocab_size * 4  # 8 MiB
     assert held_bytes(True) < logits_bytes / 10 and held_bytes(False) > logits_bytes
+
+
+def test_bf16_hidden_states_keep_their_dtypes_and_the_unchunked_gradient(inputs):
+    """A bf16 model (float32 master head, bf16 hidden states: `model.dtype=bfloat16`): the
+    vocabulary slices' custom VJP returns each gradient in its argument's dtype, equal to the
+    whole-logits gradient within GRAD_RTOL (measured: 0 for the hidden states, 9e-8 the head)."""
+    hidden, head, targets = inputs
+    hidden = hidden.astype(jnp.bfloat16)
+
+    def loss(x, w, chunk):
+        logp, ent = head_logprobs(x, w, targets, SAMPLINGS["fast"], chunk, True, tied=True)
+        return jnp.sum(logp) + 0.3 * jnp.sum(ent)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+    for got, ref in zip(grad(hidden, head.T, 5), grad(hidden, head.T, 0), strict=True):
+        assert got.dtype == ref.dtype
+        got, ref = got.astype(jnp.float32), ref.astype(jnp.float32)
+        assert float(jnp.abs(got - ref).max() / jnp.abs(ref).max()) <= GRAD_RTOL
