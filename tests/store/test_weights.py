@@ -33,6 +33,21 @@ def test_get_publishes_by_reference_without_copying():
         a["layers"][0]["w"][0, 0] = 5.0
 
 
+def test_put_views_jax_arrays_on_the_cpu_and_copies_numpy():
+    """A JAX array never changes, so `put` keeps a read-only view of it (at the 0.5B shape a 2 GB
+    copy per version saved); a numpy array's owner may still write to it, so that is copied."""
+    import jax.numpy as jnp
+
+    x, y = jnp.arange(12.0).reshape(3, 4), np.arange(12.0).reshape(3, 4)
+    store = InMemoryWeightStore(keep=2)
+    store.put(1, {"jax": x, "numpy": y})
+    got = store.get()[1]
+    assert np.shares_memory(got["jax"], np.asarray(x)) and not got["jax"].flags.writeable
+    assert not np.shares_memory(got["numpy"], y)
+    y[0, 0] = 99.0
+    assert got["numpy"][0, 0] == 0.0
+
+
 def test_nbytes_counts_host_bytes_of_every_version():
     store = InMemoryWeightStore(keep=4)
     store.put(0, filled(0))
