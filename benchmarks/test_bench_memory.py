@@ -19,8 +19,8 @@ micro-batch's [rows, positions, vocabulary] logits at once, the code before the 
           shape (32 x 128 positions) and, in `real`, the 0.5B shape (8 x 128, ~14 GB).
 
 Run: `python -m pytest benchmarks/test_bench_memory.py -q -s` (~17 min alone; `-k smoke` ~6
-min; the full arms need ~14 GB free). Needs the `reference` extra (transformers builds the checkpoints). Nothing about
-time or memory is asserted beyond "it ran"; at a small vocabulary the chunked setting compiles
+min; the full arms need ~14 GB free). Needs the `reference` extra (transformers builds the
+checkpoints). Nothing about time or memory is asserted beyond "it ran"; at a small vocabulary the chunked setting compiles
 the same program as the unchunked one (tests/training/test_trainer.py checks it), so issue
 #40's work (a 300-token vocabulary) is unchanged by construction.
 """

@@ -5,10 +5,10 @@ process hold at once since it started: on Linux `VmHWM` in /proc/self/status, el
 `resource.getrusage(RUSAGE_SELF).ru_maxrss` (bytes on macOS). Not `ru_maxrss` on Linux: a
 process started from a bigger one (a notebook's kernel, pytest, a benchmark's driver) inherits
 that parent's peak in it across the fork and exec, so a 2 GB run launched from a 9 GB driver
-would report 9 GB; VmHWM belongs to the process's own memory map (tests/run/test_memory.py). It only grows, so the value a step logs is the peak of
-the run so far, compiles and evaluations included; what `/usr/bin/time -v` reports as "Maximum
-resident set size" at the end is the last step's value or a little more (the final evaluation,
-the export). It counts this process only: with the workers in other processes
+would report 9 GB; VmHWM belongs to the process's own memory map (tests/run/test_memory.py).
+It only grows, so the value a step logs is the peak of the run so far, compiles and evaluations
+included; what `/usr/bin/time -v` reports as "Maximum resident set size" at the end is the last
+step's value or a little more (the final evaluation, the export). It counts this process only: with the workers in other processes
 (`rl.workers=processes`, Ray) it is the driver's own. Windows has no `resource` module: None.
 Standard library only, on purpose.
 """

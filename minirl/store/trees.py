@@ -30,7 +30,7 @@ def host_view(x: Any) -> np.ndarray:
     values. A numpy array is copied: its owner may still write to it."""
     import jax
 
-    a = np.asarray(x) if isinstance(x, jax.Array) else np.array(x, copy=True)
+    a = np.asarray(x) if isinstance(x, jax.Array) else np.array(x, copy=True, order="C")
     a.flags.writeable = False
     return a
 

@@ -111,11 +111,7 @@ class _Snapshot:
 def _host_copy(x: Any) -> Any:
     if x is None or isinstance(x, bool | int | float | str | bytes):
         return x  # immutable already
-    if isinstance(x, jax.Array):  # never changes: on the CPU viewed in place, not copied
-        return host_view(x)
-    a = np.array(x, copy=True, order="C")  # numpy -> a private copy
-    a.flags.writeable = False
-    return a
+    return host_view(x)  # a JAX array viewed in place on the CPU; numpy a private copy
 
 
 def _snapshot(params: Any) -> _Snapshot:

@@ -13,11 +13,11 @@ loss or gradient is not finite leaves params and optimizer state bitwise unchang
 One `train_step`: plan micro-batches (minirl/training/microbatch.py) -> recompute log pi_prox with the
 engine's sampling spec, in the training shapes -> phase 1 of the loss on the whole batch ->
 `ppo_epochs` x `num_minibatches` updates, each phase 2 per micro-batch with the gradients summed
-(minirl/training/forward.py) and one guarded AdamW update (minirl/training/optimizer.py). `sft_step` is the same
-machinery on the token NLL (minirl/training/step_losses.py); `recompute_logprobs` is the recompute alone. The recompute is
-skipped where it cannot change the loss (`skips_recompute`: on-policy, one update, not exact
-mode: log pi_prox is then the stop-gradient of the training forward), and log pi_ref is computed
-only with a KL term (`rl.kl_coef=0` drops grpo's); docs/trainer.md, "One train step".
+(minirl/training/forward.py) and one guarded AdamW update (minirl/training/optimizer.py).
+`sft_step` is the same machinery on the token NLL (minirl/training/step_losses.py);
+`recompute_logprobs` is the recompute alone. The recompute is skipped where it cannot change
+the loss (`skips_recompute`: on-policy, one update, not exact mode: log pi_prox is then the
+stop-gradient of the training forward), and log pi_ref is computed only with a KL term (`rl.kl_coef=0` drops grpo's); docs/trainer.md, "One train step".
 
 Why two phases: the loss's batch-level normalisers are fixed before any micro-batch runs, so any
 row partition gives the full-batch gradient (tests/training/test_trainer.py checks it).
