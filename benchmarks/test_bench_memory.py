@@ -12,13 +12,15 @@ micro-batch's [rows, positions, vocabulary] logits at once, the code before the 
           `memory/peak_rss_gb` (metrics.jsonl) beside each.
   real    the same for the Qwen2.5-0.5B-shaped 2-step run of benchmarks/test_bench_real_size.py
           (its `_rl_run_peak_rss`: 8 rollouts of 32 new tokens a step, no remat), full
-          fine-tune and LoRA rank 16, four fresh processes (the unchunked full arm peaks at
-          ~18 GB: run it alone). `MEMORY_BENCH_ARMS=lora` runs only the LoRA pair.
+          fine-tune and LoRA rank 16, and a third arm chunked with `trainer.remat=nothing`: six
+          fresh processes (the unchunked full arm peaks at ~14 GB: run it alone).
+          `MEMORY_BENCH_ARMS=lora` runs only the LoRA arms.
   step    train_step seconds chunked ÷ unchunked, one trainer whose spec is switched between
           the arms, interleaved over ROUNDS rounds (median of the per-round ratios): the smoke
-          shape (32 x 128 positions) and, in `real`, the 0.5B shape (8 x 128, ~14 GB).
+          shape (32 x 128 positions) and, in `real`, the 0.5B shape (8 x 128, ~14 GB), where
+          remat "nothing" ÷ chunked is timed too.
 
-Run: `python -m pytest benchmarks/test_bench_memory.py -q -s` (~17 min alone; `-k smoke` ~6
+Run: `python -m pytest benchmarks/test_bench_memory.py -q -s` (~25 min alone; `-k smoke` ~6
 min; the full arms need ~14 GB free). Needs the `reference` extra (transformers builds the
 checkpoints). Nothing about time or memory is asserted beyond "it ran"; at a small vocabulary the chunked setting compiles
 the same program as the unchunked one (tests/training/test_trainer.py checks it), so issue
@@ -52,6 +54,7 @@ pytest.importorskip("transformers")
 ROUNDS = 5
 SMOKE_SETS = ("rl.steps=2", "rl.prompts_per_step=4", "data.max_new_tokens=64")
 ARMS = {"chunked": (), "unchunked": ("trainer.logit_chunk_mb=0",)}
+REAL_ARMS = {**ARMS, "remat": ("trainer.remat=nothing",)}  # chunked, each block recomputed
 
 
 def peak_rss(model_dir: Path, data: Path, run_dir: Path, sets) -> tuple[float, float]:
@@ -72,14 +75,17 @@ def _time(fn) -> float:
     return time.perf_counter() - t0
 
 
-def step_time_ratio(cfg: ModelConfig, rows: int, length: int) -> dict:
-    """train_step seconds chunked ÷ unchunked on one trainer (GRPO, random batch), its
-    forward spec switched between the arms each round."""
+def step_time_ratio(cfg: ModelConfig, rows: int, length: int, remat: bool = False) -> dict:
+    """train_step seconds chunked ÷ unchunked (and `remat`: chunked with remat "nothing" ÷
+    chunked) on one trainer (GRPO, random batch), its forward spec switched between the arms
+    each round."""
     params = nnx.to_pure_dict(nnx.split(init_model(cfg, seed=0))[1])
     trainer = Trainer(cfg, params, get_preset("grpo"), TrainerConfig(learning_rate=1e-6))
     del params
     batch = random_batch(cfg, rows, length)
     specs = {"chunked": trainer._spec, "unchunked": trainer._spec._replace(logit_chunk=0)}
+    if remat:
+        specs["remat"] = trainer._spec._replace(remat="nothing")
     times = {arm: [] for arm in specs}
     for rnd in range(ROUNDS + 1):
         for arm, spec in specs.items():
@@ -88,7 +94,7 @@ def step_time_ratio(cfg: ModelConfig, rows: int, length: int) -> dict:
             if rnd:  # round 0 compiles
                 times[arm].append(seconds)
     ratios = [c / u for c, u in zip(times["chunked"], times["unchunked"], strict=True)]
-    return {
+    report = {
         "rows_x_positions": f"{rows} x {length}",
         "positions_per_chunk": specs["chunked"].logit_chunk,
         "chunked_s_median": float(np.median(times["chunked"])),
@@ -96,6 +102,12 @@ def step_time_ratio(cfg: ModelConfig, rows: int, length: int) -> dict:
         "chunked_over_unchunked_median": float(np.median(ratios)),
         "rounds": [round(r, 3) for r in ratios],
     }
+    if remat:
+        ratios = [r / c for r, c in zip(times["remat"], times["chunked"], strict=True)]
+        report["remat_s_median"] = float(np.median(times["remat"]))
+        report["remat_over_chunked_median"] = float(np.median(ratios))
+        report["remat_rounds"] = [round(r, 3) for r in ratios]
+    return report
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +156,7 @@ def test_real_size_memory_and_step(tmp_path_factory):
     kinds = {"lora": (f"model.lora_rank={RANK}",), "full": ()}
     wanted = os.environ.get("MEMORY_BENCH_ARMS", "lora,full").split(",")
     for kind in (k for k in kinds if k in wanted):
-        for arm, extra in ARMS.items():
+        for arm, extra in REAL_ARMS.items():
             name = f"{kind}-{arm}"
             gb = _rl_run_peak_rss(path, "none", (*kinds[kind], *extra), name=name) / 1e9
             metrics = (path.parent / f"run-{name}" / "metrics.jsonl").read_text().splitlines()
@@ -159,6 +171,6 @@ def test_real_size_memory_and_step(tmp_path_factory):
             report[f"{kind}-chunked"]["peak_rss_gb"] / report[f"{kind}-unchunked"]["peak_rss_gb"]
         )
     if os.environ.get("MEMORY_BENCH_STEP", "1") == "1":
-        report["step"] = step_time_ratio(cfg, 8, 128)
+        report["step"] = step_time_ratio(cfg, 8, 128, remat=True)
     report["load_average"] = os.getloadavg()[0]
     print("\n" + json.dumps(report, indent=2, default=float))

@@ -11,26 +11,15 @@ One train step reads like the pseudocode of every RL system for LLMs:
                       records them); `snapshot` at reload boundaries         (step)
 
 Scheduling is `lockstep`: every decision depends only on logical counts (versions, groups
-produced), never on timing, so a run is bitwise reproducible and resumes exactly. The three
-staleness knobs act as follows (RLAX §3.1; AReaL §5.1):
+produced), never on timing, so a run is bitwise reproducible and resumes exactly. The staleness
+knobs (RLAX §3.1; AReaL §5.1; docs/staleness.md has the exact rules):
 
   j = rl.reload_every   the engine loads version v only when v - (its version) >= j
   k = rl.max_lag        a group is accepted for the step that produces version v+1 only if
-                        (v + 1) - (its oldest token's version) <= k; 0 means unbounded. So
-                        on-policy data has lag 1, one-step-off data lag 2
-  eta = rl.eta          at most (eta + 1) batches' worth of groups may be waiting to be
-                        trained on: buffered, being trained, or (async) in flight — AReaL's
-                        N_r <= (v + eta + 1) B with what was already trained subtracted on both
-                        sides (0 = synchronous). Groups discarded as too stale, or skipped by
-                        the non-finite guard, no longer count, so a discard does not shrink the
-                        run-ahead for good. In lockstep generation runs ahead exactly that far,
-                        making the next batches with the weights it has while the trainer trains
-                        (logically in parallel).
-
-The trainer prefers the freshest groups (ties: first produced first), as RLAX's trainer does;
-groups that can no longer be accepted are discarded and counted. `rl.batch_order = "oldest"`
-takes the oldest acceptable groups first instead, as AReaL does (§5.1): then nothing generated is
-wasted, and once generation runs eta batches ahead every batch is eta versions stale.
+                        (v + 1) - (its oldest token's version) <= k; 0 means unbounded
+  eta = rl.eta          at most (eta + 1) batches' worth of groups still to be trained on
+                        (buffered, being trained, or in flight); 0 = synchronous
+  rl.batch_order        the freshest acceptable groups first (RLAX) or the oldest (AReaL)
 
 Workers are called through `minirl.control.workers` futures, so the same code drives in-process parts
 or parts in other processes.

@@ -6,27 +6,10 @@
     batch_whiten      group_mean, then whitened over the counted tokens of the batch REINFORCE++
     gae(gamma, lam)   generalised advantage estimation from token rewards, V = 0    PPO
 
-Group rules (docs/losses.md): a group with one member, or whose rewards are all equal, carries no
-signal and gets advantage exactly 0 (not a rounding residue divided by eps). Groups are
-contiguous runs of equal `group_ids` (any int32 values); they are renumbered 0.. with a cumsum,
-so the segment sums below need no host-side bookkeeping and stay jittable.
-
-`whiten=True` on any estimator subtracts the token-weighted mean and divides by the token-weighted
-(population) std over the COUNTED tokens of the batch (docs/losses.md: "whitened over all counted
-tokens"): REINFORCE++-baseline's batch normalisation, and AReaL's "advantage normalisation across
-the global batch". Counted means after rejection: a token the `_mis` rules drop is as if it had
-never been sampled, so it moves neither the mean nor the std. (Rejected tokens still get the same
-affine map, so `adv` stays defined on every completion token; nothing downstream reads them.)
-
-The GROUP statistics never see rejection: they describe the rewards of every sample of the prompt,
-and rejection only decides which tokens the loss trusts. A non-finite reward is NOT hidden here: it
-makes its group's advantages (and so the loss) non-finite, which the trainer's non-finite guard
-skips and counts (`Objective.prepare` refuses it outright when the rewards are concrete). Each
-estimator is called as `(inputs, valid, counted)` and returns adv [B, T], zeroed off the
-completion mask.
-
-No critic: minirl's model has no value head, so GAE runs with V = 0 (AReaL's PPO set-up, which
-also trains without a critic); with gamma = lam = 1 every token then gets R_i.
+Group rules, whitening over the counted tokens, rejection and non-finite rewards: docs/losses.md
+("Where the code deliberately differs from the papers"). Groups are contiguous runs of equal `group_ids`, renumbered 0.. with a cumsum so
+everything stays jittable. Each estimator is called as `(inputs, valid, counted)` and returns
+adv [B, T], zeroed off the completion mask. No critic: GAE runs with V = 0.
 """
 
 from __future__ import annotations

@@ -17,12 +17,8 @@ recompute (`prox_logp`). Per token, Delta = log pi - log mu and rho = pi / mu = 
 - `snis_baseline_proxy` PipelineRL Eq. 7-8: plain vs self-normalised IS group baseline by lag.
 - `batch_diagnostics`  all of the above from a `Batch`, nested the way metrics.jsonl names them.
 
-KL direction. Tokens are sampled from mu, so with rho = pi / mu the estimators of Schulman's note
-"Approximating KL divergence" (2020) estimate KL(mu || pi) = E_mu[-log rho]:
-  k1 = -log rho (unbiased, can be negative)     k2 = (log rho)^2 / 2 (biased, low variance)
-  k3 = rho - 1 - log rho (unbiased, >= 0)
-PipelineRL calls k3 the "forward-KL approximation" and k1 the "reverse estimate"; in expectation
-under mu both estimate KL(mu || pi). We name them by formula (kl_k1, kl_k3).
+KL estimators (kl_k1, kl_k3, named by formula): Schulman's k1 = -log rho and k3 = rho - 1 -
+log rho estimate KL(mu || pi), as tokens are sampled from mu (docs/diagnostics.md).
 
 Simplifications on purpose: log-ratios are clamped to [-20, 20] before `exp` (a metric-side cap,
 as in PipelineRL); tokens whose log-probs are not finite are left out of every statistic and

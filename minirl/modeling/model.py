@@ -326,5 +326,6 @@ def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, dict]:
 
 
 def param_shapes(cfg: ModelConfig) -> dict:
-    """The pure parameter dict `cfg` builds, as jax.ShapeDtypeStruct leaves."""
-    return abstract_model(cfg)[1]
+    """The pure parameter dict `cfg` builds, as jax.ShapeDtypeStruct leaves: a fresh one to fill
+    in (`abstract_model`'s is cached, so a caller that filled it kept its arrays alive)."""
+    return jax.tree.map(lambda leaf: leaf, abstract_model(cfg)[1])

@@ -10,27 +10,14 @@ Output: a dict of floats (the loss's report, `dlogp_recompute/*` and `dlogp_no_r
 loss or gradient is not finite leaves params and optimizer state bitwise unchanged and sets
 `last_step_ok` False, so the caller never publishes corrupted weights.
 
-One `train_step`: plan micro-batches (minirl/training/microbatch.py) -> recompute log pi_prox with the
-engine's sampling spec, in the training shapes -> phase 1 of the loss on the whole batch ->
+One `train_step` (docs/trainer.md, "One train step"): plan micro-batches -> recompute log pi_prox
+(skipped where it cannot change the loss: `skips_recompute`) and log pi_ref (only with a KL term)
+-> phase 1 of the loss on the whole batch, so any row partition gives the full-batch gradient ->
 `ppo_epochs` x `num_minibatches` updates, each phase 2 per micro-batch with the gradients summed
 (minirl/training/forward.py) and one guarded AdamW update (minirl/training/optimizer.py).
-`sft_step` is the same machinery on the token NLL (minirl/training/step_losses.py);
-`recompute_logprobs` is the recompute alone. The recompute is skipped where it cannot change
-the loss (`skips_recompute`: on-policy, one update, not exact mode: log pi_prox is then the
-stop-gradient of the training forward), and log pi_ref is computed only with a KL term (`rl.kl_coef=0` drops grpo's); docs/trainer.md, "One train step".
-
-Why two phases: the loss's batch-level normalisers are fixed before any micro-batch runs, so any
-row partition gives the full-batch gradient (tests/training/test_trainer.py checks it).
-
-Mixture-of-experts models: `TrainerConfig.routing` "replay" runs both forwards on the experts
-the engine recorded (`batch.routes`; R3), "free" lets the trainer's routers choose; either way a
-step reports `routing/*` (minirl/training/routing.py) from its first update's forward.
-
-Rows meet devices only through `row_layout.rows(x)` / `row_layout.host(x)` (minirl/training/row_layout.py;
-scale/mesh.py's `MeshRows` on a mesh). This file holds the state (params, optimizer state,
-counters) and the order of operations; how it stays fast is in docs/trainer.md, "Speed".
-Simplified on purpose: no mesh of its own; no critic (PPO's advantages use V = 0); packed
-rows (`TrainerConfig.pack`) stay within a micro-batch's bucket length.
+`sft_step` is the same machinery on the token NLL. MoE routing: docs/moe.md. Rows meet devices
+only through `row_layout` (scale/mesh.py's `MeshRows` on a mesh). This file holds the state and
+the order of operations; how it stays fast: docs/trainer.md, "Speed".
 """
 
 from __future__ import annotations
@@ -58,9 +45,12 @@ from minirl.training.forward import (
     ForwardSpec,
     accumulate_fn,
     forward_fn,
+    narrow,
+    reference_fn,
     routing_fn,
     training_forward_fn,
 )
+from minirl.training.host_memory import release_freed
 from minirl.training.optimizer import learning_rate
 from minirl.training.routing import ran_positions, routing_metrics
 from minirl.training.row_layout import HostRows, place_like, shardings_like_params
@@ -123,10 +113,10 @@ class Trainer:
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
         self._params = self._check_params(params)
         self._ref_params = None
-        if objective is not None and objective.needs_ref:
-            self._ref_params = (
-                self._params if ref_params is None else self._check_params(ref_params)
-            )
+        if objective is not None and objective.needs_ref:  # what updates change: narrowed
+            ref = self._params if ref_params is None else self._check_params(ref_params)
+            changing, frozen = lora.trainable(ref, model_cfg)  # LoRA's base: shared as is
+            self._ref_params = lora.join(jax.tree.map(narrow, changing), frozen)
         self._opt_state = None  # created at the first update (no work in the constructor)
         self.step = 0  # train steps (train_step + sft_step calls) done
         self.skipped_nonfinite = 0  # updates skipped by the non-finite guard, whole run
@@ -200,9 +190,9 @@ class Trainer:
             raise ValueError(
                 f"prox_logp must have the batch's shape {batch.mask.shape}, got {np.shape(prox_logp)}"
             )
-        ref = (
-            self._logprobs(self._ref_params, batch, plan) if self._ref_params is not None else None
-        )
+        ref = None
+        if self._ref_params is not None:  # bf16 leaves upcast in the forward: exact
+            ref = self._logprobs(self._ref_params, batch, plan, reference_fn(self._spec))
         inputs = LossInputs.from_batch(batch, prox_logp, ref_logp=ref)
         validate_inputs(inputs)
         prepared = jax.device_get(_prepare_fn(objective)(inputs))
@@ -379,6 +369,7 @@ class Trainer:
         log-probs on device, per-micro-batch routers' choices (None: dense))."""
         accumulate = accumulate_fn(self._spec, loss)
         apply = optimizer.compiled(self._opt)[1]
+        release_freed()  # what the last step freed, back to the OS before the gradient's buffers
         acc, metrics, logps, choices = None, [], [], []
         train, frozen = lora.trainable(self._params, self.model_cfg)  # LoRA: the adapters only
         drop = self.model_cfg.lora_rank and self.model_cfg.lora_dropout  # LoRA dropout: keyed

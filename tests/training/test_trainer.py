@@ -843,6 +843,28 @@ def zero_recompute(params, batch):
     return Trainer(LORA_CFG, params, get_preset("grpo"), cfg).recompute_logprobs(batch)
 
 
+# ---- the reference model: bf16 where that is exact ----------------------------------------------
+
+
+def test_reference_model_is_kept_in_bf16_where_exact_and_scores_the_same_bits(params, batch):
+    """Weights loaded from a bf16 checkpoint are float32 values bf16 holds exactly: the trainer
+    keeps its reference copy in bf16 (half the bytes) and its log-probs are the fp32 ones, bit
+    for bit. Weights bf16 cannot hold stay float32."""
+    from minirl.training.forward import reference_fn
+
+    as_bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), params)
+    cfg = TrainerConfig(micro_batch_tokens=512, **GRAD_CFG)
+    trainer = Trainer(CFG, as_bf16, get_preset("grpo"), cfg)
+    assert {x.dtype for x in jax.tree.leaves(trainer._ref_params)} == {jnp.dtype(jnp.bfloat16)}
+    plan = trainer._plan(batch)
+    ref = trainer._logprobs(trainer._ref_params, batch, plan, reference_fn(trainer._spec))
+    np.testing.assert_array_equal(ref, trainer.recompute_logprobs(batch))  # fp32 weights
+    assert np.count_nonzero(ref) == np.count_nonzero(batch.mask)
+    random = Trainer(CFG, params, get_preset("grpo"), cfg)._ref_params  # norms of ones: exact
+    kept = jax.tree.map(lambda x, p: x.dtype == jnp.float32 or (x == p).all(), random, params)
+    assert all(jax.tree.leaves(kept)) and random["embed"].dtype == jnp.float32
+
+
 # ---- work the step does not need: the on-policy recompute, the reference forward -----------------
 
 
