@@ -283,6 +283,9 @@ def _dash_values(argv: list[str]) -> list[str]:
 
 
 def main(argv=None) -> int:
+    from minirl.training.host_memory import share_arenas
+
+    share_arenas()  # before XLA starts its threads: they reuse what the others free
     argv = _dash_values(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in argv  # anywhere on the line: `minirl train ... --debug` works too
     parser = build_parser()

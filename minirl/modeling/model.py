@@ -7,17 +7,13 @@ tied or untied LM head, Llama-3 RoPE frequency scaling. It matches Hugging Face 
 logits to ~1e-5 in float32 (tests/hf/test_hf.py).
 
 The KV cache (`KVCache`) is a pytree passed in and returned, never hidden inside the module.
-Rows are RIGHT-padded: row b's real tokens sit at cache indices 0..lengths[b]-1 and its RoPE
-position equals its cache index. A call with tokens [B, T] writes row b's keys at indices
-lengths[b] .. lengths[b]+T-1 and advances lengths[b] by `num_new[b]` (its real tokens; the rest
-of the row is padding, written but never attended to, and overwritten by the next call). So
-prefill of a right-padded prompt batch and single-token decode are the same code path.
+Rows are right-padded, a row's RoPE position is its cache index, and a call advances row b by
+`num_new[b]` real tokens: prefill and single-token decode are one code path (docs/model.md).
 
 Mixture of experts (cfg.num_experts > 0): the MoE layers (`cfg.moe_layers`) replace the SwiGLU
 MLP with minirl/modeling/moe.py's routed experts; `routes=` replays recorded routing.
 
-Simplifications on purpose: no sliding-window attention, no dropout; attention is a plain
-masked softmax (no flash kernel).
+Simplifications on purpose: no sliding-window attention, no dropout, no flash kernel.
 
 `token_logprobs(logits, targets, sampling)` is THE log-prob function: the rollout engine and
 the trainer both call it, so they cannot disagree by construction of the API (they can still
