@@ -15,7 +15,7 @@ __all__ = ["release_freed", "share_arenas"]
 
 try:
     _LIBC = ctypes.CDLL(None)  # the process's own C library
-except OSError:
+except (OSError, TypeError):  # no C library to open (Windows)
     _LIBC = None
 
 
