@@ -38,6 +38,7 @@ from minirl.run.config_args import (
     train_config_and_dir,
 )
 from minirl.run.run_dir import load_config
+from minirl.training.host_memory import share_arenas
 
 
 def cmd_train(args) -> int:
@@ -283,8 +284,6 @@ def _dash_values(argv: list[str]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from minirl.training.host_memory import share_arenas
-
     share_arenas()  # before XLA starts its threads: they reuse what the others free
     argv = _dash_values(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in argv  # anywhere on the line: `minirl train ... --debug` works too

@@ -220,13 +220,9 @@ def narrow(x):
 def reference_fn(s: ForwardSpec):
     """`forward_fn` of weights that `narrow` may have stored in bf16: cast back to the
     model's parameter dtypes first (exactly)."""
-    template = abstract_model(s.model)[1]
+    template, forward = abstract_model(s.model)[1], forward_fn(s)
     wide = lambda x, t: x.astype(t.dtype)
-    return jax.jit(
-        lambda params, tokens, targets, routes=None, packing=None: _forward(
-            s, jax.tree.map(wide, params, template), tokens, targets, False, routes, packing=packing
-        )[0]
-    )
+    return jax.jit(lambda params, *args: forward(jax.tree.map(wide, params, template), *args))
 
 
 @functools.lru_cache(maxsize=32)
