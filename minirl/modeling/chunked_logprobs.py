@@ -127,8 +127,9 @@ def head_logprobs(hidden, head, targets, sampling: Sampling, chunk: int, entropy
         return _head_outputs(hidden, head.T if tied else head, targets, sampling, entropy, False)
     if not (sampling.exact or sampling.top_k or sampling.top_p < 1.0):
         axis = 0 if tied else 1
-        vocab = head.shape[axis]
-        size = min(vocab, max(MIN_IDS, chunk * vocab // n))  # the same logits budget, in ids
+        vocab, dim = head.shape[axis], head.shape[1 - axis]
+        # the budget holds a slice's logits [n, ids] and its head rows [ids, D], float32
+        size = min(vocab, max(MIN_IDS, chunk * vocab // (n + dim)))
         args = (size, axis, float(sampling.temperature), entropy)
         logp, ent = _vocab_chunked(hidden.reshape(n, -1), head, targets.reshape(n), *args)
         unflat = lambda y: y.reshape(targets.shape)  # noqa: E731

@@ -177,6 +177,7 @@ class Trainer:
             )
         t0 = time.perf_counter()
         self._check_batch(batch)
+        release_freed()  # what generation and the last update freed, back before the forwards
         if self._spec.routing == "replay" and batch.routes is None:
             raise ValueError("trainer.routing=replay needs the engine's routes (batch.routes)")
         plan = self._plan(batch)
