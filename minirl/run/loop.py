@@ -96,8 +96,10 @@ def _train(cfg, run_dir: Path, parts: Parts, resume, force, log, progress, step_
     summary = read_json(run_dir, "summary.json") if restored is not None else {}
     controller = parts.build(summary)
     fresh = controller.snapshot()  # where a trainer that dies before any checkpoint rewinds to
-    if restored is not None:
+    resumed = restored is not None
+    if resumed:
         restore_run(restored, controller, run_dir, log)
+        restored = None  # its host arrays (weights, m, v): the trainer has its own copies now
         record_config(cfg, run_dir)  # only now: the checkpoint fit
         c = controller.counters
         log(f"resumed {run_dir} at step {c.steps} (version {c.version})")
@@ -108,7 +110,7 @@ def _train(cfg, run_dir: Path, parts: Parts, resume, force, log, progress, step_
         log(f"held-out before RL: {_fmt(summary['before'])}")
     write_json(run_dir, "summary.json", summary)
     t0 = time.perf_counter()
-    before = summary["before"] if restored is None else None  # the trackers' step 0
+    before = None if resumed else summary["before"]  # the trackers' step 0
     loop = _Loop(cfg, run_dir, parts, ckpts, controller, log, before)
     summary["stopped"] = loop.run(fresh, progress, step_lines)
     summary["after"] = loop.finish()
@@ -260,6 +262,7 @@ class _Loop:
         restored = ckpts.restore() if ckpts.all_steps() else None
         if restored is not None:
             restore_run(restored, ctl, self.run_dir, self.log)
+            restored = None  # as in _train: not held while the engine starts
         else:
             ctl.restore(fresh)
             truncate_metrics(self.run_dir, ctl.counters.steps)

@@ -40,18 +40,18 @@ class HostRows:
 
 def place_like(value: Any, like: Any) -> jax.Array:
     """A host value laid out like the device array `like` it replaces (same sharding, also
-    across processes: each process fills its own shards from `value`). A device array already
-    laid out that way (a sharded checkpoint restored in place) is used as it is."""
-    if (
-        isinstance(value, jax.Array)
-        and isinstance(like, jax.Array)
-        and value.sharding.is_equivalent_to(like.sharding, like.ndim)
+    across processes: each process fills its own shards from `value`; `like` may also be a
+    jax.ShapeDtypeStruct). A device array already laid out that way (a sharded checkpoint
+    restored in place) is used as it is."""
+    sharding = getattr(like, "sharding", None)  # an array's, a jax.ShapeDtypeStruct's or None
+    if isinstance(value, jax.Array) and (
+        sharding is None or value.sharding.is_equivalent_to(sharding, like.ndim)
     ):
         return value
     host = np.asarray(value)
-    if not isinstance(like, jax.Array):
+    if sharding is None:
         return jnp.asarray(host)
-    return jax.make_array_from_callback(host.shape, like.sharding, lambda index: host[index])
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 def shardings_like_params(state: Any, params: Any) -> Any:

@@ -256,7 +256,7 @@ class Trainer:
         Every array keeps the layout of the one it replaces (a sharded trainer stays sharded)."""
         params = match_template(state["params"], abstract_model(self.model_cfg)[1])
         self._params = jax.tree.map(place_like, params, self._params)
-        template = self._optimizer_state()  # laid out like the params
+        template = self._optimizer_layout()  # shapes only: no zeros made to be replaced
         opt_state = match_template(state["opt_state"], template, what="optimizer state entry")
         self._opt_state = jax.tree.map(place_like, opt_state, template)
         self.step = int(state["step"])
@@ -429,6 +429,17 @@ class Trainer:
                 init = jax.jit(optimizer.transform(self._opt).init, out_shardings=shardings)
             self._opt_state = init(train)
         return self._opt_state
+
+    def _optimizer_layout(self):
+        """`_optimizer_state()`'s shapes, dtypes and (on a mesh) shardings, nothing allocated."""
+        train = lora.trainable(self._params, self.model_cfg)[0]
+        shapes = jax.eval_shape(optimizer.compiled(self._opt)[0], train)
+        shardings = shardings_like_params(shapes, train)
+        if shardings is None:
+            return shapes
+        return jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
+        )
 
     def _check_params(self, params) -> dict:
         if isinstance(params, nnx.State):

@@ -42,7 +42,7 @@ class TrainerConfig:
     pack: bool = False  # run each micro-batch on packed rows (several sequences per row)
     remat: str = "none"  # "none" | "dots" | "nothing": jax.checkpoint policy per block
     routing: str = "free"  # MoE models: free (the trainer's routers choose) | replay (run the experts the engine recorded, R3)
-    logit_chunk_mb: float = 64.0  # MiB of float32 logits the LM head computes at once (positions per chunk = this / (4 V)); 0 = a whole micro-batch at once
+    logit_chunk_mb: float = 64.0  # MiB the LM head computes at once (docs/trainer.md: slices of ids, or positions per chunk = this / (4 V)); 0 = a whole micro-batch at once
 
     def __post_init__(self):
         s = self

@@ -176,3 +176,21 @@ def test_smoke_run_of_a_152k_vocabulary_model_is_quick(tmp_path, capsys):
     assert "eval" in capsys.readouterr().err  # the evaluation's progress bar
     with capsys.disabled():  # the figure docs/your_own_model.md quotes (nothing asserted on it)
         print(f"\nsmoke run: {seconds:.0f} s")
+
+
+def test_a_large_model_recomputes_each_block_unless_told(dirs):
+    """trainer.remat derives "nothing" from REMAT_FROM_PARAMS parameters on (the 0.5B shape's
+    peak 11.25 -> 9.75 GB for a 1.04x step time, docs/trainer.md); a small model keeps the
+    preset's "none", and a value you set is kept."""
+    import dataclasses
+
+    from minirl.run.derived import REMAT_FROM_PARAMS, derive_for_model
+
+    cfg = _config(dirs, "short")
+    assert cfg.trainer.remat == "none" and cfg.model.num_params() < REMAT_FROM_PARAMS
+    vocab = REMAT_FROM_PARAMS // cfg.model.dim + 1  # the embedding alone crosses the line
+    big = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
+    assert big.model.num_params() >= REMAT_FROM_PARAMS
+    assert derive_for_model(big).trainer.remat == "nothing"
+    assert derive_for_model(big, ["trainer.remat=none"]).trainer.remat == "none"
+    assert _config(dirs, "short", "trainer.remat=dots").trainer.remat == "dots"

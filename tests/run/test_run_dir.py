@@ -246,3 +246,34 @@ def test_held_out_evaluation_does_not_leak_into_a_resumed_runs_metrics(tmp_path)
     for x, y in zip(a, b, strict=True):
         assert replayed(x) == replayed(y), x["step"]
     assert a[2]["engine/decode_tokens"] > 0
+
+
+def test_a_resumed_run_lets_go_of_the_checkpoint_it_read(run_copy, monkeypatch):
+    """The checkpoint read to resume (weights, m and v as host arrays: 3x the model at fp32)
+    is dropped once the trainer holds its own copies (it was held for the whole run)."""
+    import gc
+    import weakref
+
+    import jax
+
+    from minirl.training.trainer import Trainer
+
+    read, seen = [], []
+    restore = CheckpointManager.restore
+
+    def recording_restore(self, *args, **kwargs):
+        ckpt = restore(self, *args, **kwargs)
+        read.extend(weakref.ref(x) for x in jax.tree.leaves((ckpt.params, ckpt.opt_state)))
+        return ckpt
+
+    step = Trainer.train_step_with_prox
+
+    def checking_step(self, *args, **kwargs):
+        gc.collect()
+        seen.append(sum(ref() is not None for ref in read))
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(CheckpointManager, "restore", recording_restore)
+    monkeypatch.setattr(Trainer, "train_step_with_prox", checking_step)
+    assert main(["train", "--resume", str(run_copy), "--quiet", "--set", "rl.steps=5"]) == 0
+    assert len(read) > 10 and seen == [0]  # one step after the resume, no array left
