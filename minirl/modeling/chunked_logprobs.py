@@ -1,12 +1,10 @@
 """Token log-probs (and entropies) from the final hidden states, in chunks: the [rows, positions,
 vocabulary] logits never exist at once, forward or backward (at 151,936 ids, 4,096 positions are
 2.5 GB of float32 logits per copy; Liger Kernel's fused linear + cross-entropy and TRL's chunked
-entropy answer the same problem). The fast path (no exact mode, no top-k / top-p) runs the head
-over slices of the vocabulary with an online log-sum-exp under a custom VJP, whose backward
-recomputes each slice's logits once and writes the head's gradient slice by slice. Exact mode
-and truncated sampling take chunks of positions in a `lax.scan` under `jax.checkpoint`, each
-position through the unchunked functions, so exact mode gives the engine's bits chunked or not.
-docs/trainer.md, "The LM head in chunks"; tests/modeling/test_chunked_logprobs.py.
+entropy answer the same problem). The fast path runs the head over slices of the vocabulary
+(online log-sum-exp, custom VJP); exact mode and truncated sampling over chunks of positions,
+each through the unchunked functions (the engine's bits). docs/trainer.md, "The LM head in
+chunks"; tests/modeling/test_chunked_logprobs.py.
 """
 
 from __future__ import annotations

@@ -39,10 +39,8 @@ class HostRows:
 
 
 def place_like(value: Any, like: Any) -> jax.Array:
-    """A host value laid out like the device array `like` it replaces (same sharding, also
-    across processes: each process fills its own shards from `value`; `like` may also be a
-    jax.ShapeDtypeStruct). A device array already laid out that way (a sharded checkpoint
-    restored in place) is used as it is."""
+    """A host value laid out like `like` (the array it replaces, or a jax.ShapeDtypeStruct): same
+    sharding, each process filling its own shards. A device array laid out so is used as is."""
     sharding = getattr(like, "sharding", None)  # an array's, a jax.ShapeDtypeStruct's or None
     if isinstance(value, jax.Array) and (
         sharding is None or value.sharding.is_equivalent_to(sharding, like.ndim)

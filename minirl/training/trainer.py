@@ -256,7 +256,7 @@ class Trainer:
         Every array keeps the layout of the one it replaces (a sharded trainer stays sharded)."""
         params = match_template(state["params"], abstract_model(self.model_cfg)[1])
         self._params = jax.tree.map(place_like, params, self._params)
-        template = self._optimizer_layout()  # shapes only: no zeros made to be replaced
+        template = self._optimizer_layout()[0]  # shapes only: no zeros to be replaced
         opt_state = match_template(state["opt_state"], template, what="optimizer state entry")
         self._opt_state = jax.tree.map(place_like, opt_state, template)
         self.step = int(state["step"])
@@ -422,24 +422,21 @@ class Trainer:
     def _optimizer_state(self):
         """AdamW's state for what the trainer updates (with LoRA: the adapters alone)."""
         if self._opt_state is None:
+            _, train, shardings = self._optimizer_layout()
             init = optimizer.compiled(self._opt)[0]
-            train = lora.trainable(self._params, self.model_cfg)[0]
-            shardings = shardings_like_params(jax.eval_shape(init, train), train)
             if shardings is not None:  # on a mesh: made in place, laid out as the params
                 init = jax.jit(optimizer.transform(self._opt).init, out_shardings=shardings)
             self._opt_state = init(train)
         return self._opt_state
 
     def _optimizer_layout(self):
-        """`_optimizer_state()`'s shapes, dtypes and (on a mesh) shardings, nothing allocated."""
+        """Nothing allocated: (the state's shapes, sharded on a mesh; its params; shardings)."""
         train = lora.trainable(self._params, self.model_cfg)[0]
         shapes = jax.eval_shape(optimizer.compiled(self._opt)[0], train)
         shardings = shardings_like_params(shapes, train)
-        if shardings is None:
-            return shapes
-        return jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
-        )
+        if shardings is not None:
+            shapes = jax.tree.map(lambda x, s: x.update(sharding=s), shapes, shardings)
+        return shapes, train, shardings
 
     def _check_params(self, params) -> dict:
         if isinstance(params, nnx.State):
