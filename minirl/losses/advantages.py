@@ -6,10 +6,10 @@
     batch_whiten      group_mean, then whitened over the counted tokens of the batch REINFORCE++
     gae(gamma, lam)   generalised advantage estimation from token rewards, V = 0    PPO
 
-Group rules, whitening over the counted tokens, rejection and non-finite rewards: docs/losses.md
-("Where the code deliberately differs from the papers"). Groups are contiguous runs of equal `group_ids`, renumbered 0.. with a cumsum so
-everything stays jittable. Each estimator is called as `(inputs, valid, counted)` and returns
-adv [B, T], zeroed off the completion mask. No critic: GAE runs with V = 0.
+Group rules, whitening over counted tokens, rejection, non-finite rewards: docs/losses.md ("Where
+the code deliberately differs from the papers"). Groups are contiguous runs of equal `group_ids`,
+renumbered 0.. by a cumsum (jittable). Each estimator is called as `(inputs, valid, counted)` and
+returns adv [B, T], zeroed off the completion mask. No critic: GAE runs with V = 0.
 """
 
 from __future__ import annotations
