@@ -22,12 +22,10 @@ ties the embeddings but a file that also holds a *different* `lm_head.weight` is
 with that head — what transformers 5 does (measured: it warns and unties); an identical copy is
 dropped and the model stays tied.
 
-Numerics: minirl trains with float32 master weights and float32 compute by default, whatever
-the checkpoint's dtype (bf16 checkpoints are upcast exactly on load). An AdamW step changes a
-weight by ~lr relative to its size, below bf16's 8-bit mantissa for any usual learning rate, so
-bf16 storage would silently drop updates; and XLA on CPU runs bf16 matmuls no faster than fp32
-(docs/benchmarking.md). `dtype="bfloat16"` is the explicit opt-in; a bf16 engine with fp32 trainer is
-`engine.dtype=bfloat16`.
+Numerics: minirl keeps float32 master weights whatever the checkpoint's dtype (bf16 checkpoints
+are upcast exactly on load): an AdamW step changes a weight by ~lr relative to its size, below
+bf16's 8-bit mantissa for any usual learning rate, so bf16 storage would silently drop updates.
+The compute dtype is the run's `model.dtype` (derived per machine: docs/your_own_model.md).
 
 Token ids: `read_token_ids(DIR)` gives BOS, padding and EVERY end-of-sequence id the model may
 emit (generation_config.json's `eos_token_id` list, e.g. Qwen's `<|im_end|>` and

@@ -12,19 +12,26 @@
     cache = layout.write_back(cache, view, starts, count, steps)  # the chunk's new positions out
 
 ContiguousLayout reserves `cache_len` positions for every slot up front: `ensure` always
-succeeds, a view is the first `width` positions, nothing to release. PagedLayout
-(minirl/inference/paged_cache.py: a block pool, block tables, a free list) hands blocks out as sequences
-grow: `ensure` fails when the pool is dry (the engine then preempts the youngest sequence), a
+succeeds, a view is the cache itself (read up to `width` in place), nothing to release.
+PagedLayout (paged_cache.py: a block pool, block tables, a free list) hands blocks out as
+sequences grow: `ensure` fails when the pool is dry (the engine then preempts the youngest), a
 view is gathered from the blocks, and the host's block table travels with the cache. The engine
-and the compiled functions call only these methods, so neither has a branch on the layout.
+and the compiled functions call only these methods: neither has a branch on the layout.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from minirl.inference import paged_cache
 from minirl.modeling.model import KVCache, ModelConfig
+
+
+def cache_dtype(model_cfg: ModelConfig):
+    """float32 on a CPU (holds bf16 keys/values exactly; XLA CPU upcast a bf16 cache by copying
+    it whole, every layer of every decode step: docs/engine.md), else the compute dtype."""
+    return jnp.float32 if jax.default_backend() == "cpu" else model_cfg.compute_dtype
 
 
 class ContiguousLayout:
@@ -34,7 +41,8 @@ class ContiguousLayout:
         self.model_cfg, self.cfg = model_cfg, engine_cfg
 
     def empty(self) -> KVCache:
-        return KVCache.zeros(self.model_cfg, self.cfg.slots, self.cfg.cache_len)
+        m = self.model_cfg
+        return KVCache.zeros(m, self.cfg.slots, self.cfg.cache_len, cache_dtype(m))
 
     def ensure(self, slot: int, positions: int) -> bool:
         return True
@@ -48,12 +56,11 @@ class ContiguousLayout:
     def memory(self, used_tokens: int, peak_tokens: int) -> dict[str, int]:
         """Positions allocated, used now and at the peak, and the largest temporary view."""
         c = self.cfg
-        view = max((w for w in c.windows if w < c.cache_len), default=0)  # a window copy
         return {
             "allocated": c.slots * c.cache_len,
             "used": used_tokens,
             "peak_used": peak_tokens,
-            "transient": c.slots * view,
+            "transient": 0,  # a decode chunk reads its window in place
         }
 
     @staticmethod
@@ -69,30 +76,13 @@ class ContiguousLayout:
 
     @staticmethod
     def view(cache: KVCache, width: int) -> KVCache:
-        """The first `width` positions of every slot."""
-        if width == cache.size:
-            return cache
-        cut = lambda x: x[:, :width]  # noqa: E731
-        return KVCache(tuple(map(cut, cache.k)), tuple(map(cut, cache.v)), cache.lengths)
+        """The cache itself: the model reads its first `width` positions in place."""
+        return cache
 
     @staticmethod
     def write_back(cache: KVCache, view: KVCache, starts, count, steps: int) -> KVCache:
-        """Copy each slot's new positions starts[b] .. starts[b] + count[b] - 1 from a window
-        view back into the full cache."""
-        if view.size == cache.size:
-            return view
-        positions = starts[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]  # [B, N]
-        target = jnp.where(jnp.arange(steps)[None, :] < count[:, None], positions, cache.size)
-        index = jnp.minimum(positions, view.size - 1)[:, :, None, None]
-        rows = jnp.arange(positions.shape[0])[:, None]
-
-        def put(full, part):
-            new = jnp.take_along_axis(part, index, axis=1)  # [B, N, K, Dh]
-            return full.at[rows, target].set(new, mode="drop")  # out-of-range targets: dropped
-
-        return KVCache(
-            tuple(map(put, cache.k, view.k)), tuple(map(put, cache.v, view.v)), view.lengths
-        )
+        """The view is the cache: the chunk wrote its new positions in place."""
+        return view
 
 
 class PagedLayout:
@@ -108,7 +98,7 @@ class PagedLayout:
     def empty(self) -> paged_cache.PagedKVCache:
         c, m = self.cfg, self.model_cfg
         shape = (c.slots, c.pool_blocks, c.block_size, c.blocks_per_slot)
-        return paged_cache.PagedKVCache.zeros(m, *shape, m.compute_dtype)
+        return paged_cache.PagedKVCache.zeros(m, *shape, cache_dtype(m))
 
     def ensure(self, slot: int, positions: int) -> bool:
         return self.blocks.ensure(slot, positions)

@@ -1,22 +1,19 @@
-"""The rollout engine's compiled device functions: prefill and chunked decode.
+"""The rollout engine's compiled device functions, jitted once per setting, the KV cache donated
+(updated in place): what `minirl.inference.engine.Engine` calls.
 
-What it is: the two pure functions `minirl.inference.engine.Engine` calls, jitted once per setting with
-the KV cache donated (updated in place):
-
-  prefill   a group of prompts right-padded to [R, T] (R rows: a power of two, T: a length
-            bucket) runs through the model with a fresh [R, T] cache; its keys/values are
-            written into the rows' slots of the engine's cache; each row's next token is
-            sampled from its last real position.
+  prefill   a group of prompts right-padded to [U, T] (U distinct prompts: a power of two, T:
+            a length bucket) runs through the model with a fresh [U, T] cache; its keys/values
+            go into the slots of the R rows that asked for them (a group's samples share one
+            row of the forward); each row samples its next token from its prompt's last logits.
   extend    a group of held multi-turn slots, each with new tokens [R, T] (the pending last
             token and an observation, right-padded to a length bucket) appended after the
             positions its cache already holds — a prefill at a per-slot offset, so an episode's
             history is never re-run — then each row's next token is sampled, as in prefill.
   decode    `chunk` single-token steps for every slot in one `lax.fori_loop`; step i samples
             completion index `index + i` with the key fold_in(seed, uid, sample, index + i).
-            A slot whose budget is spent keeps computing (shapes are static) but stops
-            advancing its length. The chunk attends over the first `width` positions of the
-            cache only (enough for the longest active sequence), and writes the new positions
-            back into the full cache (contiguous) or the block pool (paged).
+            A spent slot keeps computing (static shapes) but stops advancing. The chunk attends
+            over the cache's first `width` positions (enough for the longest active sequence):
+            read in place (contiguous), or a gathered view written back to the pool (paged).
 
 Both report each sampled token's behaviour log-prob with `model.token_logprobs` on the logits it
 was sampled from — the function the trainer uses — so exact mode is bitwise reproducible. On a
@@ -71,17 +68,19 @@ def _sample(s: Settings, logits, keys):
     return tok, logp
 
 
-def prefill(graphdef, s: Settings, params, cache, tokens, lengths, slot_ids, ids, index, seed):
-    """tokens [R, T] right-padded, lengths [R]: run them, write their keys/values into slots
-    `slot_ids`, sample each row's next token (completion index `index`) from its last logits."""
+def prefill(graphdef, s: Settings, params, cache, tokens, lengths, src, slot_ids, ids, index, seed):
+    """tokens [U, T] right-padded, lengths [U]: run each prompt once; row r (of R) is prompt
+    src[r]: write its keys/values into slot slot_ids[r] and sample its next token (completion
+    index index[r], its own key) from the prompt's last logits (prefix sharing)."""
     model = nnx.merge(graphdef, params)
     rows, t = tokens.shape
     cache_in = KVCache.zeros(s.model, rows, t)
     logits, fresh = model(
         tokens, cache=cache_in, num_new=lengths, exact=s.sampling.exact, last_only=True
     )
-    tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index))  # logits [R, 1, V]
-    return s.layout.write_rows(cache, fresh, slot_ids, lengths), tok, logp, _routes(s, model)
+    fresh, routes = jax.tree.map(lambda x: x[src], (fresh, _routes(s, model)))  # U rows -> R
+    tok, logp = _sample(s, logits[src, 0], token_keys(seed, ids, index))  # logits [U, 1, V]
+    return s.layout.write_rows(cache, fresh, slot_ids, fresh.lengths), tok, logp, routes
 
 
 def decode(graphdef, s: Settings, params, cache, last, index, ids, budget, seed, *, width: int):
@@ -90,13 +89,13 @@ def decode(graphdef, s: Settings, params, cache, last, index, ids, budget, seed,
     of the next token, budget [B] steps each slot may take. -> tokens, log-probs [B, N], routes
     [B, N, M, k] of the token each step fed (None: dense)."""
     view = s.layout.view(cache, width)
-    starts = view.lengths
+    starts, exact = view.lengths, s.sampling.exact
 
     def one_step(i, carry):
         view, last, toks, logps, routes = carry
         model = nnx.merge(graphdef, params)  # per step: what it records stays in this trace
         live = (i < budget).astype(jnp.int32)  # [B] a spent slot writes but does not advance
-        logits, view = model(last[:, None], cache=view, num_new=live, exact=s.sampling.exact)
+        logits, view = model(last[:, None], cache=view, num_new=live, exact=exact, window=width)
         tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index + i))
         if routes is not None:
             routes = routes.at[:, i].set(_routes(s, model)[:, 0])
@@ -136,15 +135,15 @@ def extend(
     (completion index `index`)."""
     model = nnx.merge(graphdef, params)
     t = tokens.shape[1]
-    view = s.layout.view(cache, width)  # [B, W] every slot
+    view = s.layout.view(cache, width)  # every slot: at least its first W positions
     held = view.lengths.at[slot_ids].set(starts, mode="drop")  # [B]
     pad = ((0, 0), (0, t), (0, 0), (0, 0))  # room for T new positions after any row's start
-    take = lambda x: jnp.pad(x.at[slot_ids].get(mode="clip"), pad)  # noqa: E731  [R, W+T, K, Dh]
+    take = lambda x: jnp.pad(x.at[slot_ids, :width].get(mode="clip"), pad)  # noqa: E731  [R, W+T, K, Dh]
     rows = KVCache(tuple(map(take, view.k)), tuple(map(take, view.v)), starts)
     logits, rows = model(
         tokens, cache=rows, num_new=lengths, exact=s.sampling.exact, last_only=True
     )
-    put = lambda full, part: full.at[slot_ids].set(part[:, :width], mode="drop")  # noqa: E731
+    put = lambda full, part: full.at[slot_ids, :width].set(part[:, :width], mode="drop")  # noqa: E731
     added = jnp.zeros_like(held).at[slot_ids].set(lengths, mode="drop")  # [B] 0: untouched
     view = KVCache(tuple(map(put, view.k, rows.k)), tuple(map(put, view.v, rows.v)), held + added)
     tok, logp = _sample(s, logits[:, 0], token_keys(seed, ids, index))  # logits [R, 1, V]

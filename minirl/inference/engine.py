@@ -7,16 +7,15 @@ and for multi-turn episodes `extend` and `release` (minirl/envs/episodes.py): do
 "The interface". Also `cancel(uid, sample)`: drop a request, queued or in flight (minirl/agents/).
 
 Each rollout token carries its behaviour log-prob (`model.token_logprobs` of the logits it was
-sampled from, minirl/modeling/sampling.py) and the weight version loaded when it was sampled. With
-`exact=True` these log-probs equal the trainer's recompute bit for bit, whatever the slot, batch
-or chunk (minirl/modeling/exact.py; tests/inference/test_engine.py). On a mixture-of-experts
+sampled from) and the weight version loaded when it was sampled. With `exact=True` these equal
+the trainer's recompute bit for bit, whatever the slot, batch or chunk (minirl/modeling/exact.py;
+tests/inference/test_engine.py). On a mixture-of-experts
 model a rollout also carries `routes`, the experts each MoE layer chose for every position the
 engine ran, which the trainer replays with `trainer.routing=replay` (docs/moe.md).
 
 Python runs once per `decode_chunk` tokens, and compiled shapes are bounded, so nothing compiles
-in steady state (docs/engine.md, "How a step runs"). The engine is passive: it never reloads
-weights or fetches work by itself. Measured speed, what is simplified on purpose and the reasons
-behind each choice: docs/engine.md.
+in steady state. The engine is passive: it never reloads weights or fetches work by itself.
+docs/engine.md: how a step runs, measured speed, what is simplified on purpose, and why.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from minirl.inference import paged_cache
-from minirl.inference.cache_layout import layout_of
+from minirl.inference.cache_layout import cache_dtype, layout_of
 from minirl.inference.decoding import Settings, compiled, prepare_params
 from minirl.inference.engine_config import EngineConfig
 from minirl.inference.scheduler import Request, Scheduler, finish_reason, prefill_groups
@@ -81,6 +80,7 @@ class Engine:
         counters = (
             "prefill_calls",
             "prefill_rows",
+            "prefill_shared",  # rows that reused another row's forward (the same prompt)
             "decode_calls",
             "tokens",
             "finished",
@@ -238,9 +238,8 @@ class Engine:
     def memory_stats(self) -> dict[str, int]:
         """KV-cache bytes: allocated (persistent), used now, peak used, and the per-call
         temporary (the paged cache's gathered view)."""
-        per_token = paged_cache.kv_bytes_per_token(
-            self.model_config, self.model_config.compute_dtype
-        )
+        m = self.model_config
+        per_token = paged_cache.kv_bytes_per_token(m, cache_dtype(m))
         used = sum(self._sched.slots[b].cache_len for b in self._sched.active())
         positions = self._kv.memory(used, self._peak_tokens)
         return {k: n * per_token for k, n in positions.items()}
@@ -256,28 +255,34 @@ class Engine:
         c = self.config
         tokens = np.zeros((rows, length), np.int32)
         lengths, slot_ids = np.ones(rows, np.int32), np.full(rows, c.slots, np.int32)
-        ids, index = np.zeros((rows, 3), np.uint32), np.zeros(rows, np.int32)
+        ids, index, src = np.zeros((rows, 3), np.uint32), *np.zeros((2, rows), np.int32)
+        prompts: dict = {}  # distinct token rows (an extension's are its own): each runs once
         for r, b in enumerate(slots):
             seq = self._sched.slots[b]
             toks, index[r] = seq.feed(kind)
-            tokens[r, : len(toks)], lengths[r], slot_ids[r] = toks, len(toks), b
+            u = src[r] = prompts.setdefault(r if kind == "extend" else toks.tobytes(), len(prompts))
+            tokens[u, : len(toks)], lengths[u], slot_ids[r] = toks, len(toks), b
             ids[r] = request_ids(seq.request.prompt.uid, seq.request.sample_index)
         fns, cache = compiled(self._static), self._device_cache()
-        rows_in, keys_in = (tokens, lengths, slot_ids), (ids, index, np.uint32(self.seed))
+        keys_in = (ids, index, np.uint32(self.seed))
         if kind == "extend":  # after what each slot holds (its device length may run past)
             starts = np.zeros(rows, np.int32)
             starts[: len(slots)] = [self._sched.slots[b].cache_len for b in slots]
             width = next(w for w in c.windows if w >= max(starts + lengths))
-            out = fns.extend(self._params, cache, *rows_in, starts, *keys_in, width=width)
+            rows_in = (tokens, lengths, slot_ids, starts)
+            out = fns.extend(self._params, cache, *rows_in, *keys_in, width=width)
         else:
+            u = min(1 << (len(prompts) - 1).bit_length(), rows)  # distinct rows: a power of two
+            rows_in = (tokens[:u], lengths[:u], src, slot_ids)
             out = fns.prefill(self._params, cache, *rows_in, *keys_in)
         self._cache, tok, logp, routes = out
         self.stats["prefill_calls"] += 1
         self.stats["prefill_rows"] += len(slots)
+        self.stats["prefill_shared"] += len(slots) - len(prompts)
         if routes is not None:  # what each row ran: replaces (rebuild) or extends its record
             routes = np.asarray(routes)
             for r, b in enumerate(slots):
-                self._sched.slots[b].add_routes(routes[r, : lengths[r]], kind == "rebuild")
+                self._sched.slots[b].add_routes(routes[r, : lengths[src[r]]], kind == "rebuild")
         return tok, logp
 
     def _rebuild(self) -> None:

@@ -246,7 +246,8 @@ def attention(q, k, v, visible, exact: bool = False):
     bool. Returns [B, T, K, G, Dh] in q's dtype; scores and softmax in float32.
     """
     if q.shape[1] == 1:
-        return _decode_attention(q, k, v, visible, exact)
+        return _decode_attention(q, k, v, visible)
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
     scale = q.shape[-1] ** -0.5
     if not exact:
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
@@ -291,15 +292,14 @@ def causal_attention(q, k, v, visible, exact: bool = False, blocks: int = 4):
     return jnp.concatenate(outs, axis=1)
 
 
-def _decode_attention(q, k, v, visible, exact: bool):
+def _decode_attention(q, k, v, visible):
     """`attention` for one query per row (T == 1: a decode step), in the cache's own layout.
 
-    Same maths, but the [B, S, K, Dh] cache is never transposed (that would copy the whole cache
-    per layer per step) and no small batched dot is used: scores reduce over Dh with the pairwise
-    tree in both modes (XLA CPU vectorises it over the major axes; its own minor-axis reduce and
-    the batched dot were ~3x slower), the softmax and weighted sum reduce over S with the tree
-    (exact) or jnp.sum (fast). In exact mode every addition happens in the same order as in the
-    general path, so the two are bitwise equal (tests/inference/test_engine.py checks it).
+    Same maths, but the [B, S, K, Dh] cache is read as stored (never transposed or upcast
+    whole), no small batched dot is used, and every sum is the pairwise tree in both modes: the
+    fastest form on XLA CPU (jnp.sum over S, the minor-axis reduce and the batched dot were
+    1.4-3x slower: docs/engine.md). Probabilities round to q's dtype as in the general path, so
+    in exact mode the two are bitwise equal (tests/inference/test_engine.py checks it).
     """
     scale = q.shape[-1] ** -0.5
     q1 = q[:, 0].astype(jnp.float32)  # [B, K, G, Dh]
@@ -307,8 +307,7 @@ def _decode_attention(q, k, v, visible, exact: bool):
     scores = jnp.where(visible[:, 0, :, None, None], fusion_barrier(scores * scale), NEG)
     m = jnp.max(scores, axis=1, keepdims=True)
     e = jnp.exp(fusion_barrier(scores - m))
-    total = tree_sum(e, 1)[:, None] if exact else jnp.sum(e, axis=1, keepdims=True)
-    probs = (e / total).astype(v.dtype)
+    probs = (e / tree_sum(e, 1)[:, None]).astype(q.dtype)
     weighted = probs[..., None].astype(jnp.float32) * v.astype(jnp.float32)[:, :, :, None, :]
-    out = tree_sum(weighted, 1) if exact else jnp.sum(weighted, axis=1)  # [B, K, G, Dh]
+    out = tree_sum(weighted, 1)  # [B, K, G, Dh]
     return out[:, None].astype(q.dtype)  # [B, 1, K, G, Dh]

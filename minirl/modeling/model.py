@@ -146,10 +146,12 @@ class Attention(nnx.Module):
             y = getattr(self, f"{name}_norm")(y, exact)
         return y
 
-    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, segments=None):
+    def __call__(
+        self, x, positions, inv_freq, layer_cache, starts, exact=False, segments=None, window=None
+    ):
         """x [B, T, D]; positions [B, T]; layer_cache (k, v) each [B, S, K, Dh] or None;
-        starts [B] cache index of x[:, 0]; segments [B, T]: packed rows (no cache). Returns
-        (y [B, T, D], new (k, v) or None)."""
+        starts [B] cache index of x[:, 0]; segments [B, T]: packed rows (no cache); window: read
+        the cache's first `window` positions only. -> (y [B, T, D], new (k, v) or None)."""
         cfg = self.cfg
         b, t, _ = x.shape
         q = apply_rope(self._project(x, "q", cfg.num_heads, exact), positions, inv_freq, exact)
@@ -163,6 +165,8 @@ class Attention(nnx.Module):
             )
             keys = write(layer_cache[0], k, starts)
             values = write(layer_cache[1], v, starts)
+            new_cache = (keys, values)
+            keys, values = keys[:, :window], values[:, :window]  # read in place, not copied
             key_index = jnp.arange(keys.shape[1])
         # Causal mask by cache index: query at index starts+t sees keys at index <= its own.
         visible = key_index[None, None, :] <= positions[:, :, None]  # [B, T, S]
@@ -172,9 +176,9 @@ class Attention(nnx.Module):
         g = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, cfg.num_kv_heads, g, cfg.head_dim)  # [B, T, K, G, Dh]
         attend = exact_ops.causal_attention if layer_cache is None else exact_ops.attention
-        out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), visible, exact)
+        out = attend(q, keys, values, visible, exact)  # a decode step reads the cache as stored
         y = lora.project(self, "o", out.reshape(b, t, -1), self.lora_scale, exact)
-        return y, (None if layer_cache is None else (keys, values))
+        return y, (None if layer_cache is None else new_cache)
 
 
 class MLP(nnx.Module):
@@ -207,12 +211,9 @@ class Block(nnx.Module):
         self.mlp = moe.MoE(cfg, rngs, shared) if sparse else MLP(cfg, rngs)
         self.sparse = sparse
 
-    def __call__(
-        self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None, segments=None
-    ):
-        h, new_cache = self.attn(
-            self.attn_norm(x, exact), positions, inv_freq, layer_cache, starts, exact, segments
-        )
+    def __call__(self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None, **kw):
+        normed = self.attn_norm(x, exact)
+        h, new_cache = self.attn(normed, positions, inv_freq, layer_cache, starts, exact, **kw)
         x = x + h
         normed = self.mlp_norm(x, exact)
         x = x + (self.mlp(normed, routes, exact) if self.sparse else self.mlp(normed, exact))
@@ -246,6 +247,7 @@ class Transformer(nnx.Module):
         last_only=False,
         routes=None,
         packed=None,
+        window=None,
     ):
         """tokens [B, T] int32, right-padded. Without a cache: full causal forward from position
         0, returns logits [B, T, V] (float32). With a cache: row b's tokens go to cache indices
@@ -255,8 +257,9 @@ class Transformer(nnx.Module):
         vocabulary the LM head over every position is a quarter of a prefill's FLOPs.
         MoE: `routes` int32 [B, T, M, k] (M = len(cfg.moe_layers)) replays those experts, None
         lets the routers choose; `moe.collect(model)` returns what they did (minirl/modeling/moe.py).
-        `packed`: rows packed with sequences (no cache): their `positions`, `segments` [B, T]."""
-        x, new_cache = self.hidden(tokens, cache, num_new, exact, routes, packed)
+        `packed`: rows packed with sequences (no cache): their `positions`, `segments` [B, T].
+        `window` (static): attend over the cache's first `window` positions only, read in place."""
+        x, new_cache = self.hidden(tokens, cache, num_new, exact, routes, packed, window)
         if last_only:  # after the norm: gathered before it, bf16 exact mode rounded differently
             last = (tokens.shape[1] if num_new is None else num_new) - 1  # [B] or a number
             x = jnp.take_along_axis(x, jnp.broadcast_to(last, x.shape[:1])[:, None, None], axis=1)
@@ -264,7 +267,9 @@ class Transformer(nnx.Module):
         logits = exact_ops.dense(x, head, exact, jnp.float32)  # [B, T, V]: float32 (not rounded)
         return logits if cache is None else (logits, new_cache)
 
-    def hidden(self, tokens, cache=None, num_new=None, exact=False, routes=None, packed=None):
+    def hidden(
+        self, tokens, cache=None, num_new=None, exact=False, routes=None, packed=None, window=None
+    ):
         """`__call__` without the LM head: (final-normed hidden states [B, T, D], the new cache
         or None); the trainer's way to never hold [B, T, V] logits (chunked_logprobs.py)."""
         cfg = self.cfg
@@ -277,12 +282,14 @@ class Transformer(nnx.Module):
         x = self.embed[...][tokens].astype(cfg.compute_dtype)  # [B, T, D]; float32 gradient sums
         new_k, new_v = [], []
         sparse = cfg.moe_layers
+        # only what is set: a wrapper of the six dense arguments (the trainer's remat) still fits
+        extra = {k: v for k, v in (("segments", segments), ("window", window)) if v is not None}
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])
             args = (x, positions, inv_freq, layer_cache, starts, exact)
             if routes is not None and i in sparse:  # replay this MoE layer's routes [B, T, k]
                 args = (*args, routes[:, :, sparse.index(i)])
-            x, kv = layer(*args) if segments is None else layer(*args, segments=segments)
+            x, kv = layer(*args, **extra)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])

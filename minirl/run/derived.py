@@ -16,8 +16,7 @@ asks for. With `model.path` and a dataset file (`minirl train --model DIR --data
     model.dtype          the compute dtype: bfloat16 where this machine multiplies bf16 natively
                          (an accelerator; a CPU with AVX512-BF16 or AMX-BF16), float32 elsewhere
                          (minirl/run/precision.py); the weights stay model.param_dtype
-    engine.dtype         with model.dtype derived bf16 on a CPU (not in exact mode): float32,
-                         as the decode step measured slower in bf16 there (docs/trainer.md)
+    engine.dtype         not derived (model.dtype's), but a run that recorded one resumes with it
     trainer.remat        "nothing" (each block recomputed in the backward) for a model of
                          REMAT_FROM_PARAMS parameters or more: there it costs little and takes
                          GBs off the peak (docs/trainer.md, "Peak memory"); else the preset's
@@ -84,9 +83,6 @@ def derive_for_model(cfg, overrides=()):
         rollouts = rl.steps * rl.prompts_per_step * rl.group_size
         prompts = min(prompts, max(MIN_EVAL_PROMPTS, rollouts // (2 * cfg.eval.samples)))
     dtype = cfg.model.dtype if "model.dtype" in given else precision.fastest_compute_dtype()
-    engine_dtype = cfg.engine.dtype
-    if not given & {"model.dtype", "engine.dtype"} and not cfg.engine.exact:
-        engine_dtype = precision.engine_dtype(dtype)
     remat = cfg.trainer.remat
     if "trainer.remat" not in given and cfg.model.num_params() >= REMAT_FROM_PARAMS:
         remat = "nothing"
@@ -94,7 +90,7 @@ def derive_for_model(cfg, overrides=()):
         cfg,
         model=dataclasses.replace(cfg.model, dtype=dtype),
         data=dataclasses.replace(cfg.data, max_new_tokens=new),
-        engine=dataclasses.replace(cfg.engine, cache_len=cache, slots=slots, dtype=engine_dtype),
+        engine=dataclasses.replace(cfg.engine, cache_len=cache, slots=slots),
         eval=dataclasses.replace(cfg.eval, prompts=prompts),
         trainer=dataclasses.replace(cfg.trainer, remat=remat),
     )

@@ -3,7 +3,6 @@ natively, float32 elsewhere.
 
     native_bf16()          True on an accelerator, and on a CPU with AVX512-BF16 or AMX-BF16
     fastest_compute_dtype  "bfloat16" where `native_bf16()`, else "float32"
-    engine_dtype           the rollout engine's: float32 on a CPU (its bf16 decode is slower)
 
 Mixed precision in minirl is `ModelConfig(dtype="bfloat16", param_dtype="float32")`: every
 matmul takes bf16 inputs and sums in float32 (minirl/modeling/exact.py `dense`), the weights
@@ -48,14 +47,6 @@ def native_bf16() -> bool:
     if jax.default_backend() != "cpu":
         return True
     return bool(cpu_flags() & set(BF16_CPU_FLAGS))
-
-
-def engine_dtype(model_dtype: str) -> str | None:
-    """The engine's dtype for a derived `model_dtype`: float32 on a CPU when training in bf16 (the
-    decode step measured 1.6-2x slower in bf16 on an AVX512-BF16 CPU: docs/trainer.md), else the
-    model's (None)."""
-    cpu = jax.default_backend() == "cpu"
-    return "float32" if model_dtype == "bfloat16" and cpu else None
 
 
 def fastest_compute_dtype() -> str:

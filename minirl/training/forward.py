@@ -93,7 +93,7 @@ class _Checkpointed(nnx.Module):
 
         def run(state, x, positions, inv_freq, starts, routes, segments):
             block = nnx.merge(graphdef, state)
-            y = block(x, positions, inv_freq, None, starts, exact, routes, segments)[0]
+            y = block(x, positions, inv_freq, None, starts, exact, routes, segments=segments)[0]
             return y, nnx.pop(block, nnx.Intermediate)  # an MoE layer's record, brought out
 
         args = (state, x, positions, inv_freq, starts, routes, segments)

@@ -7,6 +7,7 @@
   interrupt("continue") tags versions at the switch and rebuilds the cache with the new weights;
     interrupt("discard") re-generates from scratch with one version
   paged cache == contiguous cache (also with preemption); memory reported
+  a group's samples share their prompt's prefill; a bf16 decode reads its cache in place
   no recompilation in steady state; finish reasons eos / stop / length
 
 A 2-layer model and a handful of engine settings keep compiles (the cost here) few; engines
@@ -16,6 +17,7 @@ with equal settings share their compiled functions.
 import collections
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -230,6 +232,53 @@ def test_decode_window_grows_past_64_positions_exactly(params):
     out = engine(EXACT, params).generate([Request(prompt, 0, 80)])[0]
     assert len(out.tokens) == 80 and EXACT.windows == (64, 128)
     assert (out.logprobs == recompute(params, [out], EXACT, pad=96)[0]).all()
+
+
+@pytest.mark.gpu
+def test_a_groups_samples_share_their_prompts_prefill_bitwise(params):
+    """G samples of one prompt run its prefill once (the rows reuse one forward row) and still
+    sample with their own keys: in exact mode each sample's log-probs are the trainer's, bitwise."""
+    prompts = make_prompts(2, seed=11)
+    reqs = [Request(p, sample_index=s, max_new_tokens=10) for p in prompts for s in (0, 1)]
+    e = engine(EXACT, params)  # 2 rows per prefill call: each call is one prompt's two samples
+    outs = e.generate(reqs)
+    assert (e.stats["prefill_rows"], e.stats["prefill_shared"]) == (4, 2)
+    for got, want in zip(outs, recompute(params, outs, EXACT), strict=True):
+        np.testing.assert_array_equal(got.logprobs, want)
+    assert outs[0].tokens.tolist() != outs[1].tokens.tolist()  # own keys: different samples
+
+
+def test_a_bf16_decode_reads_its_cache_in_place():
+    """The decode chunk neither copies its window out of the cache nor upcasts a bf16 cache:
+    the cache is float32 on a CPU and no array of the window's shape is made (each was a third
+    of the decode step at 25M parameters, docs/engine.md)."""
+    from minirl.inference.cache_layout import ContiguousLayout, cache_dtype
+    from minirl.inference.decoding import Settings, compiled
+
+    cfg = dataclasses.replace(CFG, dtype="bfloat16", param_dtype="bfloat16")
+    assert cache_dtype(cfg) == jnp.float32
+    layout = ContiguousLayout(cfg, BASE)
+    cache = layout.empty()
+    fn = compiled(Settings(cfg, SAMPLED.sampling, BASE.decode_chunk, ContiguousLayout)).decode
+    pure = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.split(init_model(cfg))[1]))
+    slots, ints = (BASE.slots,), jnp.zeros((BASE.slots,), jnp.int32)
+    ids = jnp.zeros((*slots, 3), jnp.uint32)
+    hlo = fn.lower(pure, cache, ints, ints, ids, ints, jnp.uint32(0), width=64).compile().as_text()
+    made, fused, name = {}, set(), ""  # the arrays each computation makes; fusion bodies
+    for line in hlo.splitlines():
+        if line.endswith("{") and not line.startswith(" "):  # a computation's header
+            name = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+        elif " = " in line:
+            made.setdefault(name, []).append(line)
+            fused.update(re.findall(r" fusion\(.*calls=%([\w.\-]+)", line))
+    program = [line for c, lines in made.items() if c not in fused for line in lines]
+    kv = f"{CFG.num_kv_heads},{CFG.head_dim}]"
+    assert any(f"f32[{BASE.slots},128,{kv}" in line for line in program)  # the cache itself
+    assert not [line for line in program if f"[{BASE.slots},64,{kv}" in line]  # no window array
+    converts = [
+        line for line in program if "convert" in line.split(" = ")[0] or " convert(" in line
+    ]
+    assert not [line for line in converts if f"[{BASE.slots},128,{kv}" in line]  # no upcast copy
 
 
 # ---- weight reload -------------------------------------------------------------------------
