@@ -17,6 +17,9 @@ asks for. With `model.path` and a dataset file (`minirl train --model DIR --data
                          (an accelerator; a CPU with AVX512-BF16 or AMX-BF16), float32 elsewhere
                          (minirl/run/precision.py); the weights stay model.param_dtype
     engine.dtype         not derived (model.dtype's), but a run that recorded one resumes with it
+    trainer.share_prompts  on where a group's samples share a prompt (rl.group_size > 1) on a
+                         dense model without trainer.pack: each prompt runs once per micro-batch
+                         (docs/trainer.md, "Shared prompts")
     trainer.remat        "nothing" (each block recomputed in the backward) for a model of
                          REMAT_FROM_PARAMS parameters or more: there it costs little and takes
                          GBs off the peak (docs/trainer.md, "Peak memory"); else the preset's
@@ -50,6 +53,7 @@ DERIVED = (
     "model.dtype",
     "engine.dtype",
     "trainer.remat",
+    "trainer.share_prompts",
 )
 
 
@@ -86,13 +90,16 @@ def derive_for_model(cfg, overrides=()):
     remat = cfg.trainer.remat
     if "trainer.remat" not in given and cfg.model.num_params() >= REMAT_FROM_PARAMS:
         remat = "nothing"
+    share = cfg.trainer.share_prompts
+    if "trainer.share_prompts" not in given:
+        share = rl.group_size > 1 and not cfg.model.num_experts and not cfg.trainer.pack
     return dataclasses.replace(
         cfg,
         model=dataclasses.replace(cfg.model, dtype=dtype),
         data=dataclasses.replace(cfg.data, max_new_tokens=new),
         engine=dataclasses.replace(cfg.engine, cache_len=cache, slots=slots),
         eval=dataclasses.replace(cfg.eval, prompts=prompts),
-        trainer=dataclasses.replace(cfg.trainer, remat=remat),
+        trainer=dataclasses.replace(cfg.trainer, remat=remat, share_prompts=share),
     )
 
 

@@ -39,7 +39,7 @@ from flax import nnx
 
 from minirl.modeling import lora, moe
 from minirl.modeling.chunked_logprobs import head_logprobs
-from minirl.modeling.model import ModelConfig, abstract_model
+from minirl.modeling.model import KVCache, ModelConfig, abstract_model
 from minirl.modeling.sampling import Sampling
 
 __all__ = [
@@ -88,18 +88,18 @@ class _Checkpointed(nnx.Module):
     def __call__(
         self, x, positions, inv_freq, layer_cache, starts, exact=False, routes=None, segments=None
     ):
-        assert layer_cache is None, "remat is for the training forward (no KV cache)"
         graphdef, state = nnx.split(self.block)
 
-        def run(state, x, positions, inv_freq, starts, routes, segments):
+        def run(state, x, positions, inv_freq, layer_cache, starts, routes, segments):
             block = nnx.merge(graphdef, state)
-            y = block(x, positions, inv_freq, None, starts, exact, routes, segments=segments)[0]
-            return y, nnx.pop(block, nnx.Intermediate)  # an MoE layer's record, brought out
+            args = (x, positions, inv_freq, layer_cache, starts, exact, routes)
+            y, kv = block(*args, segments=segments)
+            return y, kv, nnx.pop(block, nnx.Intermediate)  # an MoE layer's record, brought out
 
-        args = (state, x, positions, inv_freq, starts, routes, segments)
-        y, sown = jax.checkpoint(run, policy=self.policy)(*args)
+        args = (state, x, positions, inv_freq, layer_cache, starts, routes, segments)
+        y, kv, sown = jax.checkpoint(run, policy=self.policy)(*args)
         nnx.update(self.block, sown)
-        return y, None
+        return y, kv
 
 
 def _compiler_options(s: ForwardSpec) -> dict | None:
@@ -118,10 +118,26 @@ def unpack(x, packing):  # packed rows' values [P, Tb] -> rows [R, Tb] (0 elsewh
     return jnp.where(source >= 0, got, jnp.zeros((), x.dtype))
 
 
+def _shared_hidden(s, model, tokens, shared):
+    """Hidden states [R, 1 + Tc, D] of rows whose prompts run once (`microbatch.shared`): each
+    distinct prompt with a fresh cache, then each row's tokens after its prompt's keys and
+    values (gathered: their gradient sums over the rows), and the prompt's last position first."""
+    prompts, plen, src = shared["prompts"], shared["prompt_lengths"], shared["src"]
+    fresh = KVCache.zeros(s.model, *prompts.shape)
+    h, cache = model.hidden(prompts, cache=fresh, num_new=plen, exact=s.exact)  # [U, Tp, D]
+    pad = ((0, 0), (0, tokens.shape[1]), (0, 0), (0, 0))  # room for the row's own positions
+    row = lambda x: jnp.pad(x[src], pad)  # noqa: E731
+    rows = KVCache(tuple(map(row, cache.k)), tuple(map(row, cache.v)), plen[src])
+    after = model.hidden(tokens, cache=rows, exact=s.exact)[0]  # [R, Tc, D]
+    last = h[src, plen[src] - 1][:, None]  # [R, 1, D]: predicts the first completion token
+    return jnp.concatenate([last, after], axis=1)
+
+
 def _forward(s, params, tokens, targets, remat, routes=None, dropout=None, packing=None, ent=False):
     """`logprobs`, the entropies [R, Tb] (`ent`, else None) and what the MoE layers did: (routes
     run [R, Tb, M, k] int32, router probabilities [R, Tb, M, E] float32) or (None, None).
-    `packing`: packed rows [P, Tb] in (tokens, targets), rows [R, Tb] out."""
+    `packing`: packed rows [P, Tb] in (tokens, targets), rows [R, Tb] out; or, with "src",
+    rows sharing their prompts (`_shared_hidden`)."""
     model = nnx.merge(abstract_model(s.model)[0], params)
     if dropout is not None:
         lora.set_dropout(model, s.model.lora_dropout, dropout)
@@ -129,7 +145,10 @@ def _forward(s, params, tokens, targets, remat, routes=None, dropout=None, packi
     if policy is not None:
         model.layers = nnx.List([_Checkpointed(b, policy) for b in blocks])
     replay = routes.astype(jnp.int32) if s.routing == "replay" and routes is not None else None
-    hidden = model.hidden(tokens, exact=s.exact, routes=replay, packed=packing)[0]  # [R, Tb, D]
+    if packing is not None and "src" in packing:
+        hidden = _shared_hidden(s, model, tokens, packing)
+    else:
+        hidden = model.hidden(tokens, exact=s.exact, routes=replay, packed=packing)[0]
     model.layers = blocks  # each holds its MoE record (a _Checkpointed put it back)
     tied = s.model.tie_embeddings
     head = model.embed[...] if tied else model.lm_head[...]  # [D, V], or tied: [V, D]

@@ -24,6 +24,7 @@ class MicroBatch:
     num_rows: int  # R >= n: rows after padding with empty ones (a power of two)
     length: int  # Tb: positions kept (a bucket length; later positions hold no counted target)
     packing: tuple | None = None  # (slot [n], offset [n], P): `pack_sequences`
+    prompts: tuple | None = None  # (src [n], U, Tp, Tc): `share_prompts`
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -31,6 +32,9 @@ class MicroBatch:
 
     @property
     def padded_tokens(self) -> int:
+        if self.prompts:  # each distinct prompt once, then every row's completion
+            _, u, tp, tc = self.prompts
+            return u * tp + self.num_rows * tc
         return (self.packing[2] if self.packing else self.num_rows) * self.length
 
 
@@ -142,4 +146,62 @@ def packed(mb: MicroBatch, lengths: np.ndarray, tokens, targets) -> dict[str, np
         out["tokens"][p, at], out["targets"][p, at] = tokens[r, :n], targets[r, :n]
         out["positions"][p, at], out["segments"][p, at] = np.arange(n), j + 1
         out["source"][j, :n] = p * mb.length + o + np.arange(n)
+    return out
+
+
+def prompt_lengths(mask: np.ndarray) -> np.ndarray:
+    """1 + the first position with mask > 0 (it reads the prompt's last token): [B, T] -> [B]."""
+    mask = np.asarray(mask) > 0
+    return np.where(mask.any(axis=1), np.argmax(mask, axis=1) + 1, 1).astype(np.int64)
+
+
+def share_prompts(
+    tokens, mask, token_budget: int, bucket_minimum=32, rows=None
+) -> list[MicroBatch]:
+    """Micro-batches of U distinct prompts [U, Tp] and their R rows' completions [R, Tc] (U, R
+    powers of two; U x Tp + R x Tc <= token_budget, but one row always fits), rows in batch
+    order: a group (contiguous there) splits only where the budget says so (docs/trainer.md)."""
+    lengths, plen = row_lengths(mask), prompt_lengths(mask)
+    tail = np.maximum(lengths - plen, 0)  # completion tokens a row reads after its prompt
+    key = lambda r: tokens[r, : plen[r]].tobytes()  # noqa: E731
+    out, members, keys = [], [], {}
+
+    def cost(members, keys):  # (padded tokens, Tp, Tc)
+        tp, tc = (bucket_length(max(x[members].max(), 1), bucket_minimum) for x in (plen, tail))
+        return _ceil_pow2(len(keys)) * tp + _ceil_pow2(len(members)) * tc, tp, tc
+
+    def close(members, keys):
+        info = (
+            np.array([keys[key(r)] for r in members]),
+            _ceil_pow2(len(keys)),
+            *cost(members, keys)[1:],
+        )
+        return MicroBatch(np.array(members), _ceil_pow2(len(members)), mask.shape[1], prompts=info)
+
+    for r in (np.arange(len(lengths)) if rows is None else np.asarray(rows)).tolist():
+        grown = {**keys, key(r): keys.get(key(r), len(keys))}
+        if members and cost(members + [r], grown)[0] > token_budget:
+            out, members, grown = [*out, close(members, keys)], [], {key(r): 0}
+        members, keys = members + [r], grown
+    return out + ([close(members, keys)] if members else [])
+
+
+def shared(mb: MicroBatch, tokens, targets, mask) -> dict[str, np.ndarray]:
+    """`share_prompts`' inputs (what `forward._shared_hidden` reads): prompts [U, Tp] and their
+    lengths [U], src [R] (each row's prompt), tokens [R, Tc] (after the prompt), targets
+    [R, 1 + Tc] (from the prompt's last position), source [R, Tb] (flat into [R, 1 + Tc])."""
+    src, u, tp, tc = mb.prompts
+    plen, (r_, t_) = prompt_lengths(mask), mb.shape
+    out = dict(prompts=np.zeros((u, tp), np.int32), prompt_lengths=np.ones(u, np.int32))
+    out.update(src=np.zeros(r_, np.int32), tokens=np.zeros((r_, tc), np.int32))
+    out.update(targets=np.zeros((r_, 1 + tc), np.int32), source=np.full((r_, t_), -1, np.int32))
+    for j, (r, k) in enumerate(zip(mb.rows, src, strict=True)):
+        p, n = int(plen[r]), min(tc, tokens.shape[1] - int(plen[r]))
+        out["prompts"][k, :p], out["prompt_lengths"][k], out["src"][j] = tokens[r, :p], p, k
+        out["tokens"][j, :n], out["targets"][j, : n + 1] = (
+            tokens[r, p : p + n],
+            targets[r, p - 1 : p + n],
+        )
+        width = min(1 + tc, t_ - p + 1)
+        out["source"][j, p - 1 : p - 1 + width] = j * (1 + tc) + np.arange(width)
     return out

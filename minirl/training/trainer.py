@@ -108,6 +108,8 @@ class Trainer:
             raise ValueError("trainer.routing=replay needs a mixture-of-experts model")
         if cfg.pack and (sampling.exact or model_cfg.num_experts):
             raise ValueError("trainer.pack runs dense models in fast mode only (not exact, MoE)")
+        if cfg.share_prompts and (cfg.pack or model_cfg.num_experts):
+            raise ValueError("trainer.share_prompts runs dense models, without trainer.pack")
         chunk = chunk_positions(model_cfg.vocab_size, cfg.logit_chunk_mb)
         self._spec = ForwardSpec(model_cfg, sampling, cfg.remat, cfg.routing, chunk)
         self._opt = optimizer.AdamW(cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.max_grad_norm)
@@ -266,6 +268,11 @@ class Trainer:
     # ---- the steps' parts --------------------------------------------------------------------
 
     def _plan(self, batch: Batch, rows=None) -> list[mbt.MicroBatch]:
+        c = self.cfg
+        if c.share_prompts:
+            return mbt.share_prompts(
+                batch.tokens, batch.mask, c.micro_batch_tokens, c.bucket_minimum, rows
+            )
         return (mbt.pack_sequences if self.cfg.pack else mbt.pack_rows)(
             mbt.row_lengths(batch.mask),
             self.cfg.micro_batch_tokens,
@@ -308,9 +315,12 @@ class Trainer:
     def _inputs(self, batch: Batch, mb: mbt.MicroBatch) -> tuple:
         """(tokens, targets, routes, packing): [R, Tb] rows, or [P, Tb] packed (`mbt.packed`)."""
         routes = self._replayed(batch, mb)
-        if mb.packing is None:
+        if mb.prompts is not None:
+            arrays = mbt.shared(mb, batch.tokens, batch.targets, batch.mask)
+        elif mb.packing is None:
             return self._rows(batch.tokens, mb), self._rows(batch.targets, mb), routes, None
-        arrays = mbt.packed(mb, mbt.row_lengths(batch.mask), batch.tokens, batch.targets)
+        else:
+            arrays = mbt.packed(mb, mbt.row_lengths(batch.mask), batch.tokens, batch.targets)
         arrays = {k: self._row_layout.rows(v) for k, v in arrays.items()}
         return arrays.pop("tokens"), arrays.pop("targets"), routes, arrays
 

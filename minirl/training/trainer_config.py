@@ -40,6 +40,7 @@ class TrainerConfig:
     num_minibatches: int = 1  # optimizer updates per pass (rows shuffled, split evenly)
     seed: int = 0  # keys the mini-batch shuffle: fold(seed, step, epoch)
     pack: bool = False  # run each micro-batch on packed rows (several sequences per row)
+    share_prompts: bool = False  # rows with one prompt (a GRPO group) run it once per micro-batch
     remat: str = "none"  # "none" | "dots" | "nothing": jax.checkpoint policy per block
     routing: str = "free"  # MoE models: free (the trainer's routers choose) | replay (run the experts the engine recorded, R3)
     logit_chunk_mb: float = 64.0  # MiB the LM head computes at once (docs/trainer.md: slices of ids, or positions per chunk = this / (4 V)); 0 = a whole micro-batch at once

@@ -195,3 +195,14 @@ def test_a_large_model_recomputes_each_block_unless_told(dirs):
     assert derive_for_model(big).trainer.remat == "nothing"
     assert derive_for_model(big, ["trainer.remat=none"]).trainer.remat == "none"
     assert _config(dirs, "short", "trainer.remat=dots").trainer.remat == "dots"
+
+
+def test_a_groups_prompt_runs_once_unless_told(dirs):
+    """trainer.share_prompts derives on where a group's samples share a prompt (the trainer's
+    step equals the plain one: tests/training/test_trainer.py); off for one sample per prompt
+    or with trainer.pack, and a value you set is kept."""
+    assert _config(dirs, "short").rl.group_size > 1
+    assert _config(dirs, "short").trainer.share_prompts is True
+    assert _config(dirs, "short", "rl.group_size=1").trainer.share_prompts is False
+    assert _config(dirs, "short", "trainer.pack=true").trainer.share_prompts is False
+    assert _config(dirs, "short", "trainer.share_prompts=false").trainer.share_prompts is False

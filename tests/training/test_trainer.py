@@ -519,6 +519,93 @@ def test_packed_step_equals_the_unpacked_step(params, batch, full_step):
         Trainer(CFG, params, get_preset("grpo"), cfg, sampling=Sampling(exact=True))
 
 
+@pytest.fixture(scope="module")
+def group_batch():
+    """Two prompts (5 and 9 tokens) x 4 samples each: a GRPO batch whose groups share prompts."""
+    rng = np.random.default_rng(1)
+    prompts = [
+        Prompt(200 + g, "test", "", np.r_[BOS, rng.integers(3, 32, n)].astype(np.int32))
+        for g, n in enumerate((4, 8))
+    ]
+    rollouts = [
+        Rollout(
+            prompts[g],
+            k,
+            rng.integers(3, 32, c).astype(np.int32),
+            (-rng.exponential(1.0, c)).astype(np.float32),
+            np.full(c, 7, np.int32),
+            "length",
+            score=Score(float(rng.normal())),
+        )
+        for g, lengths in enumerate(((56, 42, 43, 29), (25, 9, 14, 5)))
+        for k, c in enumerate(lengths)
+    ]
+    return make_batch(rollouts, PAD)
+
+
+def test_share_prompts_by_hand(group_batch):
+    """Budget 512, buckets of 32: all 8 rows would cost 2 prompts x 32 + 8 rows x 64 = 576, so the
+    first group (completions after the prompt: 55, 41, 42, 28 tokens) is one micro-batch, 1 x 32
+    + 4 x 64 = 288 padded tokens, and the second (24, 8, 13, 4) another, 1 x 32 + 4 x 32 = 160."""
+    plan = mbt.share_prompts(group_batch.tokens, group_batch.mask, 512, 32)
+    assert [mb.rows.tolist() for mb in plan] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [(mb.prompts[0].tolist(), *mb.prompts[1:]) for mb in plan] == [
+        ([0, 0, 0, 0], 1, 32, 64),
+        ([0, 0, 0, 0], 1, 32, 32),
+    ]
+    assert [mb.padded_tokens for mb in plan] == [288, 160]
+    arrays = mbt.shared(plan[1], group_batch.tokens, group_batch.targets, group_batch.mask)
+    row = group_batch.tokens[5]  # prompt 9 tokens, then 8 of its completion's 9 read
+    assert arrays["prompts"][0, :9].tolist() == row[:9].tolist()
+    assert arrays["tokens"][1, :8].tolist() == row[9:17].tolist()
+    assert arrays["source"][1, 8:17].tolist() == list(range(33, 42))  # row 1 of [4, 33]
+
+
+def test_a_shared_prompt_step_equals_the_plain_step(params, group_batch):
+    """trainer.share_prompts: each prompt runs once, its keys and values gathered into every
+    sample's rows (448 padded tokens, not 512), and the recompute, the step and the metrics are
+    the plain trainer's (micro-batch tolerance), with remat too; in exact mode the log-probs
+    are bitwise equal."""
+    plain, shared = (
+        Trainer(
+            CFG,
+            params,
+            get_preset("grpo"),
+            TrainerConfig(micro_batch_tokens=512, share_prompts=on, **GRAD_CFG),
+        )
+        for on in (False, True)
+    )
+    np.testing.assert_allclose(
+        shared.recompute_logprobs(group_batch), plain.recompute_logprobs(group_batch), atol=1e-5
+    )
+    want, got = plain.train_step(group_batch), shared.train_step(group_batch)
+    assert (got["padded_tokens"], want["padded_tokens"]) == (448, 512)
+    moved = _tree_max_diff(plain.params(), params)
+    assert _tree_max_diff(shared.params(), plain.params()) < 1e-4 * moved
+    for key in ("loss", "grad_norm", "ratio_mean", "tokens"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    remat = TrainerConfig(micro_batch_tokens=512, share_prompts=True, remat="nothing", **GRAD_CFG)
+    recomputed = Trainer(CFG, params, get_preset("grpo"), remat)  # blocks with caches, in remat
+    recomputed.train_step(group_batch)
+    assert _tree_max_diff(recomputed.params(), plain.params()) < 1e-4 * moved
+    exact = Sampling(exact=True)
+    plain_x, shared_x = (
+        Trainer(
+            CFG,
+            params,
+            None,
+            TrainerConfig(micro_batch_tokens=512, share_prompts=on),
+            sampling=exact,
+        )
+        for on in (False, True)
+    )
+    assert (
+        shared_x.recompute_logprobs(group_batch) == plain_x.recompute_logprobs(group_batch)
+    ).all()
+    with pytest.raises(ValueError, match="trainer.share_prompts runs dense models"):
+        Trainer(CFG, params, None, TrainerConfig(pack=True, share_prompts=True))
+
+
 def test_first_update_is_on_policy(full_step):
     _, metrics = full_step
     # the training forward sees log pi_prox: the ratio starts at 1 (up to forward/backward fusion)
