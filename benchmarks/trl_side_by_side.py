@@ -16,9 +16,9 @@ constant, one optimizer step per batch, no KL term, no evaluation inside the tim
 
 Variants (`--variants`, comma separated, run in this order inside every round):
   minirl            `minirl train --model DIR --data FILE --verifier math` with the work above, in
-                    minirl's defaults for a user's model (the engine's slots and cache, and the
-                    dtypes, derived: bf16 mixed-precision training where the CPU multiplies bf16
-                    natively, a float32 engine on a CPU; minirl/run/precision.py)
+                    minirl's defaults for a user's model (derived: the engine's slots and cache;
+                    bf16 mixed precision, engine and trainer, where the CPU multiplies bf16
+                    natively, minirl/run/precision.py; shared prompts in the trainer)
   minirl-f32        the same with model.dtype=float32
   minirl-tuned      the same with the engine sized by hand (64 slots, a 128-position cache, one
                     prefill bucket): issue #40's configuration
