@@ -163,7 +163,8 @@ def share_prompts(
     order: a group (contiguous there) splits only where the budget says so (docs/trainer.md)."""
     lengths, plen = row_lengths(mask), prompt_lengths(mask)
     tail = np.maximum(lengths - plen, 0)  # completion tokens a row reads after its prompt
-    key = lambda r: tokens[r, : plen[r]].tobytes()  # noqa: E731
+    rows = np.arange(len(lengths)) if rows is None else np.asarray(rows)
+    key = {r: tokens[r, : plen[r]].tobytes() for r in rows.tolist()}  # each row's prompt, once
     out, members, keys = [], [], {}
 
     def cost(members, keys):  # (padded tokens, Tp, Tc)
@@ -172,16 +173,16 @@ def share_prompts(
 
     def close(members, keys):
         info = (
-            np.array([keys[key(r)] for r in members]),
+            np.array([keys[key[r]] for r in members]),
             _ceil_pow2(len(keys)),
             *cost(members, keys)[1:],
         )
         return MicroBatch(np.array(members), _ceil_pow2(len(members)), mask.shape[1], prompts=info)
 
-    for r in (np.arange(len(lengths)) if rows is None else np.asarray(rows)).tolist():
-        grown = {**keys, key(r): keys.get(key(r), len(keys))}
+    for r in rows.tolist():
+        grown = {**keys, key[r]: keys.get(key[r], len(keys))}
         if members and cost(members + [r], grown)[0] > token_budget:
-            out, members, grown = [*out, close(members, keys)], [], {key(r): 0}
+            out, members, grown = [*out, close(members, keys)], [], {key[r]: 0}
         members, keys = members + [r], grown
     return out + ([close(members, keys)] if members else [])
 

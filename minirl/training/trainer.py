@@ -273,10 +273,10 @@ class Trainer:
             return mbt.share_prompts(
                 batch.tokens, batch.mask, c.micro_batch_tokens, c.bucket_minimum, rows
             )
-        return (mbt.pack_sequences if self.cfg.pack else mbt.pack_rows)(
+        return (mbt.pack_sequences if c.pack else mbt.pack_rows)(
             mbt.row_lengths(batch.mask),
-            self.cfg.micro_batch_tokens,
-            self.cfg.bucket_minimum,
+            c.micro_batch_tokens,
+            c.bucket_minimum,
             max_length=batch.tokens.shape[1],
             rows=rows,
         )
