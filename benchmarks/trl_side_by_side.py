@@ -41,7 +41,8 @@ machine state within a round. Each runs in its users' default environment: no th
 variable is set for any of them (torch: `torch.set_num_threads(2)`, what TRL's own CPU
 training would use on this 2-core machine; JAX: both cores). The 0.5B shape trains TRL in
 micro-batches of 16 rows (gradient accumulation 4) and Tunix in micro-batches of 2 prompts, to
-fit memory; minirl uses its own token budget.
+fit memory (Tunix still outgrows 24 GiB there: benchmarks/tunix_child.py); minirl uses its own
+token budget.
 
 What is measured, per library, per step (the first step, which compiles / warms up, is reported
 apart and left out of the means):

@@ -12,7 +12,9 @@ JAX sampler; vLLM and SGLang need an accelerator), one 1 x 1 device mesh, the Dr
 (`DrGRPOConfig`: Dr. GRPO advantages and aggregation), beta 0 (no reference model, so no
 reference forward), one iteration per batch (so no old-policy forward), the whole batch (8
 prompts x 8 samples) in one rollout call, one log-prob pass and one training micro-batch (the
-0.5B shape: 2 prompts a micro-batch, to fit memory), temperature 1 without top-k/top-p, a KV
+0.5B shape: log-probs and training in micro-batches of 2 prompts; on a 24 GiB machine the
+process still grows from 11 GiB to past 24 GiB in its first step and is killed, also with the
+rollout in micro-batches of 2 prompts), temperature 1 without top-k/top-p, a KV
 cache of prompt + 64 positions, AdamW at 1e-5. `bf16` computes in bfloat16 over float32
 weights (the models' `dtype`), which only helps where XLA runs bf16 dots natively.
 The prompts are rendered with the tokenizer's chat template, as the other two libraries do.
@@ -98,7 +100,7 @@ def run(directory: Path, work: dict, bf16: bool) -> dict:
             mini_batch_size=work["prompts"],
             train_micro_batch_size=micro,
             rollout_micro_batch_size=work["prompts"],
-            compute_logps_micro_batch_size=work["prompts"],
+            compute_logps_micro_batch_size=micro,  # [rows, T, 151,936] float32 logits
         ),
         rollout_config=base_rollout.RolloutConfig(
             max_tokens_to_generate=work["new_tokens"],
