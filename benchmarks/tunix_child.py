@@ -13,8 +13,8 @@ JAX sampler; vLLM and SGLang need an accelerator), one 1 x 1 device mesh, the Dr
 reference forward), one iteration per batch (so no old-policy forward), the whole batch (8
 prompts x 8 samples) in one rollout call, one log-prob pass and one training micro-batch (the
 0.5B shape: log-probs and training in micro-batches of 2 prompts; on a 24 GiB machine the
-process still grows from 11 GiB to past 24 GiB in its first step and is killed, also with the
-rollout in micro-batches of 2 prompts), temperature 1 without top-k/top-p, a KV
+process still grows from 11 GiB to past 24 GiB in its first train step, as its trainer places
+the optimizer state, and is killed, also in bf16), temperature 1 without top-k/top-p, a KV
 cache of prompt + 64 positions, AdamW at 1e-5. `bf16` computes in bfloat16 over float32
 weights (the models' `dtype`), which only helps where XLA runs bf16 dots natively.
 The prompts are rendered with the tokenizer's chat template, as the other two libraries do.
