@@ -33,7 +33,8 @@ Variants (`--variants`, comma separated, run in this order inside every round):
   tunix             `google-tunix` 0.1.7's DrGRPOLearner (benchmarks/tunix_child.py says how it is
                     set up), in its own environment (`--tunix-python`, made by
                     benchmarks/setup_tunix.sh, so it cannot move minirl's pins)
-  tunix-bf16        the same with its models' dtype bfloat16
+  tunix-bf16        the same with the weights loaded in bfloat16 and computed in it (AdamW's
+                    moments follow), as Tunix's own examples load models
 
 Each variant runs in its own fresh Python process, one after the other, the round's order
 alternating (forward in odd rounds, backward in even ones), so every library sees the same
@@ -42,7 +43,8 @@ variable is set for any of them (torch: `torch.set_num_threads(2)`, what TRL's o
 training would use on this 2-core machine; JAX: both cores). The 0.5B shape trains TRL in
 micro-batches of 16 rows (gradient accumulation 4) and Tunix in micro-batches of 2 prompts, to
 fit memory (Tunix still outgrows 24 GiB there: benchmarks/tunix_child.py); minirl uses its own
-token budget.
+token budget. `--tunix-env NAME=VALUE` adds a variable to the Tunix runs' environment alone (a
+diagnosis, e.g. glibc's MALLOC_ARENA_MAX=1; the machine line records it); none by default.
 
 What is measured, per library, per step (the first step, which compiles / warms up, is reported
 apart and left out of the means):
@@ -52,6 +54,8 @@ apart and left out of the means):
   train phase s     s/step - generation s (the same definition for all: scoring, the trainer's
                     forwards and backward, the optimizer, the library's own overhead)
   tokens/s          completion tokens generated per step / s per step (EOS included)
+  peak RSS GB       the library's process's peak resident memory over the whole run, loading
+                    and compiles included (Linux: VmHWM of /proc/self/status, read as it ends)
 The printed ratios are each minirl variant over each other library within the same round
 (tokens/s: > 1 = minirl faster; s/step: their s / minirl s, > 1 = minirl faster). The first
 lines say which machine ran it (CPU model, flags, versions). The machine is a shared 2-core
@@ -295,10 +299,12 @@ def run_child(
     minirl_root=ROOT,
     timeout: float = 3600,
     tunix_python: str | None = None,
+    tunix_env: dict | None = None,
 ) -> dict:
     """One variant in a fresh Python process, in its users' default environment (minirl
     imported from `minirl_root`: another checkout gives a before/after; Tunix run by
-    `tunix_python`, its own environment's interpreter); its per-step timings."""
+    `tunix_python`, its own environment's interpreter, with `tunix_env` added to its
+    environment, none by default); its per-step timings."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(minirl_root), env.get("PYTHONPATH", "")])
     code = (
@@ -311,6 +317,7 @@ def run_child(
         if not tunix_python:
             raise ValueError("the tunix variants need --tunix-python (benchmarks/setup_tunix.sh)")
         env.pop("PYTHONPATH")  # its own environment: nothing of minirl's
+        env.update(tunix_env or {})
         script = str(ROOT / "benchmarks" / "tunix_child.py")
         argv = [tunix_python, script, str(directory), json.dumps(work)]
         argv += ["bf16"] if variant == "tunix-bf16" else []
@@ -324,10 +331,15 @@ def run_child(
 
 
 def child(directory: str, variant: str, work: dict) -> dict:
+    """One minirl or TRL variant's timings and its process's peak resident memory (GB)."""
+    from minirl.run.memory import peak_rss_gb
+
     directory = Path(directory)
     if variant in MINIRL:
-        return run_minirl(directory, work, variant)
-    return run_trl(directory, work, defaults=variant == "trl-defaults")
+        timings = run_minirl(directory, work, variant)
+    else:
+        timings = run_trl(directory, work, defaults=variant == "trl-defaults")
+    return timings | {"peak_rss_gb": peak_rss_gb()}
 
 
 def machine() -> dict:
@@ -375,6 +387,7 @@ def summarize(timings: dict) -> dict:
         "generation_tokens_per_s": tokens / max(gen, 1e-9),
         "first_step_s": timings["step_s"][0],
         "s_per_step_all": mean(timings["step_s"]),  # with the first step
+        "peak_rss_gb": timings.get("peak_rss_gb"),  # the child process's, whole run (VmHWM)
     }
 
 
@@ -390,7 +403,14 @@ def ratios(mine: dict, theirs: dict) -> dict:
 
 
 def side_by_side(
-    directory, variants, rounds: int, work: dict, minirl_root=ROOT, log=print, tunix_python=None
+    directory,
+    variants,
+    rounds: int,
+    work: dict,
+    minirl_root=ROOT,
+    log=print,
+    tunix_python=None,
+    tunix_env=None,
 ) -> list[dict]:
     """`rounds` rounds of every variant, the order alternating; per round the summaries and the
     ratios of each minirl variant to each other library's variant."""
@@ -399,9 +419,17 @@ def side_by_side(
         order = list(variants) if r % 2 == 0 else list(variants)[::-1]
         got = {}
         for v in order:
-            timings = run_child(Path(directory), v, work, minirl_root, tunix_python=tunix_python)
+            timings = run_child(
+                Path(directory),
+                v,
+                work,
+                minirl_root,
+                tunix_python=tunix_python,
+                tunix_env=tunix_env,
+            )
             got[v] = summarize(timings)
-            log(f"round {r + 1} {v}: " + json.dumps({k: round(x, 3) for k, x in got[v].items()}))
+            shown = {k: x if x is None else round(x, 3) for k, x in got[v].items()}
+            log(f"round {r + 1} {v}: " + json.dumps(shown))
         row = {"round": r + 1, **got}
         for mine in (v for v in variants if v in MINIRL):
             for theirs in (v for v in variants if v in PEERS):
@@ -411,11 +439,14 @@ def side_by_side(
 
 
 def table(results: list[dict]) -> str:
-    """A Markdown table: per round and pair, s/step of both and the four ratios."""
+    """A Markdown table: per round and pair, s/step of both, the four ratios and each
+    process's peak resident memory."""
     head = (
         "| round | pair | minirl s/step | their s/step | their s / minirl s | tokens/s ratio "
-        "| train phase ratio | generation ratio |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| train phase ratio | generation ratio | peak RSS GB (minirl, theirs) |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
+    gb = lambda x: "?" if x is None else f"{x:.1f}"
     rows = []
     for res in results:
         for key, q in res.items():
@@ -425,7 +456,8 @@ def table(results: list[dict]) -> str:
             rows.append(
                 f"| {res['round']} | {key} | {res[mine]['s_per_step']:.2f} "
                 f"| {res[theirs]['s_per_step']:.2f} | {q['step']:.2f} | {q['tokens_per_s']:.2f} "
-                f"| {q['train_phase']:.2f} | {q['generation']:.2f} |"
+                f"| {q['train_phase']:.2f} | {q['generation']:.2f} "
+                f"| {gb(res[mine].get('peak_rss_gb'))}, {gb(res[theirs].get('peak_rss_gb'))} |"
             )
     return "\n".join([head, *rows])
 
@@ -444,6 +476,14 @@ def main(argv=None) -> int:
         default=os.environ.get("TUNIX_PYTHON"),
         help="the Tunix environment's python (benchmarks/setup_tunix.sh; $TUNIX_PYTHON)",
     )
+    p.add_argument(
+        "--tunix-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the Tunix runs only, which its users would not set "
+        "(e.g. MALLOC_ARENA_MAX=1); repeatable; printed on the machine line. Default: none",
+    )
     args = p.parse_args(argv)
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -451,6 +491,10 @@ def main(argv=None) -> int:
         p.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     if any(v.startswith("tunix") for v in variants) and not args.tunix_python:
         p.error("the tunix variants need --tunix-python (make it with benchmarks/setup_tunix.sh)")
+    bad = [x for x in args.tunix_env if "=" not in x or not x.split("=", 1)[0].isidentifier()]
+    if bad:
+        p.error(f"--tunix-env takes NAME=VALUE, not {bad}")
+    tunix_env = dict(x.split("=", 1) for x in args.tunix_env)
     directory = Path(args.dir or tempfile.mkdtemp(prefix="side-by-side-"))
     make_workload(directory, args.size)
     if args.rounds == 0:  # the workload files only (benchmarks/profile_train_phase.py reads them)
@@ -459,10 +503,16 @@ def main(argv=None) -> int:
     work = dict(WORK, steps=args.steps)
     if args.size == "0.5b":
         work["trl_accumulate"] = 4  # TRL: 4 micro-batches of 16 rows (module docstring)
-    host = machine()
+    host = machine() | ({"tunix_env": tunix_env} if tunix_env else {})
     print("machine: " + json.dumps(host))
     results = side_by_side(
-        directory, variants, args.rounds, work, args.minirl, tunix_python=args.tunix_python
+        directory,
+        variants,
+        args.rounds,
+        work,
+        args.minirl,
+        tunix_python=args.tunix_python,
+        tunix_env=tunix_env,
     )
     print(table(results))
     if args.json:

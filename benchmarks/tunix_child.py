@@ -5,19 +5,24 @@ Runs in Tunix's own environment (benchmarks/setup_tunix.sh makes it; it never im
     VENV/bin/python benchmarks/tunix_child.py DIR '{"steps": 12, "prompts": 8, ...}' [bf16]
 
 Reads DIR/model (the random Qwen2 transformers saved), DIR/train.jsonl; prints one line
-`SIDE-BY-SIDE-RESULT {"step_s": [...], "generate_s": [...], "tokens": [...]}` per global step.
+`SIDE-BY-SIDE-RESULT {"step_s": [...], "generate_s": [...], "tokens": [...], "peak_rss_gb": G}`
+(lists: one entry per global step).
 
 Tunix's settings, its best on a CPU as its docs and code allow: the vanilla rollout engine (its
-JAX sampler; vLLM and SGLang need an accelerator), one 1 x 1 device mesh, the Dr. GRPO learner
-(`DrGRPOConfig`: Dr. GRPO advantages and aggregation), beta 0 (no reference model, so no
-reference forward), one iteration per batch (so no old-policy forward), the whole batch (8
-prompts x 8 samples) in one rollout call, one log-prob pass and one training micro-batch (the
-0.5B shape: log-probs and training in micro-batches of 2 prompts; on a 24 GiB machine the
-process still grows from 11 GiB to past 24 GiB in its first train step, as its trainer places
-the optimizer state, and is killed, also in bf16), temperature 1 without top-k/top-p, a KV
-cache of prompt + 64 positions, AdamW at 1e-5. `bf16` computes in bfloat16 over float32
-weights (the models' `dtype`), which only helps where XLA runs bf16 dots natively.
-The prompts are rendered with the tokenizer's chat template, as the other two libraries do.
+JAX sampler; vLLM and SGLang need an accelerator), one 1 x 1 device mesh the model is loaded
+onto (so RLCluster keeps it rather than copying it there), the Dr. GRPO learner (`DrGRPOConfig`:
+Dr. GRPO advantages and aggregation), beta 0 and no reference model (Tunix computes no
+reference log-probs at beta 0, so it would only hold a copy of the weights), one iteration per
+batch (so no old-policy forward), the whole batch (8 prompts x 8 samples) in one rollout call,
+one log-prob pass and one training micro-batch (the 0.5B shape: log-probs and training in
+micro-batches of 2 prompts), temperature 1 without top-k/top-p, a KV cache of prompt + 64
+positions, AdamW at 1e-5. `bf16` loads the weights in bfloat16 and computes in it (AdamW's
+moments follow the weights' dtype), as Tunix's own examples load models; it only helps where
+XLA runs bf16 dots natively. The prompts are rendered with the tokenizer's chat template, as the
+other two libraries do.
+
+At the 0.5B shape Tunix outgrows a 24 GiB machine in its first step, in float32 and in bf16
+(docs/trainer.md, "The Qwen2.5-0.5B shape", says what it holds and where it grows).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def _reward(prompts, completions, answer, **_):
     return out
 
 
-def _model(path: Path, bf16: bool):
+def _model(path: Path, bf16: bool, mesh):
     import jax.numpy as jnp
     from tunix.models.qwen2 import model as qwen2
     from tunix.models.qwen2 import params as qwen2_params
@@ -62,7 +67,9 @@ def _model(path: Path, bf16: bool):
         use_tied_embedding=hf.get("tie_word_embeddings", False),
         dtype=jnp.bfloat16 if bf16 else jnp.float32,
     )
-    return qwen2_params.create_model_from_safe_tensors(str(path), cfg, dtype=jnp.float32)
+    # loaded onto the mesh: RLCluster keeps a model already there instead of copying it
+    dtype = jnp.bfloat16 if bf16 else jnp.float32  # the weights' (and so AdamW's moments')
+    return qwen2_params.create_model_from_safe_tensors(str(path), cfg, mesh, dtype=dtype)
 
 
 def run(directory: Path, work: dict, bf16: bool) -> dict:
@@ -88,7 +95,7 @@ def run(directory: Path, work: dict, bf16: bool) -> dict:
     ]
     batches = (batches * (work["steps"] // len(batches) + 1))[: work["steps"]]
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
-    model = _model(directory / "model", bf16)
+    model = _model(directory / "model", bf16, mesh)
     micro = work["prompts"] if model.config.vocab_size < 100_000 else 2
     config = rl.ClusterConfig(
         role_to_mesh={r: mesh for r in (rl.Role.ACTOR, rl.Role.REFERENCE, rl.Role.ROLLOUT)},
@@ -112,7 +119,8 @@ def run(directory: Path, work: dict, bf16: bool) -> dict:
             eos_tokens=[tok.eos_token_id],
         ),
     )
-    cluster = rl.RLCluster(actor=model, reference=model, tokenizer=tok, cluster_config=config)
+    # no reference model: with beta 0 Tunix never computes its log-probs (a copy of the weights)
+    cluster = rl.RLCluster(actor=model, reference=None, tokenizer=tok, cluster_config=config)
     times = {"generate": 0.0, "tokens": 0, "step": [], "gen": [], "tok": []}
     generate = cluster.generate
 
@@ -147,7 +155,19 @@ def run(directory: Path, work: dict, bf16: bool) -> dict:
 
     algo = DrGRPOConfig(num_generations=work["group"], num_iterations=1, beta=0.0, epsilon=0.2)
     Timed(rl_cluster=cluster, algo_config=algo, reward_fns=[_reward]).train(batches)
-    return {"step_s": times["step"], "generate_s": times["gen"], "tokens": times["tok"]}
+    out = {"step_s": times["step"], "generate_s": times["gen"], "tokens": times["tok"]}
+    return out | {"peak_rss_gb": _peak_rss_gb()}
+
+
+def _peak_rss_gb() -> float | None:
+    """This process's peak resident memory in GB (VmHWM; minirl's own reader is not importable
+    here, in Tunix's environment)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    line = next((x for x in status.splitlines() if x.startswith("VmHWM:")), None)
+    return int(line.split()[1]) * 1024 / 1e9 if line else None
 
 
 if __name__ == "__main__":

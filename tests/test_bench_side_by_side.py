@@ -35,6 +35,7 @@ def test_each_library_runs_in_its_users_environment_and_every_pair_is_compared(m
         dict(bench.WORK),
         log=lambda _: None,
         tunix_python="/venv-tunix/bin/python",
+        tunix_env={"MALLOC_ARENA_MAX": "1"},
     )
     assert sorted(k for k in res if " / " in k) == [
         "minirl / trl",
@@ -43,6 +44,8 @@ def test_each_library_runs_in_its_users_environment_and_every_pair_is_compared(m
         "minirl-f32 / tunix",
     ]
     assert res["minirl / tunix"]["step"] == pytest.approx(1.0)  # the same fake timings
+    assert res["tunix"]["peak_rss_gb"] == 3.5  # each child's own peak memory, as it reported it
+    assert bench.table([res]).splitlines()[2].endswith("| 3.5, 3.5 |")
     for _, env in seen:
         assert not any(k.startswith(("OMP_", "MKL_")) for k in set(env) - set(os.environ))
     tunix_argv, tunix_env = seen[-1]
@@ -51,12 +54,26 @@ def test_each_library_runs_in_its_users_environment_and_every_pair_is_compared(m
         str(bench.ROOT / "benchmarks" / "tunix_child.py"),
     ]
     assert "PYTHONPATH" not in tunix_env
+    assert tunix_env["MALLOC_ARENA_MAX"] == "1"  # --tunix-env reaches the Tunix run alone
+    assert all("MALLOC_ARENA_MAX" not in env for _, env in seen[:-1])
     assert seen[0][1]["PYTHONPATH"].startswith(str(bench.ROOT))
     with pytest.raises(ValueError, match="--tunix-python"):
         bench.run_child(Path("/w"), "tunix", bench.WORK)
 
 
-TIMINGS = {"step_s": [9.0, 2.0, 2.0], "generate_s": [1.0, 1.0, 1.0], "tokens": [100, 200, 200]}
+@pytest.mark.parametrize("bad", ["MALLOC_ARENA_MAX", "=1", "A B=1"])
+def test_a_malformed_tunix_env_is_a_usage_error(bad, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--rounds", "0", "--tunix-env", bad])
+    assert exit_.value.code == 2 and "--tunix-env takes NAME=VALUE" in capsys.readouterr().err
+
+
+TIMINGS = {
+    "step_s": [9.0, 2.0, 2.0],
+    "generate_s": [1.0, 1.0, 1.0],
+    "tokens": [100, 200, 200],
+    "peak_rss_gb": 3.5,
+}
 
 
 @pytest.mark.slow
@@ -91,6 +108,7 @@ def test_both_libraries_run_the_same_work_and_the_ratios_are_same_round(tmp_path
         assert 0 < s["tokens_per_step"] <= 2 * 4 * 16
         assert 0 < s["generation_s"] < s["s_per_step"]
         assert s["train_phase_s"] == pytest.approx(s["s_per_step"] - s["generation_s"])
+        assert 0.2 < s["peak_rss_gb"] < 20  # the child's own (VmHWM), not the driver's
     assert q["step"] == pytest.approx(theirs["s_per_step"] / mine["s_per_step"])
     assert q["tokens_per_s"] == pytest.approx(mine["tokens_per_s"] / theirs["tokens_per_s"])
     assert q["train_phase"] == pytest.approx(theirs["train_phase_s"] / mine["train_phase_s"])
