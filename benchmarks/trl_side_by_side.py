@@ -1,8 +1,8 @@
 """Side by side with Hugging Face TRL and Google's Tunix: the same GRPO work, one library at a time
 (issues #40 and #46).
 
-    python benchmarks/trl_side_by_side.py --size 25m --rounds 3 --steps 8 \
-        --variants minirl,minirl-f32,trl,trl-defaults,tunix --tunix-python VENV/bin/python
+    python benchmarks/trl_side_by_side.py --size 25m --rounds 3 --steps 8 --tunix-python \
+        VENV/bin/python --variants minirl,minirl-f32,trl,trl-defaults,tunix,tunix-bf16
     python benchmarks/trl_side_by_side.py --size 0.5b --rounds 2 --steps 3 ...   # Qwen2.5-0.5B shape
     python benchmarks/trl_side_by_side.py --size tiny --rounds 1 --steps 3       # a smoke run
 
@@ -38,7 +38,9 @@ Variants (`--variants`, comma separated, run in this order inside every round):
 
 Each variant runs in its own fresh Python process, one after the other, the round's order
 alternating (forward in odd rounds, backward in even ones), so every library sees the same
-machine state within a round. Each runs in its users' default environment: no thread-policy
+machine state within a round; a run that fails (Tunix at 0.5B on a 24 GiB machine is killed for
+memory) is logged and tabled as failed, and the others go on. Each runs in its users' default
+environment: no thread-policy
 variable is set for any of them (torch: `torch.set_num_threads(2)`, what TRL's own CPU
 training would use on this 2-core machine; JAX: both cores). The 0.5B shape trains TRL in
 micro-batches of 16 rows (gradient accumulation 4) and Tunix in micro-batches of 2 prompts, to
@@ -326,7 +328,10 @@ def run_child(
     )
     lines = [x for x in out.stdout.splitlines() if x.startswith(RESULT)]
     if out.returncode != 0 or not lines:
-        raise RuntimeError(f"{variant} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+        why = f"exit {out.returncode}"
+        if out.returncode == -9:  # what the kernel's OOM killer sends
+            why += ", killed: out of memory?"
+        raise RuntimeError(f"{variant} failed ({why}):\n{out.stderr[-4000:]}")
     return json.loads(lines[-1][len(RESULT) :])
 
 
@@ -413,27 +418,35 @@ def side_by_side(
     tunix_env=None,
 ) -> list[dict]:
     """`rounds` rounds of every variant, the order alternating; per round the summaries and the
-    ratios of each minirl variant to each other library's variant."""
+    ratios of each minirl variant to each other library's variant. A run that fails (killed for
+    memory, a library's error) is logged with its error's tail and recorded as
+    `{"failed": why}`; the other variants go on."""
     out = []
     for r in range(rounds):
         order = list(variants) if r % 2 == 0 else list(variants)[::-1]
         got = {}
         for v in order:
-            timings = run_child(
-                Path(directory),
-                v,
-                work,
-                minirl_root,
-                tunix_python=tunix_python,
-                tunix_env=tunix_env,
-            )
+            try:
+                timings = run_child(
+                    Path(directory),
+                    v,
+                    work,
+                    minirl_root,
+                    tunix_python=tunix_python,
+                    tunix_env=tunix_env,
+                )
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                got[v] = {"failed": str(e).splitlines()[0].rstrip(":")}
+                log(f"round {r + 1} {v}: {e}")
+                continue
             got[v] = summarize(timings)
             shown = {k: x if x is None else round(x, 3) for k, x in got[v].items()}
             log(f"round {r + 1} {v}: " + json.dumps(shown))
         row = {"round": r + 1, **got}
         for mine in (v for v in variants if v in MINIRL):
             for theirs in (v for v in variants if v in PEERS):
-                row[f"{mine} / {theirs}"] = ratios(got[mine], got[theirs])
+                failed = "failed" in got[mine] or "failed" in got[theirs]
+                row[f"{mine} / {theirs}"] = None if failed else ratios(got[mine], got[theirs])
         out.append(row)
     return out
 
@@ -453,6 +466,12 @@ def table(results: list[dict]) -> str:
             if " / " not in key:
                 continue
             mine, theirs = key.split(" / ")
+            if q is None:  # one of the two runs failed
+                cells = [
+                    res[v].get("failed") or f"{res[v]['s_per_step']:.2f}" for v in (mine, theirs)
+                ]
+                rows.append(f"| {res['round']} | {key} | {cells[0]} | {cells[1]} |" + " |" * 5)
+                continue
             rows.append(
                 f"| {res['round']} | {key} | {res[mine]['s_per_step']:.2f} "
                 f"| {res[theirs]['s_per_step']:.2f} | {q['step']:.2f} | {q['tokens_per_s']:.2f} "

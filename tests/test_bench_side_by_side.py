@@ -61,6 +61,34 @@ def test_each_library_runs_in_its_users_environment_and_every_pair_is_compared(m
         bench.run_child(Path("/w"), "tunix", bench.WORK)
 
 
+def test_a_run_killed_for_memory_is_recorded_and_the_others_go_on(monkeypatch):
+    """One library's run killed (SIGKILL, as the OOM killer sends it) costs its own row only:
+    the failure is logged and tabled, every other variant still runs and is compared."""
+
+    def fake_run(argv, env, **kw):
+        if "tunix_child.py" in " ".join(argv):
+            return subprocess.CompletedProcess(argv, -9, "", "Killed")
+        return subprocess.CompletedProcess(argv, 0, bench.RESULT + json.dumps(TIMINGS), "")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    logged = []
+    rounds = bench.side_by_side(
+        "/w", ["minirl", "trl", "tunix"], 2, dict(bench.WORK), log=logged.append, tunix_python="py"
+    )
+    for res in rounds:
+        assert res["tunix"] == {"failed": "tunix failed (exit -9, killed: out of memory?)"}
+        assert res["minirl / tunix"] is None
+        assert res["minirl / trl"]["step"] == pytest.approx(1.0)
+    assert sum("tunix failed" in x for x in logged) == 2
+    lines = bench.table(rounds).splitlines()
+    assert len(lines) == 2 + 4
+    assert (
+        lines[3]
+        == "| 1 | minirl / tunix | 2.00 | tunix failed (exit -9, killed: out of memory?) |"
+        + " |" * 5
+    )
+
+
 @pytest.mark.parametrize("bad", ["MALLOC_ARENA_MAX", "=1", "A B=1"])
 def test_a_malformed_tunix_env_is_a_usage_error(bad, capsys):
     with pytest.raises(SystemExit) as exit_:
