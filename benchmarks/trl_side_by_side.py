@@ -3,8 +3,8 @@
 
     python benchmarks/trl_side_by_side.py --size 25m --rounds 3 --steps 8 --tunix-python \
         VENV/bin/python --variants minirl,minirl-f32,trl,trl-defaults,tunix,tunix-bf16
-    python benchmarks/trl_side_by_side.py --size 0.5b --rounds 2 --steps 3 ...   # Qwen2.5-0.5B shape
-    python benchmarks/trl_side_by_side.py --size tiny --rounds 1 --steps 3       # a smoke run
+    python benchmarks/trl_side_by_side.py --size 0.5b --rounds 2 --steps 3 ...  # Qwen2.5-0.5B shape
+    python benchmarks/trl_side_by_side.py --size tiny --rounds 1 --steps 3      # a smoke run
 
 The work (issue #40's): a random Qwen2 saved as a Hugging Face directory with transformers
 (`--size 25m`: D 512, 8 layers, 8 heads, 4 KV heads, F 1536; `0.5b`: Qwen2.5-0.5B's shape, D 896,
@@ -38,15 +38,15 @@ Variants (`--variants`, comma separated, run in this order inside every round):
 
 Each variant runs in its own fresh Python process, one after the other, the round's order
 alternating (forward in odd rounds, backward in even ones), so every library sees the same
-machine state within a round; a run that fails (Tunix at 0.5B on a 24 GiB machine is killed for
-memory) is logged and tabled as failed, and the others go on. Each runs in its users' default
-environment: no thread-policy
-variable is set for any of them (torch: `torch.set_num_threads(2)`, what TRL's own CPU
-training would use on this 2-core machine; JAX: both cores). The 0.5B shape trains TRL in
-micro-batches of 16 rows (gradient accumulation 4) and Tunix in micro-batches of 2 prompts, to
-fit memory (Tunix still outgrows 24 GiB there: benchmarks/tunix_child.py); minirl uses its own
-token budget. `--tunix-env NAME=VALUE` adds a variable to the Tunix runs' environment alone (a
-diagnosis, e.g. glibc's MALLOC_ARENA_MAX=1; the machine line records it); none by default.
+machine state within a round; a run that fails (Tunix in float32 at 0.5B on a 24 GiB machine is
+killed for memory) is logged and tabled as failed, and the others go on. Each runs in its users'
+default environment: no thread-policy variable is set for any of them (torch:
+`torch.set_num_threads(2)`, what TRL's own CPU training would use on this 2-core machine; JAX:
+both cores). The 0.5B shape trains TRL in micro-batches of 16 rows (gradient accumulation 4) and
+Tunix in micro-batches of 2 prompts, to fit memory (Tunix in float32 still outgrows 24 GiB
+there: benchmarks/tunix_child.py); minirl uses its own token budget. `--tunix-env NAME=VALUE`
+adds a variable to the Tunix runs' environment alone (a diagnosis, e.g. glibc's
+MALLOC_ARENA_MAX=1; the machine line records it); none by default.
 
 What is measured, per library, per step (the first step, which compiles / warms up, is reported
 apart and left out of the means):

@@ -21,8 +21,9 @@ moments follow the weights' dtype), as Tunix's own examples load models; it only
 XLA runs bf16 dots natively. The prompts are rendered with the tokenizer's chat template, as the
 other two libraries do.
 
-At the 0.5B shape Tunix outgrows a 24 GiB machine in its first step, in float32 and in bf16
-(docs/trainer.md, "The Qwen2.5-0.5B shape", says what it holds and where it grows).
+At the 0.5B shape Tunix in float32 outgrows a 24 GiB machine in its first step; with bf16
+weights it fits, narrowly (peak 23.6 GB). docs/trainer.md, "Where Tunix's memory goes at 0.5B",
+says what it holds.
 """
 
 from __future__ import annotations
