@@ -39,14 +39,14 @@ Variants (`--variants`, comma separated, run in this order inside every round):
 Each variant runs in its own fresh Python process, one after the other, the round's order
 alternating (forward in odd rounds, backward in even ones), so every library sees the same
 machine state within a round; a run that fails (Tunix in float32 at 0.5B on a 24 GiB machine is
-killed for memory) is logged and tabled as failed, and the others go on. Each runs in its users'
-default environment: no thread-policy variable is set for any of them (torch:
-`torch.set_num_threads(2)`, what TRL's own CPU training would use on this 2-core machine; JAX:
-both cores). The 0.5B shape trains TRL in micro-batches of 16 rows (gradient accumulation 4) and
-Tunix in micro-batches of 2 prompts, to fit memory (Tunix in float32 still outgrows 24 GiB
-there: benchmarks/tunix_child.py); minirl uses its own token budget. `--tunix-env NAME=VALUE`
-adds a variable to the Tunix runs' environment alone (a diagnosis, e.g. glibc's
-MALLOC_ARENA_MAX=1; the machine line records it); none by default.
+killed for memory) is logged and tabled as failed, the others go on, and the command exits 1.
+Each runs in its users' default environment: no thread-policy variable is set for any of them
+(torch: `torch.set_num_threads(2)`, what TRL's own CPU training would use on this 2-core
+machine; JAX: both cores). The 0.5B shape trains TRL in micro-batches of 16 rows (gradient
+accumulation 4) and Tunix in micro-batches of 2 prompts, to fit memory (Tunix in float32 still
+outgrows 24 GiB there: benchmarks/tunix_child.py); minirl uses its own token budget.
+`--tunix-env NAME=VALUE` adds a variable to the Tunix runs' environment alone (a diagnosis, e.g.
+glibc's MALLOC_ARENA_MAX=1; the machine line records it); none by default.
 
 What is measured, per library, per step (the first step, which compiles / warms up, is reported
 apart and left out of the means):
@@ -536,7 +536,12 @@ def main(argv=None) -> int:
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": host, "rounds": results}, indent=2))
-    return 0
+    failed = [
+        f"round {res['round']} {v}" for res in results for v in variants if "failed" in res[v]
+    ]
+    if failed:  # the table and the JSON hold every run that finished; the exit status says this
+        print("failed runs: " + ", ".join(failed))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

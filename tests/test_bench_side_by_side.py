@@ -89,6 +89,24 @@ def test_a_run_killed_for_memory_is_recorded_and_the_others_go_on(monkeypatch):
     )
 
 
+def test_the_command_prints_the_table_and_exits_1_when_a_run_failed(monkeypatch, tmp_path, capsys):
+    ok = bench.summarize(TIMINGS)
+    rounds = [{"round": 1, "minirl": ok, "tunix": {"failed": "tunix failed (exit -9)"}}]
+    rounds[0]["minirl / tunix"] = None
+    monkeypatch.setattr(bench, "make_workload", lambda *a: None)
+    monkeypatch.setattr(bench, "machine", lambda: {})
+    monkeypatch.setattr(bench, "side_by_side", lambda *a, **k: rounds)
+    argv = ["--dir", str(tmp_path), "--variants", "minirl,tunix", "--tunix-python", "py"]
+    assert bench.main([*argv, "--json", str(tmp_path / "r.json")]) == 1
+    out = capsys.readouterr().out
+    assert "| 1 | minirl / tunix | 2.00 | tunix failed (exit -9) |" in out
+    assert out.strip().endswith("failed runs: round 1 tunix")
+    assert json.loads((tmp_path / "r.json").read_text())["rounds"] == rounds  # nothing lost
+    rounds[0]["tunix"] = ok
+    rounds[0]["minirl / tunix"] = bench.ratios(ok, ok)
+    assert bench.main(argv) == 0
+
+
 @pytest.mark.parametrize("bad", ["MALLOC_ARENA_MAX", "=1", "A B=1"])
 def test_a_malformed_tunix_env_is_a_usage_error(bad, capsys):
     with pytest.raises(SystemExit) as exit_:
