@@ -55,6 +55,7 @@ def _model(path: Path, bf16: bool, mesh):
     from tunix.models.qwen2 import params as qwen2_params
 
     hf = json.loads((path / "config.json").read_text())
+    dtype = jnp.bfloat16 if bf16 else jnp.float32  # compute and weights (so AdamW's moments)
     cfg = qwen2.ModelConfig(
         num_layers=hf["num_hidden_layers"],
         vocab_size=hf["vocab_size"],
@@ -66,10 +67,9 @@ def _model(path: Path, bf16: bool, mesh):
         rope_theta=int(hf.get("rope_theta", 10000)),
         norm_eps=hf["rms_norm_eps"],
         use_tied_embedding=hf.get("tie_word_embeddings", False),
-        dtype=jnp.bfloat16 if bf16 else jnp.float32,
+        dtype=dtype,
     )
     # loaded onto the mesh: RLCluster keeps a model already there instead of copying it
-    dtype = jnp.bfloat16 if bf16 else jnp.float32  # the weights' (and so AdamW's moments')
     return qwen2_params.create_model_from_safe_tensors(str(path), cfg, mesh, dtype=dtype)
 
 
