@@ -3,7 +3,7 @@ CPU devices must be configured before JAX starts).
 
     python tests/scale/exact_layouts.py OUT.json --model dense --dtype float32 \
         --engine one --engine tensor=4 --trainer one --trainer fsdp=2,tensor=2 [--lora]
-        [--experts] [--devices 4]
+        [--experts] [--share-prompts] [--devices 4]
 
 One model (the "tiny" preset cut to 2 layers, or "tiny-moe"), exact mode, computing in `--dtype`,
 and each layout named ("one": one device; else a mesh over the first devices, "tensor=2" on 2):
@@ -15,6 +15,7 @@ and each layout named ("one": one device; else a mesh over the first devices, "t
   2. trainers: each (weights by `fsdp()`, experts over "fsdp" with --experts; rows split by
      `MeshRows`) computes the recompute and the training forward (under the gradient, with
      remat) of the reference's batch, compared with the reference's behaviour log-probs
+     (--share-prompts: each group's prompt run once per micro-batch, `trainer.share_prompts`)
 Every comparison is recorded as (equal bit for bit, max |difference|); OUT.json holds them.
 --lora adds rank-4 adapters (attention only on the MoE) with random B, so they change the output.
 """
@@ -35,6 +36,7 @@ parser.add_argument("--engine", action="append", default=[], help="an engine lay
 parser.add_argument("--trainer", action="append", default=[], help="a trainer layout (repeatable)")
 parser.add_argument("--lora", action="store_true")
 parser.add_argument("--experts", action="store_true", help="experts over a mesh axis")
+parser.add_argument("--share-prompts", action="store_true", help="trainer.share_prompts (dense)")
 parser.add_argument("--devices", type=int, default=4, help="fake CPU devices; 0: JAX's own")
 args = parser.parse_args()
 
@@ -53,6 +55,7 @@ from minirl.inference.engine import Engine, EngineConfig, Request  # noqa: E402
 from minirl.modeling import lora  # noqa: E402
 from minirl.modeling.model import ModelConfig, init_model  # noqa: E402
 from minirl.modeling.tokenizer import CharTokenizer  # noqa: E402
+from minirl.training import microbatch as mbt  # noqa: E402
 from minirl.training.batching import make_batch  # noqa: E402
 from minirl.training.trainer import Trainer, TrainerConfig  # noqa: E402
 from minirl.types import Prompt, Score  # noqa: E402
@@ -80,6 +83,7 @@ ENGINE = EngineConfig(
     exact=True,
 )
 PAGED = dataclasses.replace(ENGINE, paged=True, block_size=16)
+TRAINER = TrainerConfig(micro_batch_tokens=256, bucket_minimum=32, share_prompts=args.share_prompts)
 
 
 class Scripted:
@@ -182,13 +186,21 @@ def engines(params) -> tuple[list, dict]:
     return reference, out
 
 
+def rows_sharing(batch) -> int:
+    """Rows whose prompt another row of their micro-batch runs, as --share-prompts plans them."""
+    if not TRAINER.share_prompts:
+        return 0
+    budget, bucket = TRAINER.micro_batch_tokens, TRAINER.bucket_minimum
+    plan = mbt.share_prompts(batch.tokens, batch.mask, budget, bucket)
+    return sum(len(mb.rows) - len(set(mb.prompts[0].tolist())) for mb in plan)
+
+
 def trainers(params, batch) -> dict:
     rules = mesh_lib.expert_parallel(mesh_lib.fsdp()) if args.experts else mesh_lib.fsdp()
-    tcfg = TrainerConfig(micro_batch_tokens=256, bucket_minimum=32)
     out, real = {}, batch.mask > 0
     for text in args.trainer:
         p, rows = placed(params, text, rules)
-        trainer = Trainer(CFG, p, None, tcfg, row_layout=rows, sampling=ENGINE.sampling.scoring)
+        trainer = Trainer(CFG, p, None, TRAINER, row_layout=rows, sampling=ENGINE.sampling.scoring)
         want = batch.behaviour_logprobs
         out[text] = {
             "recompute": compare(trainer.recompute_logprobs(batch), want, real),
@@ -204,6 +216,7 @@ result = {
     "devices": jax.device_count(),
     "tokens": int((batch.mask > 0).sum()),
     "multi_turn": sum(bool((r.mask == 0).any()) for r in reference if r.mask is not None),
+    "rows_sharing": rows_sharing(batch),
     "engines": engine_rows,
     "trainers": trainers(params, batch),
 }

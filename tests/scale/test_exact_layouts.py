@@ -15,7 +15,8 @@ vs trainer fsdp=2,tensor=2; the async run (fixture model, float32), engine tenso
 fsdp=4. (tests/scale/test_diagnose.py adds the dense float32 decode on tensor=4 vs the recompute
 on fsdp=2,tensor=2, and shows that fast mode differs there.) Slow lane: every layout pair of the
 issue (one device, tensor=2, tensor=4 engines; one device, fsdp=2, fsdp=4, fsdp=2,tensor=2
-trainers), dense and MoE, float32 and bfloat16, LoRA, experts split or whole; and the same run
+trainers), dense and MoE, float32 and bfloat16, LoRA, experts split or whole, shared prompts (a
+group's prompt run once per micro-batch, derived on for a user's dense model); and the same run
 through Ray (`python -m scale.launch ray --weights`, a two-process trainer job).
 """
 
@@ -81,6 +82,7 @@ def test_moe_bf16_lora_tp_engine_equals_fsdp_trainer_bitwise(tmp_path):
 MATRIX = [  # (model, dtype, flags): every layout pair on each
     ("dense", "float32", []),
     ("dense", "bfloat16", ["--lora"]),
+    ("dense", "bfloat16", ["--lora", "--share-prompts"]),  # derived on for a user's dense model
     ("moe", "float32", []),  # experts whole on every device, their F split by "tensor"
     ("moe", "float32", ["--experts", "--lora"]),
     ("moe", "bfloat16", ["--experts"]),
@@ -96,6 +98,7 @@ def test_every_layout_pair_is_bitwise(tmp_path, model, dtype, flags):
     trainers = ["one", "fsdp=2", "fsdp=4", "fsdp=2,tensor=2"]
     r = _layouts(tmp_path, "--model", model, "--dtype", dtype, *flags, *_flags(engines, trainers))
     _check_bitwise(r, engines, trainers)
+    assert (r["rows_sharing"] > 0) == ("--share-prompts" in flags), r  # 7 of 14 rows, measured
 
 
 @pytest.mark.gpu
