@@ -45,6 +45,7 @@ from minirl.measure.diagnostics import batch_diagnostics
 from minirl.measure.metrics_log import flatten_metrics
 from minirl.modeling import lora
 from minirl.training.batching import make_batch
+from minirl.training.host_memory import release_freed
 from minirl.types import Rollout, Score
 
 
@@ -394,9 +395,12 @@ class Controller:
             )
         c.version += 1
         if reload_engine and self.reload_due():
-            self._call_engine("load_weights", c.version, version)
-            c.engine_version = c.version
+            c.engine_version = c.version  # what a restarted engine is given from now on
+            # the versions before go first, their memory back to the system: not held beside
+            # the engine's own cast copy of this one (docs/trainer.md, "Peak memory")
             self.store.release(c.engine_version)
+            release_freed()
+            self._call_engine("load_weights", c.version, version)
         return True
 
     def engine_weights(self, version: int | None = None, whole: bool = False):

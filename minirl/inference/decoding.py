@@ -173,18 +173,22 @@ def compiled(s: Settings) -> Compiled:
     )
 
 
-def prepare_params(params: Any, cfg: ModelConfig) -> dict:
+def check_params(params: Any, cfg: ModelConfig) -> dict:
     """`nnx.split(model)[1]` or its `nnx.to_pure_dict` form (numpy or JAX leaves) -> the pure
-    dict the compiled functions take: checked against the model's shapes (trees.match_template,
-    as the trainer checks them) and cast once to the compute dtype (the model casts each use to
-    it anyway, so this is bitwise the same and saves a cast per step)."""
+    dict the compiled functions take, checked against the model's shapes (trees.match_template,
+    as the trainer checks them); leaves as given (`cast_params` casts them)."""
     if isinstance(params, nnx.State):
         params = nnx.to_pure_dict(params)
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be an nnx.State or a nested dict, got {type(params)}")
-    template = abstract_model(cfg)[1]
     try:
-        matched = match_template(params, template, check_dtype=False)
+        return match_template(params, abstract_model(cfg)[1], check_dtype=False)
     except TreeMismatchError as e:
         raise TreeMismatchError(f"params do not match the model: {e}") from None
-    return jax.tree.map(lambda x, t: jnp.asarray(x, t.dtype), matched, template)
+
+
+def cast_params(params: dict, cfg: ModelConfig) -> dict:
+    """`check_params`' dict cast once to the compute dtype (the model casts each use to it
+    anyway, so this is bitwise the same and saves a cast per step); a leaf already in it is
+    used as it is, not copied."""
+    return jax.tree.map(lambda x, t: jnp.asarray(x, t.dtype), params, abstract_model(cfg)[1])

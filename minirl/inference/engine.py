@@ -29,7 +29,7 @@ import numpy as np
 
 from minirl.inference import paged_cache
 from minirl.inference.cache_layout import cache_dtype, layout_of
-from minirl.inference.decoding import Settings, compiled, prepare_params
+from minirl.inference.decoding import Settings, cast_params, check_params, compiled
 from minirl.inference.engine_config import EngineConfig
 from minirl.inference.scheduler import Request, Scheduler, finish_reason, prefill_groups
 from minirl.modeling import exact as exact_ops
@@ -65,8 +65,9 @@ class Engine:
             raise ValueError(f"eos_ids {outside} are outside the vocabulary")
         # LoRA: both modes apply the adapters unmerged, as the trainer does (merging per reload
         # decoded no faster and cost a copy of the projections: docs/lora.md, "Engine").
-        self._lora = lora.EngineBase() if model_config.lora_rank else None  # adapters-only loads
         dtype = config.dtype or model_config.dtype
+        # adapters-only loads; the base is kept cast to `dtype`, once
+        self._lora = lora.EngineBase(dtype) if model_config.lora_rank else None
         self.config = config
         self.model_config = dataclasses.replace(model_config, dtype=dtype, param_dtype=dtype)
         c = config
@@ -99,13 +100,15 @@ class Engine:
         """Use `params` (`nnx.split(model)[1]`, or `nnx.to_pure_dict` of it, with numpy or JAX
         leaves) from now on; tokens sampled from now on carry `version`. A LoRA model's
         params hold its adapters, or after a first whole load may be its adapters alone (joined
-        to the base that load brought); the base's arrays are used as given, never merged."""
+        to the base that load brought, kept cast to the engine's dtype); never merged. The
+        version before is dropped before the new one is cast (one copy at a time)."""
         if self._lora is not None:
             params = self._lora.whole(params)
-        params = prepare_params(params, self.model_config)
+        params = check_params(params, self.model_config)  # a tree that does not fit: raised here
         if self.config.exact:  # on a device mesh: only splits the fixed tree can be cut at
             exact_ops.check_layout(params, "exact mode (engine weights)")
-        self._params, self._version = params, int(version)
+        self._params = None  # the version before goes first: one cast copy of the weights at once
+        self._params, self._version = cast_params(params, self.model_config), int(version)
 
     def submit(self, requests: Iterable[Request]) -> None:
         requests = list(requests)

@@ -239,13 +239,14 @@ def merge(params: dict, cfg) -> dict:
 
 class EngineBase:
     """An engine's side of adapters-only versions (a LoRA run's weight store holds the adapters
-    alone): the first load brings the whole parameter set and its frozen base is kept; a later
-    version that brings the adapters alone is joined to that base. So the base crosses a process
-    (or Ray) boundary once per engine process, and each version after it only its adapters; the
-    engine decodes with that base and the adapters unmerged (no copy of the base)."""
+    alone): the first load brings the whole parameter set and its frozen base is kept, cast to
+    the engine's `dtype` (None: as given); a later version that brings the adapters alone is
+    joined to that base. So the base crosses a process (or Ray) boundary, and is cast, once per
+    engine process, and each version after it only its adapters; the engine decodes with that
+    base and the adapters unmerged (no further copy of the base)."""
 
-    def __init__(self):
-        self.base = None
+    def __init__(self, dtype=None):
+        self.base, self.dtype = None, dtype
 
     def whole(self, params) -> dict:
         """`params` (an nnx.State or pure dict: whole, or adapters alone) as the whole set."""
@@ -253,7 +254,7 @@ class EngineBase:
             params = nnx.to_pure_dict(params)
         adapters, base = partition(params, is_adapter)
         if base:  # kept as device arrays: a reload neither copies nor re-uploads it
-            self.base = jax.tree.map(jnp.asarray, base)
+            self.base = jax.tree.map(lambda x: jnp.asarray(x, self.dtype), base)
             return join(adapters, self.base)
         if self.base is None:
             raise ValueError("adapters-only weights before any whole load: no base to join")

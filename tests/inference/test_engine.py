@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from minirl.inference import engine as engine_module
 from minirl.inference.engine import Engine, EngineConfig, Request
 from minirl.modeling.model import ModelConfig, Transformer, init_model, token_logprobs
 from minirl.modeling.sampling import Sampling
@@ -449,6 +450,25 @@ def test_load_weights_accepts_state_pure_dict_and_numpy(params):
     for out in outs:
         np.testing.assert_array_equal(out.tokens, outs[0].tokens)
         assert out.versions.tolist() == [3] * 6
+
+
+def test_a_reload_drops_the_version_before_it_casts_the_next(params, params_v1, monkeypatch):
+    """A bf16 engine holds its own cast copy of each version (half the fp32 bytes): a reload
+    drops the version before, then casts the new one, so it never holds two (1 GB at the 0.5B
+    shape); a tree that does not fit the model is refused before anything is dropped."""
+    e = Engine(CFG, dataclasses.replace(BASE, dtype="bfloat16"))
+    e.load_weights(0, params)
+    held, cast = [], engine_module.cast_params
+    monkeypatch.setattr(
+        engine_module, "cast_params", lambda p, c: held.append(e._params) or cast(p, c)
+    )
+    e.load_weights(1, params_v1)
+    assert held == [None]  # nothing held while the new version was cast
+    assert {x.dtype for x in jax.tree.leaves(e._params)} == {jnp.dtype(jnp.bfloat16)}
+    kept = e._params
+    with pytest.raises(ValueError, match="params do not match the model"):
+        e.load_weights(2, {"embed": params["embed"]})
+    assert e._params is kept and held == [None]  # version 1 still there
 
 
 def test_bad_input_gets_clear_errors(params):

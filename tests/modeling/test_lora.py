@@ -141,6 +141,11 @@ def test_the_engine_side_joins_adapters_only_versions_to_the_base_it_was_sent():
         is (base["layers"][0]["attn"]["v_proj"])
     )  # the very base arrays: nothing copied
     jax.tree.map(np.testing.assert_array_equal, joined, lora.join(moved, base))
+    bf16 = lora.EngineBase(jnp.bfloat16)  # a bf16 engine's: the base cast once, at the whole load
+    kept = lora.partition(bf16.whole(params), lora.is_adapter)[1]
+    assert {x.dtype for x in jax.tree.leaves(kept)} == {jnp.dtype(jnp.bfloat16)}
+    again = lora.partition(bf16.whole(moved), lora.is_adapter)[1]
+    assert again["layers"][0]["attn"]["v_proj"] is kept["layers"][0]["attn"]["v_proj"]
 
 
 def test_lora_knobs_are_checked_and_parsed():
