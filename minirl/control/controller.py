@@ -396,10 +396,8 @@ class Controller:
         c.version += 1
         if reload_engine and self.reload_due():
             c.engine_version = c.version  # what a restarted engine is given from now on
-            # the versions before go first, their memory back to the system: not held beside
-            # the engine's own cast copy of this one (docs/trainer.md, "Peak memory")
-            self.store.release(c.engine_version)
-            release_freed()
+            self.store.release(c.engine_version)  # the versions before, and their memory, go
+            release_freed()  # before the engine casts its copy (docs/trainer.md, "Peak memory")
             self._call_engine("load_weights", c.version, version)
         return True
 

@@ -188,7 +188,6 @@ def check_params(params: Any, cfg: ModelConfig) -> dict:
 
 
 def cast_params(params: dict, cfg: ModelConfig) -> dict:
-    """`check_params`' dict cast once to the compute dtype (the model casts each use to it
-    anyway, so this is bitwise the same and saves a cast per step); a leaf already in it is
-    used as it is, not copied."""
+    """`check_params`' dict cast to the compute dtype, once (the model casts each use to it
+    anyway: bitwise the same, a cast per step saved); leaves already in it are not copied."""
     return jax.tree.map(lambda x, t: jnp.asarray(x, t.dtype), params, abstract_model(cfg)[1])

@@ -66,8 +66,7 @@ class Engine:
         # LoRA: both modes apply the adapters unmerged, as the trainer does (merging per reload
         # decoded no faster and cost a copy of the projections: docs/lora.md, "Engine").
         dtype = config.dtype or model_config.dtype
-        # adapters-only loads; the base is kept cast to `dtype`, once
-        self._lora = lora.EngineBase(dtype) if model_config.lora_rank else None
+        self._lora = lora.EngineBase(dtype) if model_config.lora_rank else None  # adapters-only
         self.config = config
         self.model_config = dataclasses.replace(model_config, dtype=dtype, param_dtype=dtype)
         c = config
@@ -98,10 +97,9 @@ class Engine:
 
     def load_weights(self, version: int, params: Any) -> None:
         """Use `params` (`nnx.split(model)[1]`, or `nnx.to_pure_dict` of it, with numpy or JAX
-        leaves) from now on; tokens sampled from now on carry `version`. A LoRA model's
-        params hold its adapters, or after a first whole load may be its adapters alone (joined
-        to the base that load brought, kept cast to the engine's dtype); never merged. The
-        version before is dropped before the new one is cast (one copy at a time)."""
+        leaves) from now on; tokens sampled from now on carry `version`. A LoRA model's params
+        hold its adapters, or after a first whole load may be its adapters alone (joined to the
+        base that load brought, cast once); never merged. The old version goes before the cast."""
         if self._lora is not None:
             params = self._lora.whole(params)
         params = check_params(params, self.model_config)  # a tree that does not fit: raised here

@@ -240,10 +240,9 @@ def merge(params: dict, cfg) -> dict:
 class EngineBase:
     """An engine's side of adapters-only versions (a LoRA run's weight store holds the adapters
     alone): the first load brings the whole parameter set and its frozen base is kept, cast to
-    the engine's `dtype` (None: as given); a later version that brings the adapters alone is
-    joined to that base. So the base crosses a process (or Ray) boundary, and is cast, once per
-    engine process, and each version after it only its adapters; the engine decodes with that
-    base and the adapters unmerged (no further copy of the base)."""
+    `dtype` (None: as given); a later version that brings the adapters alone is joined to it. So
+    the base crosses a process (or Ray) boundary and is cast once per engine process, each later
+    version only its adapters; the engine decodes with the adapters unmerged (no further copy)."""
 
     def __init__(self, dtype=None):
         self.base, self.dtype = None, dtype
