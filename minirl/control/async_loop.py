@@ -132,12 +132,8 @@ class RolloutThread(threading.Thread):
             if not ctl.reload_due():
                 return
             version = ctl.counters.version
-        _, params = ctl.engine_weights(version)
         self._call("interrupt", ctl.rl.reload_policy)
-        self._call("load_weights", version, params)
-        with ctl.cond:
-            ctl.counters.engine_version = version
-            ctl.store.release(min(version, ctl.counters.version))
+        ctl.move_engine(version, ctl.engine_weights(version)[1], self._call)
 
     def _admit(self) -> None:
         ctl, rl = self.ctl, self.ctl.rl

@@ -395,11 +395,17 @@ class Controller:
             )
         c.version += 1
         if reload_engine and self.reload_due():
-            c.engine_version = c.version  # what a restarted engine is given from now on
-            self.store.release(c.engine_version)  # the versions before, and their memory, go
-            release_freed()  # before the engine casts its copy (docs/trainer.md, "Peak memory")
-            self._call_engine("load_weights", c.version, version)
+            self.move_engine(c.version, version, self._call_engine)
         return True
+
+    def move_engine(self, version: int, params, call) -> None:
+        """The engine to `version` through `call`, the versions before it (and their memory) gone
+        first: not held beside its own cast copy (docs/trainer.md, "Peak memory")."""
+        with self.cond:
+            self.counters.engine_version = version
+            self.store.release(version)
+        release_freed()
+        call("load_weights", version, params)
 
     def engine_weights(self, version: int | None = None, whole: bool = False):
         """(version, params) from the store for the engine. A LoRA run's versions hold the

@@ -188,6 +188,5 @@ def check_params(params: Any, cfg: ModelConfig) -> dict:
 
 
 def cast_params(params: dict, cfg: ModelConfig) -> dict:
-    """`check_params`' dict cast to the compute dtype, once (the model casts each use to it
-    anyway: bitwise the same, a cast per step saved); leaves already in it are not copied."""
+    """`check_params`' dict in the compute dtype, once: bitwise the model's own per-use casts."""
     return jax.tree.map(lambda x, t: jnp.asarray(x, t.dtype), params, abstract_model(cfg)[1])
