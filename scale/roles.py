@@ -138,6 +138,8 @@ class EngineRole:
         self.base = base  # a LoRA run's base store, read at this engine's first load only
 
     def load_weights(self, version: int, weights: StoredWeights) -> None:
+        import jax
+
         from minirl.modeling import lora
         from scale import mesh as mesh_lib
 
@@ -146,7 +148,9 @@ class EngineRole:
             # keeps it and joins every later adapters-only version to it (lora.EngineBase)
             _, frozen = mesh_lib.load(self.base, BASE_VERSION, self.mesh, self.rules)
             params, self.base = lora.join(params, frozen), None
-        self.engine.load_weights(version, params)
+        # read for the engine alone: in its dtype (it keeps JAX arrays as given: Engine.load_weights)
+        dtype = self.engine.model_config.dtype
+        self.engine.load_weights(version, jax.tree.map(lambda x: x.astype(dtype), params))
 
     def generate(self, requests):
         return self.engine.generate(requests)

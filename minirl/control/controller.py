@@ -399,13 +399,14 @@ class Controller:
         return True
 
     def move_engine(self, version: int, params, call) -> None:
-        """The engine to `version` through `call`, the versions before it (and their memory) gone
-        first: not held beside its own cast copy (docs/trainer.md, "Peak memory")."""
+        """The engine to `version` through `call`, the store's versions before it gone first; then
+        what both let go (in one process, the trainer's old arrays) goes back to the system
+        (docs/trainer.md, "Peak memory")."""
         with self.cond:
             self.counters.engine_version = version
             self.store.release(version)
-        release_freed()
         call("load_weights", version, params)
+        release_freed()
 
     def engine_weights(self, version: int | None = None, whole: bool = False):
         """(version, params) from the store for the engine. A LoRA run's versions hold the

@@ -9,13 +9,13 @@ and for multi-turn episodes `extend` and `release` (minirl/envs/episodes.py): do
 Each rollout token carries its behaviour log-prob (`model.token_logprobs` of the logits it was
 sampled from) and the weight version loaded when it was sampled. With `exact=True` these equal
 the trainer's recompute bit for bit, whatever the slot, batch or chunk (minirl/modeling/exact.py;
-tests/inference/test_engine.py). On a mixture-of-experts
-model a rollout also carries `routes`, the experts each MoE layer chose for every position the
-engine ran, which the trainer replays with `trainer.routing=replay` (docs/moe.md).
+tests/inference/test_engine.py). On a mixture-of-experts model a rollout also carries `routes`,
+the experts each MoE layer chose for every position it ran (replayed by `trainer.routing=replay`).
 
 Python runs once per `decode_chunk` tokens, and compiled shapes are bounded, so nothing compiles
 in steady state. The engine is passive: it never reloads weights or fetches work by itself.
-docs/engine.md: how a step runs, measured speed, what is simplified on purpose, and why.
+The weights in the compute dtype and the KV cache are held only while work is in flight.
+docs/engine.md: how a step runs, memory, measured speed, what is simplified on purpose, why.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+import jax
 import numpy as np
 
 from minirl.inference import paged_cache
@@ -73,40 +74,33 @@ class Engine:
         self._static = Settings(self.model_config, c.sampling, c.decode_chunk, layout_of(c))
         self._sched = Scheduler(config.slots)
         self._kv = layout_of(c)(self.model_config, c)  # where keys and values live
-        self._params = None
+        self._given = self._params = None  # as loaded; cast, while work is in flight
         self._version: int | None = None
         self._cache = None  # allocated at the first step (no work in the constructor)
         self._peak_tokens = 0
-        counters = (
-            "prefill_calls",
-            "prefill_rows",
-            "prefill_shared",  # rows that reused another row's forward (the same prompt)
-            "decode_calls",
-            "tokens",
-            "finished",
-            "discarded",
-            "preempted",
-            "rebuilt",
-            "extended",
-            "slot_steps",
-            "decode_tokens",
-        ) + ("route_bytes",) * bool(model_config.num_experts)  # MoE: the routes recorded
+        # prefill_shared: rows that reused another row's forward; route_bytes: an MoE's routes
+        counters = "prefill_calls prefill_rows prefill_shared decode_calls tokens finished "
+        counters += "discarded preempted rebuilt extended slot_steps decode_tokens"
+        counters = counters.split() + ["route_bytes"] * bool(model_config.num_experts)
         self.stats = dict.fromkeys(counters, 0)
 
     # ---- the interface -------------------------------------------------------------------
 
     def load_weights(self, version: int, params: Any) -> None:
-        """Use `params` (`nnx.split(model)[1]`, or `nnx.to_pure_dict` of it, with numpy or JAX
-        leaves) from now on; tokens sampled from now on carry `version`. A LoRA model's params
-        hold its adapters, or after a first whole load may be its adapters alone (joined to the
-        base that load brought, cast once); never merged. The old version goes before the cast."""
+        """Use `params` (`nnx.split(model)[1]` or its `nnx.to_pure_dict`) from now on; tokens
+        sampled from now on carry `version`. A LoRA model's params hold its adapters, or after a
+        first whole load its adapters alone (joined to that load's base), never merged. JAX
+        leaves are kept as given (the caller's: cast while work is in flight, `step`), numpy
+        leaves cast here, once, after the old version goes (docs/engine.md)."""
         if self._lora is not None:
             params = self._lora.whole(params)
         params = check_params(params, self.model_config)  # a tree that does not fit: raised here
         if self.config.exact:  # on a device mesh: only splits the fixed tree can be cut at
             exact_ops.check_layout(params, "exact mode (engine weights)")
-        self._params = None  # the version before goes first: one cast copy of the weights at once
-        self._params, self._version = cast_params(params, self.model_config), int(version)
+        self._given = self._params = None  # the version before goes first: one cast copy at once
+        borrowed = all(isinstance(x, jax.Array) for x in jax.tree.leaves(params))
+        self._given = params if borrowed else cast_params(params, self.model_config)
+        self._version = int(version)
 
     def submit(self, requests: Iterable[Request]) -> None:
         requests = list(requests)
@@ -128,15 +122,20 @@ class Engine:
         self._sched.submit(requests)
 
     def step(self) -> list[Rollout]:
-        """One round: rebuild interrupted caches, fill free slots, decode one chunk."""
-        if self._params is None:
+        """One round: rebuild interrupted caches, fill free slots, decode one chunk. Nothing left
+        in flight: the cast weights and the KV cache go until work comes (docs/engine.md)."""
+        if self._given is None:
             raise RuntimeError("no weights: call load_weights(version, params) first")
+        if self._params is None:  # a no-op on weights cast at the load
+            self._params = cast_params(self._given, self.model_config)
         if self._cache is None:
             self._cache = self._kv.empty()
         self._rebuild()
         finished = self._extend() + self._admit()
         if self._sched.decoding():
             finished += self._decode()
+        if not (self._sched.queue or self._sched.active()):
+            self._params = self._cache = None
         return finished
 
     def interrupt(self, policy: str) -> int:
@@ -237,8 +236,8 @@ class Engine:
         return {k: fn._cache_size() for k, fn in compiled(self._static)._asdict().items()}
 
     def memory_stats(self) -> dict[str, int]:
-        """KV-cache bytes: allocated (persistent), used now, peak used, and the per-call
-        temporary (the paged cache's gathered view)."""
+        """KV-cache bytes: allocated (while work is in flight), used now, peak used, and the
+        per-call temporary (the paged cache's gathered view)."""
         m = self.model_config
         per_token = paged_cache.kv_bytes_per_token(m, cache_dtype(m))
         used = sum(self._sched.slots[b].cache_len for b in self._sched.active())

@@ -239,10 +239,9 @@ def merge(params: dict, cfg) -> dict:
 
 class EngineBase:
     """An engine's side of adapters-only versions (a LoRA run's weight store holds the adapters
-    alone): the first load brings the whole parameter set and its frozen base is kept, cast to
-    `dtype` (None: as given); a later version that brings the adapters alone is joined to it. So
-    the base crosses a process (or Ray) boundary and is cast once per engine process, each later
-    version only its adapters; the engine decodes with the adapters unmerged (no further copy)."""
+    alone): the first load's frozen base is kept (numpy, from another process: cast to `dtype`,
+    once) and each later adapters-only version joined to it, so the base crosses a process (or
+    Ray) boundary once per engine; the engine decodes with the adapters unmerged (no copy)."""
 
     def __init__(self, dtype=None):
         self.base, self.dtype = None, dtype
@@ -252,8 +251,9 @@ class EngineBase:
         if not isinstance(params, dict):
             params = nnx.to_pure_dict(params)
         adapters, base = partition(params, is_adapter)
-        if base:  # kept as device arrays: a reload neither copies nor re-uploads it
-            self.base = jax.tree.map(lambda x: jnp.asarray(x, self.dtype), base)
+        if base:  # the caller's JAX arrays as given (the engine casts them), else cast once here
+            device = all(isinstance(x, jax.Array) for x in jax.tree.leaves(base))
+            self.base = base if device else jax.tree.map(lambda x: jnp.asarray(x, self.dtype), base)
             return join(adapters, self.base)
         if self.base is None:
             raise ValueError("adapters-only weights before any whole load: no base to join")

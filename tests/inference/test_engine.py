@@ -452,23 +452,47 @@ def test_load_weights_accepts_state_pure_dict_and_numpy(params):
         assert out.versions.tolist() == [3] * 6
 
 
-def test_a_reload_drops_the_version_before_it_casts_the_next(params, params_v1, monkeypatch):
-    """A bf16 engine holds its own cast copy of each version (half the fp32 bytes): a reload
-    drops the version before, then casts the new one, so it never holds two (1 GB at the 0.5B
-    shape); a tree that does not fit the model is refused before anything is dropped."""
-    e = Engine(CFG, dataclasses.replace(BASE, dtype="bfloat16"))
-    e.load_weights(0, params)
-    held, cast = [], engine_module.cast_params
+def test_a_bf16_engine_holds_its_cast_copy_only_while_work_is_in_flight(
+    params, params_v1, monkeypatch
+):
+    """A bf16 engine computes with its own cast copy of the weights (half the fp32 bytes). Given
+    JAX arrays (in one process, the trainer's own) it keeps them as given, casts them when work
+    comes and lets the copy and the KV cache go once nothing is in flight, so a trainer stepping
+    between two generate calls never holds its step beside them (1 GB at the 0.5B shape).
+    Given numpy (from another process) it casts at the load, the version before dropped first;
+    a tree that does not fit is refused before anything is dropped. Same tokens either way."""
+    bf16 = dataclasses.replace(SAMPLED, dtype="bfloat16")
+    casts, cast = [], engine_module.cast_params
+    reqs = [Request(p, 0, 6) for p in make_prompts(3, seed=2)]
+    e = engine(bf16, params)
     monkeypatch.setattr(
-        engine_module, "cast_params", lambda p, c: held.append(e._params) or cast(p, c)
+        engine_module, "cast_params", lambda p, c: casts.append(e._params) or cast(p, c)
     )
-    e.load_weights(1, params_v1)
-    assert held == [None]  # nothing held while the new version was cast
-    assert {x.dtype for x in jax.tree.leaves(e._params)} == {jnp.dtype(jnp.bfloat16)}
-    kept = e._params
+    given = jax.tree.leaves(e._given)
+    assert all(x is y for x, y in zip(given, jax.tree.leaves(params), strict=True))
+    assert casts == [] and e._params is None  # nothing cast before there is work
+    first = e.generate(reqs)
+    assert casts == [None] and e._params is None and e._cache is None  # idle: both gone
+    again = e.generate(reqs)  # cast again when the next work comes: the same bits
+    assert casts == [None, None] and e._params is None
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+
+    on_host = engine(bf16, jax.tree.map(np.asarray, params))
+    for a, b in zip(first, on_host.generate(reqs), strict=True):  # numpy: cast at the load
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+    casts.clear()
+    e.load_weights(1, jax.tree.map(np.asarray, params_v1))
+    assert casts == [None]  # cast at the load, nothing of version 0 held meanwhile
+    kept = e._given
+    assert {x.dtype for x in jax.tree.leaves(kept)} == {jnp.dtype(jnp.bfloat16)}
     with pytest.raises(ValueError, match="params do not match the model"):
         e.load_weights(2, {"embed": params["embed"]})
-    assert e._params is kept and held == [None]  # version 1 still there
+    assert e._given is kept and e.version == 1  # version 1 still there
+    e.generate(reqs)
+    assert e._given is kept  # its own cast copy: kept between calls (a no-op cast at work)
 
 
 def test_bad_input_gets_clear_errors(params):

@@ -141,8 +141,12 @@ def test_the_engine_side_joins_adapters_only_versions_to_the_base_it_was_sent():
         is (base["layers"][0]["attn"]["v_proj"])
     )  # the very base arrays: nothing copied
     jax.tree.map(np.testing.assert_array_equal, joined, lora.join(moved, base))
-    bf16 = lora.EngineBase(jnp.bfloat16)  # a bf16 engine's: the base cast once, at the whole load
+    # a bf16 engine's: the caller's JAX base kept as given (the engine casts it while it has
+    # work: tests/inference/test_engine.py); a base sent as numpy cast once, at the whole load
+    bf16 = lora.EngineBase(jnp.bfloat16)
     kept = lora.partition(bf16.whole(params), lora.is_adapter)[1]
+    assert kept["layers"][0]["attn"]["v_proj"] is base["layers"][0]["attn"]["v_proj"]
+    kept = lora.partition(bf16.whole(jax.tree.map(np.asarray, params)), lora.is_adapter)[1]
     assert {x.dtype for x in jax.tree.leaves(kept)} == {jnp.dtype(jnp.bfloat16)}
     again = lora.partition(bf16.whole(moved), lora.is_adapter)[1]
     assert again["layers"][0]["attn"]["v_proj"] is kept["layers"][0]["attn"]["v_proj"]
@@ -318,7 +322,7 @@ def test_the_engine_samples_from_the_adapted_model(exact):
     engine = Engine(cfg, ecfg)
     engine.load_weights(0, params)
     held, given = (
-        jax.tree.leaves(lora.partition(p, lora.is_adapter)[1]) for p in (engine._params, params)
+        jax.tree.leaves(lora.partition(p, lora.is_adapter)[1]) for p in (engine._given, params)
     )
     assert all(x is y for x, y in zip(held, given, strict=True))  # the base itself, no merged copy
     prompt = Prompt(0, "t", "", TOKENS[0, :5])

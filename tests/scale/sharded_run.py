@@ -256,7 +256,7 @@ out["orbax"] = {
 }
 out["batch_layouts"] = row_layout.seen
 out["specs"] = {
-    "engine q_proj": mesh_lib.describe(tp_engine._params)["layers/0/attn/q_proj"],
+    "engine q_proj": mesh_lib.describe(tp_engine._given)["layers/0/attn/q_proj"],
     "trainer embed": mesh_lib.describe(new_fsdp)["embed"],
     "trainer q_proj": mesh_lib.describe(new_fsdp)["layers/0/attn/q_proj"],
 }

@@ -128,9 +128,9 @@ def small_setup(**rl) -> Setup:
 @pytest.mark.parametrize("every", [1, 2])
 def test_a_lockstep_reload_finds_the_versions_before_released(every):
     """The engine may cast its own copy of a version (bf16 on a CPU): the real controller lets
-    the store drop the versions before first, so their weights are gone (and trimmed) before
-    the cast, not held beside both copies; with j = 2 the store keeps the engine's version and
-    what came after it until the next reload."""
+    the store drop the versions before first, so their weights are gone before the engine
+    loads, not held beside its copy; with j = 2 the store keeps the engine's version and what
+    came after it until the next reload."""
     ctl, engine = build(small_setup(reload_every=every), VirtualClock())
     seen, load = [], engine.load_weights
     engine.load_weights = lambda v, p=None: (seen.append((v, ctl.store.versions())), load(v, p))
