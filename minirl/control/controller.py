@@ -399,9 +399,8 @@ class Controller:
         return True
 
     def move_engine(self, version: int, params, call) -> None:
-        """The engine to `version` through `call`, the store's versions before it gone first; then
-        what both let go (in one process, the trainer's old arrays) goes back to the system
-        (docs/trainer.md, "Peak memory")."""
+        """The engine to `version` through `call`, the store's versions before it gone first, then
+        what both let go (the trainer's old arrays) back to the system (docs/trainer.md)."""
         with self.cond:
             self.counters.engine_version = version
             self.store.release(version)

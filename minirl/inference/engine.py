@@ -13,9 +13,9 @@ tests/inference/test_engine.py). On a mixture-of-experts model a rollout also ca
 the experts each MoE layer chose for every position it ran (replayed by `trainer.routing=replay`).
 
 Python runs once per `decode_chunk` tokens, and compiled shapes are bounded, so nothing compiles
-in steady state. The engine is passive: it never reloads weights or fetches work by itself.
-The weights in the compute dtype and the KV cache are held only while work is in flight.
-docs/engine.md: how a step runs, memory, measured speed, what is simplified on purpose, why.
+in steady state. The engine is passive: it never reloads weights or fetches work by itself, and
+holds its cast weights and KV cache only while work is in flight. docs/engine.md: how a step
+runs, memory, measured speed, what is simplified on purpose, and why.
 """
 
 from __future__ import annotations
@@ -87,11 +87,10 @@ class Engine:
     # ---- the interface -------------------------------------------------------------------
 
     def load_weights(self, version: int, params: Any) -> None:
-        """Use `params` (`nnx.split(model)[1]` or its `nnx.to_pure_dict`) from now on; tokens
-        sampled from now on carry `version`. A LoRA model's params hold its adapters, or after a
-        first whole load its adapters alone (joined to that load's base), never merged. JAX
-        leaves are kept as given (the caller's: cast while work is in flight, `step`), numpy
-        leaves cast here, once, after the old version goes (docs/engine.md)."""
+        """Use `params` (`nnx.split(model)[1]` or its `nnx.to_pure_dict`) from now on, tokens
+        sampled from now on carrying `version`; a LoRA model's: with its adapters, or after a
+        whole load its adapters alone, never merged. JAX leaves are kept (the caller's: cast while
+        work is in flight), numpy cast here, once, after the old version goes (docs/engine.md)."""
         if self._lora is not None:
             params = self._lora.whole(params)
         params = check_params(params, self.model_config)  # a tree that does not fit: raised here
