@@ -190,5 +190,5 @@ def check_params(params: Any, cfg: ModelConfig) -> dict:
 def cast_params(params: dict, cfg: ModelConfig) -> dict:
     """`check_params`' dict in the compute dtype (bitwise the model's own per-use casts), the
     token embedding as given: XLA CPU widens a bf16 table whole to look rows up (docs/engine.md)."""
-    cast = jax.tree.map(lambda x, t: jnp.asarray(x, t.dtype), params, abstract_model(cfg)[1])
-    return {**cast, "embed": jnp.asarray(params["embed"])}
+    template = {**abstract_model(cfg)[1], "embed": params["embed"]}  # the embedding: its own dtype
+    return jax.tree.map(lambda x, t: jnp.asarray(x, t.dtype), params, template)
