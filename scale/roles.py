@@ -149,8 +149,13 @@ class EngineRole:
             _, frozen = mesh_lib.load(self.base, BASE_VERSION, self.mesh, self.rules)
             params, self.base = lora.join(params, frozen), None
         # read for the engine alone: in its dtype (it keeps JAX arrays as given: Engine.load_weights)
+        # but the token embedding, which it keeps as given anyway (docs/engine.md)
         dtype = self.engine.model_config.dtype
-        self.engine.load_weights(version, jax.tree.map(lambda x: x.astype(dtype), params))
+        cast = {
+            k: v if k == "embed" else jax.tree.map(lambda x: x.astype(dtype), v)
+            for k, v in params.items()
+        }
+        self.engine.load_weights(version, cast)
 
     def generate(self, requests):
         return self.engine.generate(requests)
