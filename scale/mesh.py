@@ -33,7 +33,9 @@ needs — correct, just slower: choose "tensor" to divide the number of KV heads
 Trainer and engine may use different meshes and rules (RLAX runs training with FSDP and
 inference with tensor parallelism). `place_params` reshards between them inside one job;
 across jobs the weights travel through the TensorStore weight store: `publish` writes each
-process's FSDP shards, `load` reads only the slices of the engine's own layout.
+process's FSDP shards, `load` reads only the slices of the engine's own layout. An engine keeps
+the JAX arrays it is given (docs/engine.md, "Memory between calls"): a copy made for it alone
+(a reshard) is best made in its compute dtype, the token embedding excepted (as roles.py does).
 
 Different shardings reduce in different orders, so in fast mode trainer and engine log-probs
 drift apart — RLAX's "divergent parallelism" source of training-inference mismatch;
