@@ -138,8 +138,7 @@ class EngineRole:
         self.base = base  # a LoRA run's base store, read at this engine's first load only
 
     def load_weights(self, version: int, weights: StoredWeights) -> None:
-        import jax
-
+        from minirl.inference.decoding import cast_params, check_params
         from minirl.modeling import lora
         from scale import mesh as mesh_lib
 
@@ -148,14 +147,12 @@ class EngineRole:
             # keeps it and joins every later adapters-only version to it (lora.EngineBase)
             _, frozen = mesh_lib.load(self.base, BASE_VERSION, self.mesh, self.rules)
             params, self.base = lora.join(params, frozen), None
-        # read for the engine alone: in its dtype (it keeps JAX arrays as given: Engine.load_weights)
-        # but the token embedding, which it keeps as given anyway (docs/engine.md)
-        dtype = self.engine.model_config.dtype
-        cast = {
-            k: v if k == "embed" else jax.tree.map(lambda x: x.astype(dtype), v)
-            for k, v in params.items()
-        }
-        self.engine.load_weights(version, cast)
+        if "embed" in params:  # a whole set read for the engine alone, which keeps JAX arrays
+            # as given (Engine.load_weights): cast by the engine's own rule, as it casts numpy
+            # (the adapters stay float32; an adapters-only version is a few MB, kept as read)
+            cfg = self.engine.model_config
+            params = cast_params(check_params(params, cfg), cfg)
+        self.engine.load_weights(version, params)
 
     def generate(self, requests):
         return self.engine.generate(requests)
