@@ -13,7 +13,9 @@ micro-batch's [rows, positions, vocabulary] logits at once, the code before the 
   real    the same for the Qwen2.5-0.5B-shaped 2-step run of benchmarks/test_bench_real_size.py
           (its `_rl_run_peak_rss`: 8 rollouts of 32 new tokens a step, no remat), full
           fine-tune and LoRA rank 16, and a third arm chunked with `trainer.remat=nothing`: six
-          fresh processes (the unchunked full arm peaks at ~14 GB: run it alone).
+          fresh processes (the unchunked full arm peaks at ~14 GB: run it alone). Then the
+          full fine-tune's remat run resumed from its last checkpoint for a third step, in a
+          seventh process: its peak, and ÷ the run it resumes (`full-resumed`).
           `MEMORY_BENCH_ARMS=lora` runs only the LoRA arms.
   step    train_step seconds chunked ÷ unchunked, one trainer whose spec is switched between
           the arms, interleaved over ROUNDS rounds (median of the per-round ratios): the smoke
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -67,6 +70,14 @@ def peak_rss(model_dir: Path, data: Path, run_dir: Path, sets) -> tuple[float, f
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     return float(out.split("PEAK_GB")[1].split()[0]), logged[-1]["memory/peak_rss_gb"]
+
+
+def resumed_peak_rss(run_dir: Path) -> float:
+    """Peak RSS in GB of a fresh `minirl train --resume` process: one step past `run_dir`'s
+    2-step run, from its last checkpoint."""
+    argv = [sys.executable, "-c", PEAK_CODE, "train", "--quiet", "--resume", str(run_dir)]
+    out = subprocess.run([*argv, "--set", "rl.steps=3"], capture_output=True, text=True, check=True)
+    return float(out.stdout.split("PEAK_GB")[1].split()[0])
 
 
 def _time(fn) -> float:
@@ -167,9 +178,21 @@ def test_real_size_memory_and_step(tmp_path_factory):
                 "over_fp32": gb / fp32,
             }
             print(name, json.dumps(report[name], default=float), flush=True)
+            if name != "full-remat":  # the one resumed below; the others' 3-6 GB of disk go
+                shutil.rmtree(path.parent / f"run-{name}" / "checkpoints")
         report[f"{kind}_chunked_over_unchunked"] = (
             report[f"{kind}-chunked"]["peak_rss_gb"] / report[f"{kind}-unchunked"]["peak_rss_gb"]
         )
+    if "full" in wanted:  # a resume holds the checkpoint it reads once, as the trainer's own
+        gb = resumed_peak_rss(path.parent / "run-full-remat")
+        fresh = report["full-remat"]["peak_rss_gb"]
+        report["full-resumed"] = {
+            "peak_rss_gb": gb,
+            "over_fp32": gb / fp32,
+            "over_fresh": gb / fresh,
+        }
+        print("full-resumed", json.dumps(report["full-resumed"], default=float), flush=True)
+        shutil.rmtree(path.parent / "run-full-remat" / "checkpoints")
     if os.environ.get("MEMORY_BENCH_STEP", "1") == "1":
         report["step"] = step_time_ratio(cfg, 8, 128, remat=True)
     report["load_average"] = os.getloadavg()[0]

@@ -99,7 +99,7 @@ def _train(cfg, run_dir: Path, parts: Parts, resume, force, log, progress, step_
     resumed = restored is not None
     if resumed:
         restore_run(restored, controller, run_dir, log)
-        restored = None  # its host arrays (weights, m, v): the trainer has its own copies now
+        restored = None  # the trainer holds its arrays (weights, m, v) now, or copies of them
         record_config(cfg, run_dir)  # only now: the checkpoint fit
         c = controller.counters
         log(f"resumed {run_dir} at step {c.steps} (version {c.version})")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import platform
@@ -28,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from minirl.config import RunConfig
@@ -101,7 +103,7 @@ def open_run_dir(
     if not resume and (run_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{run_dir} already holds a run; resume it or choose another directory")
     try:
-        restored = ckpts.restore() if resume and ckpts.all_steps() else None
+        restored = ckpts.restore(place=_to_host_xla()) if resume and ckpts.all_steps() else None
     except CorruptCheckpointError as e:
         raise ConfigError(
             f"{e}. Nothing of it can be resumed: start afresh in another directory "
@@ -139,6 +141,16 @@ def open_run_dir(
         truncate_metrics(run_dir, 0)
         truncate_metrics(run_dir, 0, SAMPLES_FILE)
     return ckpts, restored
+
+
+def _to_host_xla():
+    """Where a resume puts each array of the weights and optimizer state as it is read: an XLA
+    buffer in host memory, which a trainer on the CPU keeps as it is, so the checkpoint is never
+    in memory twice (docs/trainer.md, "Peak memory"). None (numpy) without a CPU backend."""
+    try:
+        return functools.partial(jax.device_put, device=jax.devices("cpu")[0])
+    except RuntimeError:  # JAX_PLATFORMS without cpu
+        return None
 
 
 def _check_fits(restored: Checkpoint, cfg: RunConfig, ckpts: CheckpointManager) -> None:

@@ -40,11 +40,11 @@ from minirl.store.hashed_files import (
     check_hashes,
     fsync_dir,
     n_chunks,
-    read_file,
+    read_tree_file,
     write_file,
     write_file_bytes,
 )
-from minirl.store.serialization import from_bytes, to_buffer
+from minirl.store.serialization import to_buffer
 from minirl.store.trees import TreeMismatchError, match_template
 
 log = logging.getLogger(__name__)
@@ -118,8 +118,7 @@ class CheckpointManager:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
         self.directory = Path(run_dir) / "checkpoints"
-        self.keep = keep
-        self.max_pending = max_pending
+        self.keep, self.max_pending = keep, max_pending
         self._write_lock = threading.Lock()  # one save touches the directory at a time
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None  # started by the first save_async
@@ -131,16 +130,14 @@ class CheckpointManager:
         return self.directory / f"step_{step:08d}"
 
     def all_steps(self) -> list[int]:
-        """Steps of the finished (renamed) checkpoints, oldest first. Not verified: `restore`
-        checks them."""
+        """Steps of the finished (renamed) checkpoints, oldest first (`restore` checks them)."""
         if not self.directory.is_dir():
             return []
         found = (_STEP_DIR.match(p.name) for p in self.directory.iterdir() if p.is_dir())
         return sorted(int(m.group(1)) for m in found if m)
 
     def latest_step(self) -> int | None:
-        steps = self.all_steps()
-        return steps[-1] if steps else None
+        return (self.all_steps() or [None])[-1]
 
     # -- saving ----------------------------------------------------------------------------
 
@@ -191,8 +188,7 @@ class CheckpointManager:
 
     def _payloads(self, step, params, opt_state, controller_state) -> dict[str, Any]:
         _check_step(step)
-        if controller_state is None:
-            controller_state = {}
+        controller_state = {} if controller_state is None else controller_state
         if not isinstance(controller_state, Mapping):
             raise TypeError(
                 f"controller_state must be a dict, got {type(controller_state).__name__}"
@@ -291,14 +287,16 @@ class CheckpointManager:
 
     # -- restoring -------------------------------------------------------------------------
 
-    def restore(self, template: Any = None, step: int | None = None) -> Checkpoint | None:
+    def restore(self, template: Any = None, step: int | None = None, place=None):
         """The newest checkpoint that passes every check, or None if there are none at all.
 
         A damaged checkpoint is logged (logging.warning, naming it and the reason) and the one
         before it is tried; if all are damaged, CorruptCheckpointError lists why. `step` asks
         for exactly that checkpoint (no fallback). `template=(params, opt_state)` (either may
         be None) restores into those structures, checking shapes and dtypes: a mismatch raises
-        TreeMismatchError naming the first differing leaf and both shapes.
+        TreeMismatchError naming the first differing leaf and both shapes. `place` (e.g.
+        `jax.device_put`) takes each array of the weights and optimizer state once it is read
+        (into its own buffer): then the checkpoint is never in host memory whole.
         """
         if template is not None and not (isinstance(template, tuple | list) and len(template) == 2):
             raise TypeError("template must be a pair (params, opt_state); either may be None")
@@ -309,11 +307,11 @@ class CheckpointManager:
                 raise FileNotFoundError(
                     f"no checkpoint for step {step} in {self.directory} (have {steps})"
                 )
-            return self._into_template(self._load(step), template)
+            return self._into_template(self._load(step, place), template)
         problems = []
         for s in reversed(steps):
             try:
-                ckpt = self._load(s)
+                ckpt = self._load(s, place)
             except CorruptCheckpointError as e:
                 log.warning(
                     "checkpoint %s is unusable (%s); trying the previous one", self.path(s), e
@@ -327,19 +325,18 @@ class CheckpointManager:
             )
         return None
 
-    def _load(self, step: int) -> Checkpoint:
+    def _load(self, step: int, place=None) -> Checkpoint:
         ckpt = self.path(step)
         entries = _read_manifest(ckpt, step)
-        with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="minirl-sha256") as pool:
-            loaded = {name: read_file(ckpt / name, entries[name], pool) for name in FILES}
-            for name, (_, hashes) in loaded.items():
-                check_hashes(name, entries[name], hashes)
         trees = []
-        for name, (data, _) in loaded.items():
-            try:
-                trees.append(from_bytes(data))  # the arrays are (writable) views into `data`
-            except ValueError as e:  # intact bytes, yet not a tree: written by something else
-                raise CorruptCheckpointError(f"{name} cannot be decoded: {e}") from e
+        with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="minirl-sha256") as pool:
+            for name in FILES:  # `place` takes the arrays of the weights and optimizer state
+                keep = place if name != "controller_state.tree" else None
+                tree, hashes = read_tree_file(ckpt / name, entries[name], pool, keep)
+                check_hashes(name, entries[name], hashes)
+                if isinstance(tree, ValueError):  # intact bytes, yet not a tree
+                    raise CorruptCheckpointError(f"{name} cannot be decoded: {tree}")
+                trees.append(tree)
         return Checkpoint(step, *trees)
 
     def _into_template(self, ckpt: Checkpoint, template: Any) -> Checkpoint:

@@ -1,7 +1,7 @@
 """Files written and read with a sha256 per fixed-size chunk, hashed on a thread pool.
 
 The byte-level half of checkpoints.py: `write_file` writes a tree (or bytes already serialized)
-and fsyncs it while every chunk is hashed; `read_file` reads a file into one numpy buffer while
+and fsyncs it while every chunk is hashed; `read_tree_file` reads one back, array by array, while
 its chunks are hashed; `check_hashes` compares them with a manifest entry
 `{"size", "chunk_bytes", "sha256": [hex per chunk]}`.
 
@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from minirl.store.serialization import write_tree
+from minirl.store.serialization import read_tree, write_tree
 
 READ_BYTES = 16 << 20  # bytes per read call
 HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
@@ -75,6 +75,8 @@ class ChunkHashes:
     def _submit(self) -> None:
         pieces, self.pieces, self.filled = self.pieces, [], 0
         self.futures.append(self.pool.submit(sha256_of, pieces))
+        if len(self.futures) > 2 * HASH_THREADS:  # the fed buffers wait for their hash: a bound
+            self.futures[-2 * HASH_THREADS - 1].result()
 
     def hexdigests(self) -> list[str]:
         if self.pieces or not self.futures:
@@ -82,8 +84,8 @@ class ChunkHashes:
         return [f.result() for f in self.futures]
 
 
-class HashedWriter:
-    """A raw binary file whose every written byte also goes into `hashes`."""
+class HashedFile:
+    """A raw binary file whose every byte written or read also goes into `hashes`."""
 
     def __init__(self, f, hashes: ChunkHashes):
         self.f, self.hashes = f, hashes
@@ -95,6 +97,11 @@ class HashedWriter:
             rest = rest[self.f.write(rest) :]
         self.hashes.add(view)
         return view.nbytes
+
+    def readinto(self, view) -> int:
+        n = self.f.readinto(view)
+        self.hashes.add(memoryview(view).cast("B")[:n])
+        return n
 
 
 def fsync_dir(path: Path) -> None:
@@ -110,7 +117,7 @@ def write_file(
 ) -> tuple[int, ChunkHashes]:
     """Write a tree (or a `Serialized` one) and fsync it: (size, its hashes)."""
     with open(path, "wb", buffering=0) as f:
-        hashed = HashedWriter(f, ChunkHashes(pool, chunk_bytes))
+        hashed = HashedFile(f, ChunkHashes(pool, chunk_bytes))
         if isinstance(payload, Serialized):
             size = hashed.write(payload.data)
         else:
@@ -119,12 +126,10 @@ def write_file(
     return size, hashed.hashes
 
 
-def read_file(path: Path, entry: dict, pool: ThreadPoolExecutor) -> tuple[np.ndarray, ChunkHashes]:
-    """A file's bytes, after checking its size, hashed while they arrive: (bytes, hashes).
-
-    The bytes go into one numpy buffer (numpy backs large ones with huge pages, so allocating
-    it costs little) and the restored arrays are views into it: one read, no copy.
-    """
+def read_tree_file(path: Path, entry: dict, pool: ThreadPoolExecutor, place=None):
+    """A tree file, its size checked, hashed while it arrives: (tree, hashes), the tree being the
+    ValueError that stopped its decoding if any (damage is likelier: check the hashes first).
+    Arrays are read one by one into their own buffers, each handed to `read_tree`'s `place`."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -133,19 +138,17 @@ def read_file(path: Path, entry: dict, pool: ThreadPoolExecutor) -> tuple[np.nda
         raise CorruptCheckpointError(
             f"{path.name} has {size} bytes, the manifest says {entry['size']} (truncated?)"
         )
-    data = np.empty(size, np.uint8)
-    hashes = ChunkHashes(pool, entry["chunk_bytes"])
     with open(path, "rb", buffering=0) as f:
-        for start in range(0, size, READ_BYTES):
-            view = memoryview(data[start : start + READ_BYTES])
-            done = 0
-            while done < view.nbytes:
-                n = f.readinto(view[done:])
-                if not n:
-                    raise CorruptCheckpointError(f"{path.name} shrank while it was read")
-                done += n
-            hashes.add(view)
-    return data, hashes
+        hashed = HashedFile(f, ChunkHashes(pool, entry["chunk_bytes"]))
+        try:
+            tree = read_tree(hashed, size, place)
+        except ValueError as e:
+            tree = e
+        while hashed.readinto(bytearray(READ_BYTES)):  # what decoding left unread, hashed too
+            pass
+        if f.tell() != size:
+            raise CorruptCheckpointError(f"{path.name} changed size while it was read")
+    return tree, hashed.hashes
 
 
 def check_hashes(name: str, entry: dict, hashes: ChunkHashes) -> None:

@@ -236,10 +236,10 @@ def _read_exact(f, view) -> None:
         view = view[n:]
 
 
-def read_tree(f, size: int | None = None) -> Any:
-    """Read one tree written by `write_tree` from the binary file `f` (needs `readinto`).
-    Arrays are fresh, writable numpy arrays; their bytes are read straight into place.
-    `size` (the file's length, if known) lets a damaged header be caught before allocating."""
+def read_tree(f, size: int | None = None, place=None) -> Any:
+    """Read one tree written by `write_tree` from the binary file `f` (needs `readinto`): fresh,
+    writable numpy arrays, their bytes read straight into place, each handed to `place` if given
+    (the tree holds what it returns). `size` (the file's length) catches a damaged header early."""
     first = bytearray(16)
     _read_exact(f, first)
     n = _prefix_length(bytes(first))
@@ -257,6 +257,6 @@ def read_tree(f, size: int | None = None) -> Any:
         raw = byte_view(a)
         for i in range(0, raw.size, CHUNK):
             _read_exact(f, raw[i : i + CHUNK])
-        arrays.append(a)
+        arrays.append(a if place is None else place(a))
         pos = off + a.nbytes
     return _decode(skeleton, arrays)

@@ -248,9 +248,10 @@ def test_held_out_evaluation_does_not_leak_into_a_resumed_runs_metrics(tmp_path)
     assert a[2]["engine/decode_tokens"] > 0
 
 
-def test_a_resumed_run_lets_go_of_the_checkpoint_it_read(run_copy, monkeypatch):
-    """The checkpoint read to resume (weights, m and v as host arrays: 3x the model at fp32)
-    is dropped once the trainer holds its own copies (it was held for the whole run)."""
+def test_a_resumed_run_keeps_no_copy_of_the_checkpoint_it_read(run_copy, monkeypatch):
+    """A resume reads each array of the weights, m and v straight into an XLA buffer, which the
+    trainer keeps as it is: at the first step after it, every array the checkpoint gave is
+    alive as the trainer's own, and nothing else of it (no host copy, no second copy)."""
     import gc
     import weakref
 
@@ -270,10 +271,12 @@ def test_a_resumed_run_lets_go_of_the_checkpoint_it_read(run_copy, monkeypatch):
 
     def checking_step(self, *args, **kwargs):
         gc.collect()
-        seen.append(sum(ref() is not None for ref in read))
+        mine = {id(x) for x in jax.tree.leaves((self._params, self._opt_state))}
+        alive = [ref() for ref in read if ref() is not None]
+        seen.append((len(alive), sum(id(x) in mine for x in alive)))
         return step(self, *args, **kwargs)
 
     monkeypatch.setattr(CheckpointManager, "restore", recording_restore)
     monkeypatch.setattr(Trainer, "train_step_with_prox", checking_step)
     assert main(["train", "--resume", str(run_copy), "--quiet", "--set", "rl.steps=5"]) == 0
-    assert len(read) > 10 and seen == [0]  # one step after the resume, no array left
+    assert len(read) > 10 and seen[0] == (len(read), len(read))  # all alive, all the trainer's

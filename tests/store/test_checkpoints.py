@@ -79,7 +79,7 @@ def test_round_trip_with_optax_state_bf16_and_controller_state(tmp_path, adam):
 
     ckpt = mgr.restore(template=(params, opt_state))
     assert ckpt.step == 12
-    assert ckpt.params["embed"].flags.writeable  # views into the file's buffer, not read-only
+    assert ckpt.params["embed"].flags.writeable  # fresh arrays, not read-only
     host = jax.tree_util.tree_map(np.asarray, (params, opt_state))
     assert_trees_equal((ckpt.params, ckpt.opt_state), host)  # bf16 bit-exact, namedtuples back
     assert ckpt.params["embed"].dtype == BF16
@@ -98,6 +98,39 @@ def test_round_trip_with_optax_state_bf16_and_controller_state(tmp_path, adam):
         == ["0/count"] + [f"0/{m}/{p}" for m in ("mu", "nu") for p in moments]
     )
     assert_trees_equal(list(stored.values()), list(expected.values()))
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 256])
+def test_restore_hands_each_array_to_place_as_it_is_read(tmp_path, monkeypatch, adam, chunk_bytes):
+    """`place` gets every array of the weights and optimizer state (not the controller's), each
+    in its own buffer, and the tree holds what it returns: no host buffer outlives the restore,
+    so a checkpoint moved onto a device is never in host memory whole."""
+    import gc
+    import weakref
+
+    if chunk_bytes:  # a chunk's hash waits for arrays read after it
+        monkeypatch.setattr(checkpoints, "CHUNK_BYTES", chunk_bytes)
+    params, opt_state = adam
+    mgr = CheckpointManager(tmp_path)
+    mgr.save(5, params, opt_state, {"consumed": np.arange(4)})
+    given, placed = [], []
+
+    def place(a):
+        assert a.base is None  # owns its buffer: not a view that keeps a whole file alive
+        given.append(weakref.ref(a))
+        placed.append(jnp.asarray(a))
+        return placed[-1]
+
+    ckpt = mgr.restore(template=(params, opt_state), place=place)
+    leaves = jax.tree.leaves((ckpt.params, ckpt.opt_state))
+    assert len(given) == len(leaves) == 7 and all(
+        x is y for x, y in zip(leaves, placed, strict=True)
+    )
+    assert isinstance(ckpt.controller_state["consumed"], np.ndarray)
+    host = jax.tree.map(np.asarray, (params, opt_state))
+    assert_trees_equal(jax.tree.map(np.asarray, (ckpt.params, ckpt.opt_state)), host)
+    gc.collect()
+    assert not any(ref() is not None for ref in given)
 
 
 @pytest.mark.parametrize("chunk_bytes", [None, 256])
