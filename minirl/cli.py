@@ -68,7 +68,7 @@ def cmd_eval(args) -> int:
     from minirl.store.checkpoints import CheckpointManager
 
     cfg = load_config(args.run_dir)
-    ckpt = CheckpointManager(args.run_dir).restore()
+    ckpt = CheckpointManager(args.run_dir).restore(opt_state=False)  # the weights alone
     if ckpt is None:
         raise ConfigError(f"{args.run_dir} has no checkpoint to evaluate")
     run = Run(cfg, args.run_dir, progress=False)

@@ -58,7 +58,7 @@ def export_run(
     ckpts = CheckpointManager(run_dir)
     if step is not None and step not in ckpts.all_steps():
         raise ConfigError(f"{run_dir} has no checkpoint of step {step}; it has {ckpts.all_steps()}")
-    ckpt = ckpts.restore(step=step)
+    ckpt = ckpts.restore(step=step, opt_state=False)  # the weights alone
     if ckpt is None:
         raise ConfigError(f"{run_dir} has no checkpoint to export")
     source = {"run_dir": str(run_dir.resolve()), "step": ckpt.step}

@@ -287,17 +287,17 @@ class CheckpointManager:
 
     # -- restoring -------------------------------------------------------------------------
 
-    def restore(self, template: Any = None, step: int | None = None, place=None):
+    def restore(self, template: Any = None, step: int | None = None, place=None, opt_state=True):
         """The newest checkpoint that passes every check, or None if there are none at all.
 
-        A damaged checkpoint is logged (logging.warning, naming it and the reason) and the one
-        before it is tried; if all are damaged, CorruptCheckpointError lists why. `step` asks
-        for exactly that checkpoint (no fallback). `template=(params, opt_state)` (either may
-        be None) restores into those structures, checking shapes and dtypes: a mismatch raises
+        A damaged checkpoint is logged (logging.warning, with the reason) and the one before it
+        is tried; if all are damaged, CorruptCheckpointError lists why. `step` asks for exactly
+        that checkpoint (no fallback). `template=(params, opt_state)` (either may be None)
+        restores into those structures, checking shapes and dtypes: a mismatch raises
         TreeMismatchError naming the first differing leaf and both shapes. `place` (e.g.
         `jax.device_put`) takes each array of the weights and optimizer state once it is read
         (into its own buffer): then the checkpoint is never in host memory whole.
-        """
+        `opt_state=False` reads no optimizer state (None): what evaluating or exporting needs."""
         if template is not None and not (isinstance(template, tuple | list) and len(template) == 2):
             raise TypeError("template must be a pair (params, opt_state); either may be None")
         self.wait()
@@ -307,11 +307,11 @@ class CheckpointManager:
                 raise FileNotFoundError(
                     f"no checkpoint for step {step} in {self.directory} (have {steps})"
                 )
-            return self._into_template(self._load(step, place), template)
+            return self._into_template(self._load(step, place, opt_state), template)
         problems = []
         for s in reversed(steps):
             try:
-                ckpt = self._load(s, place)
+                ckpt = self._load(s, place, opt_state)
             except CorruptCheckpointError as e:
                 log.warning(
                     "checkpoint %s is unusable (%s); trying the previous one", self.path(s), e
@@ -325,19 +325,19 @@ class CheckpointManager:
             )
         return None
 
-    def _load(self, step: int, place=None) -> Checkpoint:
+    def _load(self, step: int, place=None, opt_state=True) -> Checkpoint:
         ckpt = self.path(step)
         entries = _read_manifest(ckpt, step)
-        trees = []
+        trees = {}
         with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="minirl-sha256") as pool:
-            for name in FILES:  # `place` takes the arrays of the weights and optimizer state
+            for name in FILES if opt_state else FILES[::2]:  # `place`: weights, optimizer state
                 keep = place if name != "controller_state.tree" else None
                 tree, hashes = read_tree_file(ckpt / name, entries[name], pool, keep)
                 check_hashes(name, entries[name], hashes)
                 if isinstance(tree, ValueError):  # intact bytes, yet not a tree
                     raise CorruptCheckpointError(f"{name} cannot be decoded: {tree}")
-                trees.append(tree)
-        return Checkpoint(step, *trees)
+                trees[name] = tree
+        return Checkpoint(step, *(trees.get(name) for name in FILES))
 
     def _into_template(self, ckpt: Checkpoint, template: Any) -> Checkpoint:
         if template is None:

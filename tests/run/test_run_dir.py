@@ -156,6 +156,19 @@ def test_every_checkpoint_damaged_is_one_line_for_train_and_eval(run_copy, capsy
     _one_line_error(capsys, "no usable checkpoint")
 
 
+def test_eval_and_export_read_the_weights_alone(run_copy, tmp_path, capsys):
+    """`minirl eval` and `minirl export` read no optimizer state (2x the weights at fp32, never
+    used there): they work with it gone, while a resume, which needs it, names it."""
+    for opt in run_copy.glob("checkpoints/*/opt_state.tree"):
+        opt.unlink()
+    assert main(["eval", str(run_copy)]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 4
+    assert main(["export", str(run_copy), "--out", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "config.json").exists()
+    assert main(["train", "--resume", str(run_copy), "--set", "rl.steps=6"]) == 2
+    _one_line_error(capsys, "no usable checkpoint", "opt_state.tree is missing")
+
+
 @pytest.mark.parametrize(
     "edit, needle",
     [

@@ -133,6 +133,18 @@ def test_restore_hands_each_array_to_place_as_it_is_read(tmp_path, monkeypatch, 
     assert not any(ref() is not None for ref in given)
 
 
+def test_restore_without_the_optimizer_state_reads_none_of_it(tmp_path, adam):
+    params, opt_state = adam
+    mgr = CheckpointManager(tmp_path)
+    path = mgr.save(5, params, opt_state, {"step": 5})
+    flip(path / "opt_state.tree", -3)  # damaged, and never read
+    ckpt = mgr.restore(template=(params, None), opt_state=False)
+    assert ckpt.opt_state is None and ckpt.controller_state == {"step": 5}
+    assert_trees_equal(ckpt.params, jax.tree.map(np.asarray, params))
+    with pytest.raises(CorruptCheckpointError, match="opt_state.tree fails its sha256"):
+        mgr.restore()
+
+
 @pytest.mark.parametrize("chunk_bytes", [None, 256])
 def test_manifest_records_size_and_a_sha256_per_chunk(tmp_path, monkeypatch, chunk_bytes):
     if chunk_bytes:
