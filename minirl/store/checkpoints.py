@@ -331,8 +331,8 @@ class CheckpointManager:
         trees = {}
         with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="minirl-sha256") as pool:
             for name in FILES if opt_state else FILES[::2]:  # `place`: weights, optimizer state
-                keep = place if name != "controller_state.tree" else None
-                tree, hashes = read_tree_file(ckpt / name, entries[name], pool, keep)
+                put = place if name != "controller_state.tree" else None
+                tree, hashes = read_tree_file(ckpt / name, entries[name], pool, put)
                 check_hashes(name, entries[name], hashes)
                 if isinstance(tree, ValueError):  # intact bytes, yet not a tree
                     raise CorruptCheckpointError(f"{name} cannot be decoded: {tree}")
