@@ -238,10 +238,9 @@ def merge(params: dict, cfg) -> dict:
 
 
 class EngineBase:
-    """An engine's side of adapters-only versions (a LoRA run's weight store holds the adapters
-    alone): the first load's frozen base is kept (numpy, from another process: cast to `dtype`,
-    once) and each later adapters-only version joined to it, so the base crosses a process (or
-    Ray) boundary once per engine; the engine decodes with the adapters unmerged (no copy)."""
+    """An engine's side of adapters-only versions (a LoRA run's store holds the adapters alone):
+    the first load's frozen base is kept (numpy, from another process: cast to `dtype` once, the
+    embedding excepted) and each later version joined to it; the adapters stay unmerged."""
 
     def __init__(self, dtype=None):
         self.base, self.dtype = None, dtype
@@ -252,9 +251,10 @@ class EngineBase:
             params = nnx.to_pure_dict(params)
         adapters, base = partition(params, is_adapter)
         if base:  # the caller's JAX arrays as given (the engine casts them), else cast once here
-            device = all(isinstance(x, jax.Array) for x in jax.tree.leaves(base))
-            self.base = base if device else jax.tree.map(lambda x: jnp.asarray(x, self.dtype), base)
-            return join(adapters, self.base)
-        if self.base is None:
+            if not all(isinstance(x, jax.Array) for x in jax.tree.leaves(base)):
+                cast = jax.tree.map(lambda x: jnp.asarray(x, self.dtype), base)
+                base = {**cast, "embed": jnp.asarray(base["embed"])}  # as given: docs/engine.md
+            self.base = base
+        elif self.base is None:
             raise ValueError("adapters-only weights before any whole load: no base to join")
         return join(adapters, self.base)
