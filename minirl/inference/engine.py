@@ -67,7 +67,7 @@ class Engine:
         # LoRA: both modes apply the adapters unmerged, as the trainer does (merging per reload
         # decoded no faster and cost a copy of the projections: docs/lora.md, "Engine").
         dtype = config.dtype or model_config.dtype
-        self._lora = lora.EngineBase(dtype) if model_config.lora_rank else None  # adapters-only
+        self._lora = lora.EngineBase() if model_config.lora_rank else None  # adapters-only
         self.config = config
         self.model_config = dataclasses.replace(model_config, dtype=dtype, param_dtype=dtype)
         c = config
@@ -99,6 +99,8 @@ class Engine:
         self._given = self._params = None  # the version before goes first: one cast copy at once
         borrowed = all(isinstance(x, jax.Array) for x in jax.tree.leaves(params))
         self._given = params if borrowed else cast_params(params, self.model_config)
+        if self._lora is not None:  # its base (cast once, if numpy) joins the versions after it
+            self._lora.keep(self._given)
         self._version = int(version)
 
     def submit(self, requests: Iterable[Request]) -> None:

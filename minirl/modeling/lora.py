@@ -12,7 +12,7 @@ for bit (the adapter term is an exact zero added to x W).
     params = add_adapters(base_params, cfg, seed)    # fresh adapters beside loaded base weights
     trainable, frozen = partition(params, cfg)       # what the trainer differentiates and updates
     merged = merge(params, cfg)                       # W + A B alpha / r: a plain model (export)
-    base = EngineBase(); whole = base.whole(version)  # an engine's side of adapters-only versions
+    base = EngineBase(); whole = base.whole(version); base.keep(whole)  # an engine's side
 
 Where the adapters live: beside their projection, `{target}_lora_a` / `{target}_lora_b` in the
 same module (layers/i/attn/q_lora_a, layers/i/mlp/up_lora_b, ...), stored in float32 whatever
@@ -239,22 +239,21 @@ def merge(params: dict, cfg) -> dict:
 
 class EngineBase:
     """An engine's side of adapters-only versions (a LoRA run's store holds the adapters alone):
-    the first load's frozen base is kept (numpy, from another process: cast to `dtype` once, the
-    embedding excepted) and each later version joined to it; the adapters stay unmerged."""
+    the base of the whole set the engine holds (`keep`: the caller's arrays, or the engine's cast
+    of numpy from another process) is joined to each later version; adapters stay unmerged."""
 
-    def __init__(self, dtype=None):
-        self.base, self.dtype = None, dtype
+    def __init__(self):
+        self.base = None
 
     def whole(self, params) -> dict:
         """`params` (an nnx.State or pure dict: whole, or adapters alone) as the whole set."""
         if not isinstance(params, dict):
             params = nnx.to_pure_dict(params)
         adapters, base = partition(params, is_adapter)
-        if base:  # the caller's JAX arrays as given (the engine casts them), else cast once here
-            if not all(isinstance(x, jax.Array) for x in jax.tree.leaves(base)):
-                cast = jax.tree.map(lambda x: jnp.asarray(x, self.dtype), base)
-                base = {**cast, "embed": jnp.asarray(base["embed"])}  # as given: docs/engine.md
-            self.base = base
-        elif self.base is None:
+        if not base and self.base is None:
             raise ValueError("adapters-only weights before any whole load: no base to join")
-        return join(adapters, self.base)
+        return params if base else join(adapters, self.base)
+
+    def keep(self, params: dict) -> None:
+        """The whole set the engine now holds: its base serves the versions after it."""
+        self.base = partition(params, is_adapter)[1]

@@ -133,7 +133,9 @@ def test_the_engine_side_joins_adapters_only_versions_to_the_base_it_was_sent():
     keeper = lora.EngineBase()
     with pytest.raises(ValueError, match="no base to join"):
         keeper.whole(adapters)
-    jax.tree.map(np.testing.assert_array_equal, keeper.whole(params), params)  # a whole load
+    whole = keeper.whole(params)  # a whole load, as it came
+    jax.tree.map(np.testing.assert_array_equal, whole, params)
+    keeper.keep(whole)  # what the engine holds of it
     moved = jax.tree.map(lambda x: x + 1.0, adapters)
     joined = keeper.whole(moved)
     assert (
@@ -141,20 +143,6 @@ def test_the_engine_side_joins_adapters_only_versions_to_the_base_it_was_sent():
         is (base["layers"][0]["attn"]["v_proj"])
     )  # the very base arrays: nothing copied
     jax.tree.map(np.testing.assert_array_equal, joined, lora.join(moved, base))
-    # a bf16 engine's: the caller's JAX base kept as given (the engine casts it while it has
-    # work: tests/inference/test_engine.py); a base sent as numpy cast once, at the whole load,
-    # but for the token embedding: a JAX array as given (XLA CPU widens a bf16 table whole to
-    # look rows up; the engine's cast leaves it too: docs/engine.md)
-    bf16 = lora.EngineBase(jnp.bfloat16)
-    kept = lora.partition(bf16.whole(params), lora.is_adapter)[1]
-    assert kept["layers"][0]["attn"]["v_proj"] is base["layers"][0]["attn"]["v_proj"]
-    kept = lora.partition(bf16.whole(jax.tree.map(np.asarray, params)), lora.is_adapter)[1]
-    assert isinstance(kept["embed"], jax.Array) and kept["embed"].dtype == jnp.float32
-    np.testing.assert_array_equal(kept["embed"], base["embed"])
-    rest = [x.dtype for x in jax.tree.leaves({**kept, "embed": None})]
-    assert set(rest) == {jnp.dtype(jnp.bfloat16)} and len(rest) == len(jax.tree.leaves(base)) - 1
-    again = lora.partition(bf16.whole(moved), lora.is_adapter)[1]
-    assert again["layers"][0]["attn"]["v_proj"] is kept["layers"][0]["attn"]["v_proj"]
 
 
 def test_lora_knobs_are_checked_and_parsed():
@@ -345,13 +333,24 @@ def test_the_engine_samples_from_the_adapted_model(exact):
     (same,) = dropping.generate([Request(prompt, 0, 8)])
     np.testing.assert_array_equal(same.tokens, out.tokens)
     np.testing.assert_array_equal(same.logprobs, out.logprobs)
-    # a bf16 engine given numpy (another process: its base cast once at the load, the token
-    # embedding as given) samples bitwise what one given JAX arrays (cast per call) does
+    # a bf16 engine's base: the caller's JAX arrays kept as given (cast while it has work:
+    # tests/inference/test_engine.py); a base sent as numpy (another process) cast once, at the
+    # whole load, but for the token embedding: a JAX array as given (XLA CPU widens a bf16 table
+    # whole to look rows up: docs/engine.md). Either samples the same bits.
     bf16, outs = dataclasses.replace(cfg, dtype="bfloat16"), []
+    adapters, base = lora.partition(params, lora.is_adapter)
     for weights in (params, jax.tree.map(np.asarray, params)):
         e = Engine(bf16, ecfg)
         e.load_weights(0, weights)
         outs.append(e.generate([Request(prompt, 0, 8)])[0])
+    kept = e._lora.base  # the numpy-fed engine's
+    assert isinstance(kept["embed"], jax.Array) and kept["embed"].dtype == jnp.float32
+    np.testing.assert_array_equal(kept["embed"], base["embed"])
+    rest = [x.dtype for x in jax.tree.leaves({**kept, "embed": None})]
+    assert set(rest) == {jnp.dtype(jnp.bfloat16)} and len(rest) == len(jax.tree.leaves(base)) - 1
+    e.load_weights(1, jax.tree.map(lambda x: np.asarray(x) + 1.0, adapters))
+    again = e._lora.base  # the next adapters-only version joins the same cast base
+    assert again["layers"][0]["attn"]["v_proj"] is kept["layers"][0]["attn"]["v_proj"]
     np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
     np.testing.assert_array_equal(outs[0].logprobs, outs[1].logprobs)
 
