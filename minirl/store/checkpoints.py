@@ -37,7 +37,6 @@ from minirl.store.hashed_files import (
     HASH_THREADS,
     CorruptCheckpointError,
     Serialized,
-    check_hashes,
     fsync_dir,
     n_chunks,
     read_tree_file,
@@ -330,13 +329,10 @@ class CheckpointManager:
         entries = _read_manifest(ckpt, step)
         trees = {}
         with ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="minirl-sha256") as pool:
-            for name in FILES if opt_state else FILES[::2]:  # `place`: weights, optimizer state
-                put = place if name != "controller_state.tree" else None
-                tree, hashes = read_tree_file(ckpt / name, entries[name], pool, put)
-                check_hashes(name, entries[name], hashes)
-                if isinstance(tree, ValueError):  # intact bytes, yet not a tree
-                    raise CorruptCheckpointError(f"{name} cannot be decoded: {tree}")
-                trees[name] = tree
+            for name in FILES:  # `place` takes the arrays of the weights and optimizer state
+                if opt_state or name != "opt_state.tree":
+                    put = place if name != "controller_state.tree" else None
+                    trees[name] = read_tree_file(ckpt / name, entries[name], pool, put)
         return Checkpoint(step, *(trees.get(name) for name in FILES))
 
     def _into_template(self, ckpt: Checkpoint, template: Any) -> Checkpoint:

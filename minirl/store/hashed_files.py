@@ -1,8 +1,8 @@
 """Files written and read with a sha256 per fixed-size chunk, hashed on a thread pool.
 
 The byte-level half of checkpoints.py: `write_file` writes a tree (or bytes already serialized)
-and fsyncs it while every chunk is hashed; `read_tree_file` reads one back, array by array, while
-its chunks are hashed; `check_hashes` compares them with a manifest entry
+and fsyncs it while every chunk is hashed; `read_tree_file` reads one back, array by array, its
+chunks hashed as they arrive and compared (`check_hashes`) with the file's manifest entry
 `{"size", "chunk_bytes", "sha256": [hex per chunk]}`.
 
 Why a sha256 per chunk rather than one per file: sha256 (OpenSSL, with the CPU's SHA
@@ -126,10 +126,10 @@ def write_file(
     return size, hashed.hashes
 
 
-def read_tree_file(path: Path, entry: dict, pool: ThreadPoolExecutor, place=None):
-    """A tree file, its size checked, hashed while it arrives: (tree, hashes), the tree being the
-    ValueError that stopped its decoding if any (damage is likelier: check the hashes first).
-    Arrays are read one by one into their own buffers, each handed to `read_tree`'s `place`."""
+def read_tree_file(path: Path, entry: dict, pool: ThreadPoolExecutor, place=None) -> Any:
+    """The tree in a file, its size and every chunk's sha256 checked against `entry` (damage
+    raises CorruptCheckpointError). Arrays are read one by one into their own buffers, hashed as
+    they arrive, each handed to `read_tree`'s `place`; nothing is returned unchecked."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -148,7 +148,10 @@ def read_tree_file(path: Path, entry: dict, pool: ThreadPoolExecutor, place=None
             pass
         if f.tell() != size:
             raise CorruptCheckpointError(f"{path.name} changed size while it was read")
-    return tree, hashed.hashes
+    check_hashes(path.name, entry, hashed.hashes)  # first: damage is the likelier cause
+    if isinstance(tree, ValueError):  # intact bytes, yet not a tree
+        raise CorruptCheckpointError(f"{path.name} cannot be decoded: {tree}")
+    return tree
 
 
 def check_hashes(name: str, entry: dict, hashes: ChunkHashes) -> None:
