@@ -46,7 +46,7 @@ from flax import nnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
-from test_bench_real_size import PEAK_CODE  # noqa: E402
+from test_bench_real_size import minirl_peak_gb  # noqa: E402
 from test_bench_trainer import random_batch  # noqa: E402
 
 from minirl.losses import get_preset  # noqa: E402
@@ -63,21 +63,19 @@ REAL_ARMS = {**ARMS, "remat": ("trainer.remat=nothing",)}  # chunked, each block
 def peak_rss(model_dir: Path, data: Path, run_dir: Path, sets) -> tuple[float, float]:
     """(peak RSS in GB of a fresh `minirl train` process, the last `memory/peak_rss_gb` it
     logged)."""
-    argv = [sys.executable, "-c", PEAK_CODE, "train", "--quiet", "--model", str(model_dir)]
-    argv += ["--data", str(data), "--run-dir", str(run_dir)]
+    args = ["train", "--quiet", "--model", str(model_dir), "--data", str(data)]
+    args += ["--run-dir", str(run_dir)]
     for s in sets:
-        argv += ["--set", s]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        args += ["--set", s]
+    gb = minirl_peak_gb(args)
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    return float(out.split("PEAK_GB")[1].split()[0]), logged[-1]["memory/peak_rss_gb"]
+    return gb, logged[-1]["memory/peak_rss_gb"]
 
 
 def resumed_peak_rss(run_dir: Path) -> float:
     """Peak RSS in GB of a fresh `minirl train --resume` process: one step past `run_dir`'s
     2-step run, from its last checkpoint."""
-    argv = [sys.executable, "-c", PEAK_CODE, "train", "--quiet", "--resume", str(run_dir)]
-    out = subprocess.run([*argv, "--set", "rl.steps=3"], capture_output=True, text=True, check=True)
-    return float(out.stdout.split("PEAK_GB")[1].split()[0])
+    return minirl_peak_gb(["train", "--quiet", "--resume", str(run_dir), "--set", "rl.steps=3"])
 
 
 def _time(fn) -> float:

@@ -185,6 +185,13 @@ PEAK_CODE = (
 )
 
 
+def minirl_peak_gb(args: list[str]) -> float:
+    """Peak RSS in GB of a fresh process running `minirl ARGS` (it must succeed)."""
+    argv = [sys.executable, "-c", PEAK_CODE, *args]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return float(out.split("PEAK_GB")[1].split()[0])
+
+
 def _rl_run_peak_rss(checkpoint: Path, remat: str, extra: tuple = (), name: str = "") -> int:
     """Peak RSS (bytes) of a fresh `minirl train` process doing 2 RL steps on the checkpoint
     (`extra`: more `--set` overrides; the run directory is `run-{name or remat}` beside it)."""
@@ -203,23 +210,18 @@ def _rl_run_peak_rss(checkpoint: Path, remat: str, extra: tuple = (), name: str 
         f"trainer.remat={remat}",
         *extra,
     ]
-    argv = [
-        sys.executable,
-        "-c",
-        PEAK_CODE,
+    args = [
         "train",
         "--quiet",
         "--model",
         str(checkpoint),
         "--data",
         str(checkpoint / "data.jsonl"),
-        "--run-dir",
-        str(run_dir),
     ]
+    args += ["--run-dir", str(run_dir)]
     for s in sets:
-        argv += ["--set", s]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    return int(float(out.split("PEAK_GB")[1].split()[0]) * 1e9)
+        args += ["--set", s]
+    return int(minirl_peak_gb(args) * 1e9)
 
 
 def _accounting(cfg: ModelConfig) -> dict:
