@@ -25,14 +25,11 @@ from flax import nnx
 
 from minirl.inference.decoding import cast_params
 from minirl.inference.engine import Engine, EngineConfig, Request
-from minirl.modeling.model import ModelConfig, abstract_model, init_model
+from minirl.modeling.model import abstract_model, init_model
 from minirl.modeling.model_config import PRESETS
 from minirl.types import Prompt
 
-SHAPE_25M = ModelConfig(
-    vocab_size=320, dim=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
-    mlp_dim=1536, max_seq_len=256,
-)  # fmt: skip
+SHAPE_25M = dataclasses.replace(PRESETS["small"], vocab_size=320, max_seq_len=256)  # the 25M work
 
 
 def _seconds(fn, repeats: int) -> list[float]:
