@@ -192,3 +192,19 @@ def cast_params(params: dict, cfg: ModelConfig) -> dict:
     token embedding as given: XLA CPU widens a bf16 table whole to look rows up (docs/engine.md)."""
     template = {**abstract_model(cfg)[1], "embed": params["embed"]}  # the embedding: its own dtype
     return jax.tree.map(lambda x, t: jnp.asarray(x, t.dtype), params, template)
+
+
+def head_laid_out(cfg: ModelConfig) -> bool:
+    """Below float32 a tied head is laid out [D, V] once per work (`work_params`), and the
+    compiled functions run the model untied: else XLA CPU casts and transposes the table at
+    every call (0.55 GB of a decode's scratch at a 152k vocabulary; float32 reads it in place)."""
+    return cfg.tie_embeddings and cfg.compute_dtype != jnp.float32
+
+
+def work_params(params: dict, cfg: ModelConfig) -> dict:
+    """What the compiled functions read while work is in flight: `cast_params`' dict, with the
+    LM head `head_laid_out` asks for (the embedding cast and transposed: the same values)."""
+    params = cast_params(params, cfg)
+    if head_laid_out(cfg):
+        params = {**params, "lm_head": params["embed"].astype(cfg.compute_dtype).T}
+    return params

@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from minirl.inference import paged_cache
+from minirl.inference import decoding, paged_cache
 from minirl.inference.cache_layout import cache_dtype, layout_of
 from minirl.inference.decoding import Settings, cast_params, check_params, compiled
 from minirl.inference.engine_config import EngineConfig
@@ -71,7 +71,9 @@ class Engine:
         self.config = config
         self.model_config = dataclasses.replace(model_config, dtype=dtype, param_dtype=dtype)
         c = config
-        self._static = Settings(self.model_config, c.sampling, c.decode_chunk, layout_of(c))
+        untied = dataclasses.replace(self.model_config, tie_embeddings=False)  # work_params' head
+        run = untied if decoding.head_laid_out(self.model_config) else self.model_config
+        self._static = Settings(run, c.sampling, c.decode_chunk, layout_of(c))
         self._sched = Scheduler(config.slots)
         self._kv = layout_of(c)(self.model_config, c)  # where keys and values live
         self._given = self._params = None  # as loaded; cast, while work is in flight
@@ -127,8 +129,8 @@ class Engine:
         in flight: the cast weights and the KV cache go until work comes (docs/engine.md)."""
         if self._given is None:
             raise RuntimeError("no weights: call load_weights(version, params) first")
-        if self._params is None:  # a no-op on weights cast at the load
-            self._params = cast_params(self._given, self.model_config)
+        if self._params is None:  # what the work reads (docs/engine.md, "Memory between calls")
+            self._params = decoding.work_params(self._given, self.model_config)
         if self._cache is None:
             self._cache = self._kv.empty()
         self._rebuild()

@@ -39,7 +39,7 @@ from minirl.losses.importance import (
     TruncatedCorrection,
 )
 from minirl.losses.objective import Objective
-from minirl.losses.regularizers import K1KL, K2KL, K3KL
+from minirl.losses.regularizers import K2KL, K3KL, KL
 from minirl.losses.rejection import SequenceReject, TokenReject
 from minirl.losses.terms import ClippedRatio, GSPOClipped, LogProb, SequenceLogProb
 
@@ -244,7 +244,7 @@ def with_kl_coef(objective: Objective, beta: float) -> Objective:
     reference forward. Objectives without a KL term raise ValueError unless `beta` is 0."""
     if beta < 0:
         raise ValueError(f"KL coefficient must be >= 0, got {beta}")
-    kl = lambda r: isinstance(r, (K1KL, K2KL, K3KL))
+    kl = lambda r: isinstance(r, KL)
     if beta > 0 and not any(kl(r) for r in objective.regularizers):
         raise ValueError(f"loss {objective.name!r} has no KL term to set a coefficient on")
     parts = tuple(

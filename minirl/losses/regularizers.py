@@ -35,48 +35,43 @@ def log_rho(ctx: Context) -> jax.Array:
     return clamped_difference(ctx.ref_logp, ctx.logp, ctx.clamp)
 
 
-def _check_beta(beta: float) -> None:
-    if beta < 0.0:
-        raise ValueError(f"KL coefficient beta must be >= 0, got {beta}")
-
-
 @dataclasses.dataclass(frozen=True)
-class K1KL:
-    """G2 = -beta k1, k1 = log(pi_theta / pi_ref) = -log rho."""
+class KL:
+    """What the three KL penalties share: a coefficient beta >= 0, and pi_ref's log-probs."""
 
-    beta: float = 0.04
+    beta: float
     needs_ref: ClassVar[bool] = True
 
     def __post_init__(self):
-        _check_beta(self.beta)
+        if self.beta < 0.0:
+            raise ValueError(f"KL coefficient beta must be >= 0, got {self.beta}")
+
+
+@dataclasses.dataclass(frozen=True)
+class K1KL(KL):
+    """G2 = -beta k1, k1 = log(pi_theta / pi_ref) = -log rho."""
+
+    beta: float = 0.04
 
     def __call__(self, ctx: Context) -> jax.Array:  # [b, T]
         return self.beta * log_rho(ctx)
 
 
 @dataclasses.dataclass(frozen=True)
-class K2KL:
+class K2KL(KL):
     """G2 = -beta k2, k2 = (log rho)^2 / 2."""
 
     beta: float = 1e-3
-    needs_ref: ClassVar[bool] = True
-
-    def __post_init__(self):
-        _check_beta(self.beta)
 
     def __call__(self, ctx: Context) -> jax.Array:  # [b, T]
         return -self.beta * 0.5 * log_rho(ctx) ** 2
 
 
 @dataclasses.dataclass(frozen=True)
-class K3KL:
+class K3KL(KL):
     """G2 = -beta k3, k3 = rho - log rho - 1 >= 0 (unbiased, always non-negative)."""
 
     beta: float = 0.04
-    needs_ref: ClassVar[bool] = True
-
-    def __post_init__(self):
-        _check_beta(self.beta)
 
     def __call__(self, ctx: Context) -> jax.Array:  # [b, T]
         lr = log_rho(ctx)

@@ -25,7 +25,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from minirl.inference import decoding
 from minirl.inference import engine as engine_module
+from minirl.inference.cache_layout import ContiguousLayout
 from minirl.inference.engine import Engine, EngineConfig, Request
 from minirl.modeling.model import ModelConfig, Transformer, init_model, token_logprobs
 from minirl.modeling.sampling import Sampling
@@ -463,12 +465,13 @@ def test_a_bf16_engine_holds_its_cast_copy_only_while_work_is_in_flight(
     Given numpy (from another process) it casts at the load, the version before dropped first;
     a tree that does not fit is refused before anything is dropped. Same tokens either way."""
     bf16 = dataclasses.replace(SAMPLED, dtype="bfloat16")
-    casts, cast = [], engine_module.cast_params
+    casts, cast, work = [], engine_module.cast_params, decoding.work_params
     reqs = [Request(p, 0, 6) for p in make_prompts(3, seed=2)]
     e = engine(bf16, params)
     monkeypatch.setattr(
         engine_module, "cast_params", lambda p, c: casts.append(e._params) or cast(p, c)
     )
+    monkeypatch.setattr(decoding, "work_params", lambda p, c: casts.append(e._params) or work(p, c))
     given = jax.tree.leaves(e._given)
     assert all(x is y for x, y in zip(given, jax.tree.leaves(params), strict=True))
     assert casts == [] and e._params is None  # nothing cast before there is work
@@ -489,6 +492,7 @@ def test_a_bf16_engine_holds_its_cast_copy_only_while_work_is_in_flight(
     casts.clear()
     e.load_weights(1, jax.tree.map(np.asarray, params_v1))
     assert casts == [None]  # cast at the load, nothing of version 0 held meanwhile
+    casts.clear()
     kept = e._given  # all bf16 but the token embedding (as given: the docstring)
     rest = {k: v for k, v in kept.items() if k != "embed"}
     assert kept["embed"].dtype == jnp.float32
@@ -497,7 +501,36 @@ def test_a_bf16_engine_holds_its_cast_copy_only_while_work_is_in_flight(
         e.load_weights(2, {"embed": params["embed"]})
     assert e._given is kept and e.version == 1  # version 1 still there
     e.generate(reqs)
-    assert e._given is kept  # its own cast copy: kept between calls (a no-op cast at work)
+    assert e._given is kept and casts == [None]  # its own cast copy: kept between calls
+
+
+def test_a_bf16_engine_lays_a_tied_head_out_once_per_work_not_at_every_call():
+    """A tied head is the token embedding read transposed, [D, V]. Kept as the embedding is
+    (float32, [V, D]), every prefill and decode call would cast and transpose the whole table
+    (0.55 GB of a decode's scratch at a 152k vocabulary). Below float32 `work_params` lays it
+    out once per work, cast, and the compiled functions run the model untied, reading it in
+    place. The lookup reads the embedding as given. Exact mode keeps the trainer's bits
+    (tests/diagnose/test_mismatch.py's bf16 run; the slow lane's exact-bf16 case above)."""
+    f32 = dataclasses.replace(CFG, vocab_size=8192)  # the head: 1 MB in bf16
+    p = nnx.to_pure_dict(nnx.split(init_model(f32))[1])
+    cfg = dataclasses.replace(f32, dtype="bfloat16", param_dtype="bfloat16")  # as an engine's
+    assert decoding.head_laid_out(cfg) and not decoding.head_laid_out(f32)
+    work = decoding.work_params(decoding.check_params(p, cfg), cfg)
+    np.testing.assert_array_equal(work["lm_head"], p["embed"].astype(jnp.bfloat16).T)
+    assert work["embed"] is p["embed"]
+    tied = {k: v for k, v in work.items() if k != "lm_head"}
+    untied = dataclasses.replace(cfg, tie_embeddings=False)
+    cache = ContiguousLayout(cfg, BASE).empty()
+    b, ids = np.zeros(BASE.slots, np.int32), np.zeros((BASE.slots, 3), np.uint32)
+    scratch = []
+    for model, w in ((untied, work), (cfg, tied)):
+        fns = decoding.compiled(decoding.Settings(model, Sampling(), 4, ContiguousLayout))
+        lowered = fns.decode.lower(w, cache, b, b, ids, b + 4, np.uint32(0), width=32)
+        scratch.append(lowered.compile().memory_analysis().temp_size_in_bytes)
+    head_bytes = cfg.vocab_size * cfg.dim * 2
+    assert scratch[1] - scratch[0] >= head_bytes, scratch  # no copy of the head per call
+    assert Engine(f32, dataclasses.replace(BASE, dtype="bfloat16"))._static.model == untied
+    assert Engine(f32, BASE)._static.model == f32  # float32: tied, the table read in place
 
 
 def test_bad_input_gets_clear_errors(params):
