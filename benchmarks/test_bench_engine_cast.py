@@ -8,6 +8,10 @@
             benchmarks/trl_side_by_side.py, bf16, random weights: JAX weights kept as given
             (cast at each `generate`) ÷ numpy weights cast at the load, 7 alternating rounds,
             the median of the per-round ratios
+  head      the compiled decode's and prefill's scratch (`memory_analysis()`) at the
+            Qwen2.5-0.5B shape, bf16 over a float32 embedding, 8 slots: the tied head laid out
+            once per work (`decoding.work_params`, the model run untied) ÷ read from the
+            embedding at every call (the tied model); shapes only, nothing runs
 
 Run: `python -m pytest benchmarks/test_bench_engine_cast.py -q -s` (~2 min, ~4 GB). Nothing
 about time is asserted: each row prints its figures and their ratio.
@@ -23,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from minirl.inference import decoding
+from minirl.inference.cache_layout import ContiguousLayout
 from minirl.inference.decoding import cast_params
 from minirl.inference.engine import Engine, EngineConfig, Request
 from minirl.modeling.model import abstract_model, init_model
@@ -79,4 +85,31 @@ def test_generate_with_weights_kept_against_cast_at_the_load():
         f"\ngenerate, weights kept (cast per call) / cast at the load: median "
         f"{np.median(ratios):.3f} (rounds {', '.join(f'{x:.2f}' for x in ratios)}); "
         f"medians {np.median(times['kept']):.3f} s / {np.median(times['at_load']):.3f} s"
+    )
+
+
+def test_scratch_with_the_tied_head_laid_out_against_read_at_every_call():
+    cfg = dataclasses.replace(PRESETS["qwen2.5-0.5b"], dtype="bfloat16", param_dtype="bfloat16")
+    engine_cfg = EngineConfig(slots=8, cache_len=256, dtype="bfloat16")
+    shapes = jax.eval_shape(lambda p: decoding.work_params(p, cfg), abstract_model(cfg)[1])
+    shapes["embed"] = jax.ShapeDtypeStruct(shapes["embed"].shape, jnp.float32)  # the trainer's
+    tied = {k: v for k, v in shapes.items() if k != "lm_head"}
+    cache = jax.eval_shape(ContiguousLayout(cfg, engine_cfg).empty)
+    slots, ids = np.zeros(8, np.int32), np.zeros((8, 3), np.uint32)
+    prompts = (np.zeros((4, 64), np.int32), np.ones(4, np.int32), slots, np.arange(8))
+    scratch = {}
+    untied = dataclasses.replace(cfg, tie_embeddings=False)  # what a bf16 engine runs
+    for name, model, params in (("laid out", untied, shapes), ("tied", cfg, tied)):
+        fns = decoding.compiled(decoding.Settings(model, engine_cfg.sampling, 8, ContiguousLayout))
+        decode = fns.decode.lower(
+            params, cache, slots, slots, ids, slots + 8, np.uint32(0), width=128
+        )
+        prefill = fns.prefill.lower(params, cache, *prompts, ids, slots, np.uint32(0))
+        scratch[name] = [
+            f.compile().memory_analysis().temp_size_in_bytes / 1e9 for f in (decode, prefill)
+        ]
+    (d, p), (d0, p0) = scratch["laid out"], scratch["tied"]
+    print(
+        f"\nscratch, tied head laid out / read at every call: decode {d:.3f} / {d0:.3f} GB "
+        f"({d / d0:.3f}x), prefill {p:.3f} / {p0:.3f} GB ({p / p0:.3f}x)"
     )

@@ -64,10 +64,7 @@ def peak_rss(model_dir: Path, data: Path, run_dir: Path, sets) -> tuple[float, f
     """(peak RSS in GB of a fresh `minirl train` process, the last `memory/peak_rss_gb` it
     logged)."""
     args = ["train", "--quiet", "--model", str(model_dir), "--data", str(data)]
-    args += ["--run-dir", str(run_dir)]
-    for s in sets:
-        args += ["--set", s]
-    gb = minirl_peak_gb(args)
+    gb = minirl_peak_gb([*args, "--run-dir", str(run_dir)], sets)
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     return gb, logged[-1]["memory/peak_rss_gb"]
 
@@ -75,7 +72,7 @@ def peak_rss(model_dir: Path, data: Path, run_dir: Path, sets) -> tuple[float, f
 def resumed_peak_rss(run_dir: Path) -> float:
     """Peak RSS in GB of a fresh `minirl train --resume` process: one step past `run_dir`'s
     2-step run, from its last checkpoint."""
-    return minirl_peak_gb(["train", "--quiet", "--resume", str(run_dir), "--set", "rl.steps=3"])
+    return minirl_peak_gb(["train", "--quiet", "--resume", str(run_dir)], ["rl.steps=3"])
 
 
 def _time(fn) -> float:

@@ -185,9 +185,9 @@ PEAK_CODE = (
 )
 
 
-def minirl_peak_gb(args: list[str]) -> float:
-    """Peak RSS in GB of a fresh process running `minirl ARGS` (it must succeed)."""
-    argv = [sys.executable, "-c", PEAK_CODE, *args]
+def minirl_peak_gb(args: list[str], sets=()) -> float:
+    """Peak RSS in GB of a fresh process running `minirl ARGS --set S ...` (it must succeed)."""
+    argv = [sys.executable, "-c", PEAK_CODE, *args, *(a for s in sets for a in ("--set", s))]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return float(out.split("PEAK_GB")[1].split()[0])
 
@@ -218,10 +218,7 @@ def _rl_run_peak_rss(checkpoint: Path, remat: str, extra: tuple = (), name: str 
         "--data",
         str(checkpoint / "data.jsonl"),
     ]
-    args += ["--run-dir", str(run_dir)]
-    for s in sets:
-        args += ["--set", s]
-    return int(minirl_peak_gb(args) * 1e9)
+    return int(minirl_peak_gb([*args, "--run-dir", str(run_dir)], sets) * 1e9)
 
 
 def _accounting(cfg: ModelConfig) -> dict:

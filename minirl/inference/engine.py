@@ -71,8 +71,8 @@ class Engine:
         self.config = config
         self.model_config = dataclasses.replace(model_config, dtype=dtype, param_dtype=dtype)
         c = config
-        untied = dataclasses.replace(self.model_config, tie_embeddings=False)  # work_params' head
-        run = untied if decoding.head_laid_out(self.model_config) else self.model_config
+        m = self.model_config  # untied where work_params lays a tied head out per work
+        run = dataclasses.replace(m, tie_embeddings=False) if decoding.head_laid_out(m) else m
         self._static = Settings(run, c.sampling, c.decode_chunk, layout_of(c))
         self._sched = Scheduler(config.slots)
         self._kv = layout_of(c)(self.model_config, c)  # where keys and values live
