@@ -83,6 +83,12 @@ class AgentEpisode:
     finish: str = "stop"  # the last named answer's: "length" if cut at its max_tokens
     _returned_text: str = ""  # completions: the prompts and answers as the agent sees them
 
+    def copy(self) -> AgentEpisode:
+        """A copy a call can be laid out on without changing this episode (runner.py keeps it
+        only if the call is accepted)."""
+        lists = ("messages", "history", "parts", "pieces")
+        return dataclasses.replace(self, **{k: list(getattr(self, k)) for k in lists})
+
     @property
     def tokens(self) -> np.ndarray:
         return np.concatenate([p[0] for p in self.pieces]) if self.pieces else np.zeros(0, np.int32)

@@ -290,8 +290,10 @@ class AgentRunner:
     # ---- a call in the engine ------------------------------------------------------------
 
     def _requests(self, live: _Live, call: Call) -> list[Request]:
-        """The engine requests answering `call` (one per choice), or APIError."""
-        ep, tok = live.episode, self.turns.tokenizer
+        """The engine requests answering `call` (one per choice), or APIError. The call is laid
+        out on a copy of the episode, kept only when the call is accepted: a refused call leaves
+        the episode as it was, so the agent may send a corrected one."""
+        ep, tok = live.episode.copy(), self.turns.tokenizer
         if ep.turns >= self.config.max_turns:
             raise APIError(
                 400,
@@ -302,9 +304,14 @@ class AgentRunner:
                 ep.begin(call, self.turns)
             else:
                 ep.follow(call, self.turns)
-        except ValueError as e:  # text the tokenizer cannot encode, and the like
-            raise APIError(400, f"{type(e).__name__}: {e}") from None
-        tokens = np.concatenate([ep.prompt.tokens, ep.tokens]).astype(np.int32)
+            tokens = np.concatenate([ep.prompt.tokens, ep.tokens]).astype(np.int32)
+            stops = tuple(tuple(tok.encode(s, bos=False).tolist()) for s in call.stop)
+            if call.kind == "chat" and call.parse_tools:  # the `tags` format: a call ends a turn
+                stops += tool_calls.stop_sequences(self.turns.format, call.tools, tok)
+        except APIError:
+            raise
+        except Exception as e:  # noqa: BLE001 - what the agent sent: text the tokenizer cannot
+            raise APIError(400, f"{type(e).__name__}: {e}"[:1000]) from None  # encode, ids too big
         room = self.engine.config.cache_len - len(tokens)
         if room < 1 or tokens.min() < 0 or tokens.max() >= tok.vocab_size:
             raise APIError(
@@ -315,13 +322,11 @@ class AgentRunner:
                 "messages",
             )
         budget = min(call.max_tokens or ep.request.max_new_tokens, room)
-        stops = tuple(tuple(tok.encode(s, bos=False).tolist()) for s in call.stop)
-        if call.kind == "chat" and call.parse_tools:  # the `tags` format: a call ends the turn
-            stops += tool_calls.stop_sequences(self.turns.format, call.tools, tok)
         uid = stable_hash("agent call", ep.request.prompt.uid, ep.request.sample_index, ep.turns)
         meta = {"episode": [ep.request.prompt.uid, ep.request.sample_index], "turn": ep.turns}
         prompt = dataclasses.replace(ep.request.prompt, uid=uid, text="", tokens=tokens, meta=meta)
         self.stats["calls"] += 1
+        live.episode = ep  # accepted
         for j in range(call.n):
             self._in_engine[(uid, j)] = ep.id
         return [

@@ -206,6 +206,11 @@ class EpisodeRunner:
         value = future.result(timeout=max(start + ep_seconds - time.monotonic(), 0.0))
         return value, start + ep_seconds - future.finished_at
 
+    def _token_limit(self) -> int:
+        """Tokens an episode may hold: the engine's cache_len, or EpisodeConfig.max_tokens."""
+        limit = self.engine.config.cache_len
+        return min(limit, self.config.max_tokens or limit)
+
     def _timed_out(self) -> str:
         return f"environment timed out (its calls took over task.timeout={self.config.timeout}s)"
 
@@ -225,9 +230,10 @@ class EpisodeRunner:
 
     def _start(self, request: Request, future: Future, start: float) -> _Episode | Rollout:
         """The episode of `request` once its environment's reset answered (or a Rollout of
-        reward 0 if it failed); `request` becomes the engine's (multi-turn, the rendered
-        prompt). A restart must give the same prompt tokens (environments are deterministic in
-        their prompt), which is checked."""
+        reward 0 if it failed, its first message leaves no room for a turn, or a restart gave
+        other prompt tokens: environments must be deterministic in their prompt, since the
+        engine replays the episode from the prompt it has); `request` becomes the engine's
+        (multi-turn, the rendered prompt)."""
         seconds = self.config.timeout or math.inf
         try:
             (env, first, tools, text, tokens), seconds = self._wait(seconds, future, start)
@@ -238,7 +244,14 @@ class EpisodeRunner:
             return no_turn(request, failed(why).info["reason"])
         old = self._episodes.get((request.prompt.uid, request.sample_index))
         if old is not None and not np.array_equal(old.request.prompt.tokens, tokens):
-            raise RuntimeError(f"prompt {request.prompt.uid}: env.reset is not deterministic")
+            why = "environment reset is not deterministic: the restarted episode's prompt differs"
+            return no_turn(request, failed(why).info["reason"])
+        if len(tokens) + request.max_new_tokens > self._token_limit():
+            why = (
+                f"environment reset: its first message is {len(tokens)} tokens, and with a turn "
+                f"of {request.max_new_tokens} over the episode token limit ({self._token_limit()})"
+            )
+            return no_turn(request, failed(why).info["reason"])
         prompt = dataclasses.replace(request.prompt, tokens=tokens)
         request = dataclasses.replace(request, prompt=prompt, multi_turn=True)
         none = np.zeros(0, np.int32)
@@ -299,8 +312,7 @@ class EpisodeRunner:
     def _observe(self, ep: _Episode, step: Step, rollout: Rollout) -> np.ndarray | None:
         """The observation's tokens (turn markers included), or None if a limit ends the
         episode here (ep.reason says which)."""
-        c, limit = self.config, self.engine.config.cache_len
-        limit = min(limit, c.max_tokens or limit)
+        c, limit = self.config, self._token_limit()
         if rollout.finish_reason == "length":
             ep.reason = f"turn {ep.turns} cut at max_new_tokens"
             return None

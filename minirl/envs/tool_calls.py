@@ -64,17 +64,23 @@ def format_of(template: str | None) -> str:
     return "tags"
 
 
+def _field(value, key: str):
+    """value[key] if `value` is a dict, else None: tool schemas come from your code or an HTTP
+    request, and a schema of the wrong shape declares no tool rather than stopping the run."""
+    return value.get(key) if isinstance(value, dict) else None
+
+
 def tool_name(schema: dict) -> str | None:
     """The function name of a tool schema (OpenAI's nested form or the bare one)."""
-    inner = schema.get("function", schema) if isinstance(schema, dict) else {}
-    return inner.get("name") if isinstance(inner, dict) else None
+    name = _field(_field(schema, "function") or schema, "name")
+    return name if isinstance(name, str) else None
 
 
 def only_parameter(schema: dict | None) -> str | None:
     """The name of a tool's parameter when it has exactly one (what a `tags` call sets)."""
-    inner = (schema or {}).get("function", schema or {})
-    properties = ((inner or {}).get("parameters") or {}).get("properties") or {}
-    return next(iter(properties)) if len(properties) == 1 else None
+    inner = _field(schema, "function") or schema
+    properties = _field(_field(inner, "parameters"), "properties")
+    return next(iter(properties)) if isinstance(properties, dict) and len(properties) == 1 else None
 
 
 def call(k: int, name: str, arguments: dict) -> dict:
@@ -93,9 +99,10 @@ def _named(obj, key: str) -> tuple[str, dict] | None:
 
 
 def _loads(text: str):
+    """The JSON value of `text`, or None (not JSON; nested too deep for the parser)."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

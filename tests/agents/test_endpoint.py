@@ -102,6 +102,46 @@ async def stream(client, row):
     final = await client.chat.completions.create(model="m", messages=more, tools=[CALC], stream=True)
     return "".join([c.choices[0].delta.content or "" async for c in final])
 
+async def corrected(client, row):
+    # each kind sends one call the runner must refuse, then the calc episode, unchanged
+    import openai
+
+    async def refused(**call):
+        try:
+            await client.chat.completions.create(model="m", tools=[CALC], **call)
+        except openai.BadRequestError:
+            return
+        raise AssertionError(f"accepted: {call}")
+
+    kind, first = row["kind"], [{"role": "user", "content": row["prompt"]}]
+    if kind == "bad_schema":  # accepted: declares no tool, so the call stays text
+        bad = {"type": "function", "function": {"name": "calc", "parameters": "x"}}
+        r = await client.chat.completions.create(model="m", messages=first, tools=[bad])
+        m = r.choices[0].message
+        return float(not m.tool_calls and m.content.startswith("<calc>"))
+    if kind == "too_long":  # over the engine's cache_len
+        await refused(messages=[{"role": "user", "content": "1" * 200}])
+    if kind == "stop":  # a stop string the tokenizer cannot encode
+        await refused(messages=first, stop=["STOP"])
+    if kind == "big_id":  # a token id past int32
+        try:
+            await client.completions.create(model="m", prompt=[1, 2**40])
+            raise AssertionError("accepted")
+        except openai.BadRequestError:
+            pass
+    r = await client.chat.completions.create(model="m", messages=first, tools=[CALC])
+    m = r.choices[0].message.model_dump(exclude_none=True)
+    c = m["tool_calls"][0]
+    value = add(json.loads(c["function"]["arguments"])["expression"])
+    tool = {"role": "tool", "tool_call_id": c["id"], "content": value}
+    if kind == "deep_arguments":  # past the JSON parser's depth
+        deep = {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": "[" * 5000}}]}
+        await refused(messages=[*first, deep, tool])
+    if kind == "unencodable_output":
+        await refused(messages=[*first, m, {**tool, "content": "FIVE"}])
+    r = await client.chat.completions.create(model="m", messages=[*first, m, tool], tools=[CALC])
+    return r.choices[0].message.content
+
 def not_async(client, row):
     pass
 
@@ -189,6 +229,22 @@ def test_hostile_agents_end_their_own_episode_only(agents):
         assert got[kind].tokens.tolist() == call.tolist() and got[kind].mask.all()
     assert runner.stats["timed_out"] == 1 and runner.stats["refused"] == 2
     assert seconds < 20  # the hang cost its 1 s, not an hour
+
+
+def test_a_refused_call_changes_nothing_and_never_stops_the_run(agents):
+    """Calls the runner's thread cannot lay out (a prompt over the cache, a stop string or tool
+    output the tokenizer cannot encode, a token id past int32, tool-call arguments nested past
+    the JSON parser's depth) are 400s that leave the episode as it was: the corrected call goes
+    on, and the episode is the one an agent that never erred lays out. A tool schema of the
+    wrong shape declares no tool: the answer is text."""
+    kinds = ["too_long", "stop", "big_id", "deep_arguments", "unencodable_output", "bad_schema"]
+    episodes, runner, _ = run(agents, "corrected", kinds)
+    for kind, e in zip(kinds, episodes, strict=True):
+        assert e.score.reward == 1.0, (kind, e.score)
+        if kind != "bad_schema":
+            tokens, mask = expected(e.prompt)
+            assert e.tokens.tolist() == tokens and e.mask.tolist() == mask, kind
+    assert runner.stats["refused"] == 5 and runner.stats["calls"] == 11
 
 
 def test_an_agent_that_blocks_its_loop_is_cut_off_and_its_loop_replaced(agents):

@@ -83,6 +83,27 @@ def test_each_format_by_hand():
     assert turn == "x <calc>1</calc>" and turn.endswith("</calc>") and turn.content == "x"
 
 
+def test_what_the_model_or_a_schema_gets_wrong_is_no_call_never_an_error():
+    """JSON nested past the parser's depth (a model can write 1,000 brackets) and tool schemas
+    of the wrong shape (your environment's `tools`, an agent's request) are text, not calls."""
+    deep = "[" * 5000
+    hermes = f'<tool_call>{{"name": "calc", "arguments": {deep}</tool_call>'
+    assert parse("hermes", hermes) == (hermes, [])
+    llama = f'{{"name": "calc", "parameters": {{"x": {deep}}}}}'
+    assert parse("llama", llama) == (llama, [])
+    tok = CharTokenizer()
+    for schema, named in [
+        ({"type": "function", "function": "calc"}, False),
+        ({"function": {"name": ["calc"], "parameters": CALC["function"]["parameters"]}}, False),
+        ({"type": "function", "function": {"name": "calc", "parameters": "x"}}, True),
+        ({"function": {"name": "calc", "parameters": {"properties": ["expression"]}}}, True),
+    ]:
+        assert parse("tags", "<calc>1+2</calc>", [schema]) == ("<calc>1+2</calc>", []), schema
+        closing = (tuple(tok.encode("</calc>", bos=False)),) if named else ()
+        assert stop_sequences("tags", [schema], tok) == closing
+    assert parse("tags", "<calc>1+2</calc>", [{"name": "calc", **CALC["function"]}])[1]  # bare
+
+
 def test_templates_teach_their_format():
     from hf_tiny import LLAMA_TOOLS_TEMPLATE, QWEN_TEMPLATE, QWEN_TOOLS_TEMPLATE
 

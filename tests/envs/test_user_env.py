@@ -27,6 +27,8 @@ from flax import nnx
 from minirl import cli
 from minirl.envs import EpisodeConfig, EpisodeRunner, Step, Turns
 from minirl.envs.base import as_step
+from minirl.envs.scripted import ScriptedEngine
+from minirl.envs.turns import TOY_TEMPLATE
 from minirl.envs.user_env import FileEnv, FileEnvs, load_env
 from minirl.inference.engine import Engine, EngineConfig, Request
 from minirl.modeling.model import ModelConfig, init_model
@@ -232,6 +234,67 @@ def test_hostile_environments_end_their_own_episode_only(params, env_file):
     assert len(got["raise_reset"].tokens) == len(got["hang_reset"].tokens) == 0  # never started
     assert len(got["hang_step"].tokens) > 0 and got["hang_step"].mask.all()  # one turn, then cut
     assert seconds < 30  # two hangs of 60 s each cost about task.timeout, side by side
+
+
+CALC = {"type": "function", "function": {"name": "calc", "parameters": {"properties": {"e": {}}}}}
+
+
+class Careless:
+    """Mistakes your environment could make that only show once episodes run."""
+
+    def reset(self, prompt):  # an Environment (base.py): its tools are read after reset
+        self.kind = prompt.text.split()[0]
+        self.tools = [CALC]
+        if self.kind == "bad_schema":  # "parameters" is no schema: declares no tool
+            self.tools = [{"type": "function", "function": {"name": "calc", "parameters": "e"}}]
+        if self.kind == "long":  # with a turn, over the episode's token limit
+            return "1" * 200
+        if self.kind == "random":  # another prompt when the engine restarts the episode
+            return f"{time.monotonic_ns()} {prompt.text}"
+        return prompt.text
+
+    def step(self, turn):  # 0.25 a turn with a call, 0.5 without
+        return "5", 0.5 / (1 + len(turn.tool_calls)), False, {}
+
+
+class Discarding(ScriptedEngine):
+    def interrupt(self, policy: str) -> int:  # as the engine's "discard": back to the prompt
+        for s in self._live.values():
+            s.tokens, s.mask, s.turn, s.ready = [], [], 0, True
+        return len(self._live)
+
+
+def _careless(turns, kinds: dict, cache_len: int, max_new_tokens: int) -> dict:
+    prompts = [Prompt(200 + i, "t", f"{k} 1+2=", np.ones(1, np.int32)) for i, k in enumerate(kinds)]
+    script = {p.uid: [TOK.encode(kinds[p.text.split()[0]], bos=False)] * 2 for p in prompts}
+    engine, config = Discarding(script, TOK.eos_ids, cache_len), EpisodeConfig(2, timeout=5.0)
+    runner = EpisodeRunner(engine, Careless, turns, config)
+    runner.submit([Request(p, 0, max_new_tokens) for p in prompts])
+    done = runner.step()  # every episode's first turn and observation
+    runner.interrupt("discard")
+    while runner.pending():
+        done += runner.step()
+    return {e.prompt.text.split()[-2]: e for e in done}
+
+
+def test_careless_environments_end_their_own_episode_only():
+    """A first message too long for the cache, a reset that is not deterministic (noticed when
+    the engine restarts the episode), a tool schema of the wrong shape, and a model's call
+    nested past the JSON parser's depth: reward 0 with the reason, or no call; never an end of
+    the run. Model-free: a ScriptedEngine says the turns."""
+    kinds = {"good": "<calc>1</calc>", "long": "1", "random": "1", "bad_schema": "<calc>1</calc>"}
+    got = _careless(Turns(TOK), kinds, cache_len=128, max_new_tokens=16)
+    assert got["good"].score.reward == 0.5 and got["bad_schema"].score.reward == 1.0  # 2 turns
+    assert len(got["good"].tokens) == len(got["bad_schema"].tokens) == 2 * 14 + len("\n= 5\n")
+    for kind, why in [
+        ("long", "its first message is 201 tokens, and with a turn of 16 over the episode"),
+        ("random", "environment reset is not deterministic"),
+    ]:
+        assert got[kind].score.reward == 0.0 and why in got[kind].score.reason, got[kind].score
+        assert len(got[kind].tokens) == 0
+    deep = {"deep": "<tool_call>" + "[" * 1200 + "</tool_call>"}  # the hermes format's calls
+    got = _careless(Turns(TOK, TOY_TEMPLATE + "{# <tool_call> #}"), deep, 4096, 1300)
+    assert got["deep"].score.reward == 1.0 and got["deep"].mask.sum() == 2 * 1223
 
 
 @pytest.mark.slow
