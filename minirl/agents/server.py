@@ -12,10 +12,12 @@ Routes (every one also under /episodes/<id>/v1/...):
 
 The episode is named in the path, so an unchanged OpenAI client (`base_url=` what the runner
 hands the agent) says which episode each call continues. A handler thread reads the body (at most
-`MAX_BODY` bytes), checks it (minirl/agents/protocol.py: a bad request is answered at once, with
-an OpenAI-style error body; a call of an episode `is_open` does not know is a 404) and hands
-a `Request` to `on_call`, which answers it later from the runner's thread through its future: the engine and the episodes are touched by that one thread
-only. `close()` answers every call still waiting with a 503.
+`MAX_BODY` bytes, sent with its Content-Length; a connection silent for `IDLE_S` seconds is
+closed, so a client that stops mid-request holds no thread for ever), checks it
+(minirl/agents/protocol.py: a bad request is answered at once, with an OpenAI-style error body;
+a call of an episode `is_open` does not know is a 404) and hands a `Request` to `on_call`, which
+answers it later from the runner's thread through its future: the engine and the episodes are
+touched by that one thread only. `close()` answers every call still waiting with a 503.
 
 Why the standard library (http.server's ThreadingHTTPServer) and no web framework: the endpoint
 is a few routes and JSON bodies on localhost; a thread per connection is what the runner's
@@ -42,6 +44,7 @@ from typing import Any
 from minirl.agents.protocol import APIError, Call, chat_call, completion_call, models, stream_chunks
 
 MAX_BODY = 8 << 20  # bytes of one request body
+IDLE_S = 300.0  # a connection silent this long (a request cut off, an idle keep-alive) is closed
 _ROUTE = re.compile(r"^(?:/episodes/(?P<episode>[A-Za-z0-9_.-]+))?/v1/(?P<what>[a-z/]+?)/?$")
 
 
@@ -68,15 +71,16 @@ class _Server(ThreadingHTTPServer):
 class Endpoint:
     """The HTTP server in front of the episode runner (module docstring)."""
 
-    def __init__(self, on_call, is_open, sampling, model: str = "minirl"):
+    def __init__(self, on_call, is_open, sampling, model: str = "minirl", idle_s: float = IDLE_S):
         self.on_call, self.is_open, self.sampling, self.model = on_call, is_open, sampling, model
+        self.idle_s = idle_s
         self._server: _Server | None = None
         self._waiting: set[Future] = set()
         self._lock = threading.Lock()
         self.closed = False
 
     def start(self) -> Endpoint:
-        handler = type("Handler", (_Handler,), {"endpoint": self})
+        handler = type("Handler", (_Handler,), {"endpoint": self, "timeout": self.idle_s})
         self._server = _Server(("127.0.0.1", 0), handler)
         threading.Thread(
             target=self._server.serve_forever, name="minirl-endpoint", daemon=True
@@ -164,21 +168,36 @@ class _Handler(BaseHTTPRequestHandler):
         except APIError as e:
             self._send(e.status, e.body())
 
+    def _body(self):
+        """The request's body, decoded; APIError (the connection then closes) for a body without
+        a length, over MAX_BODY, not sent within the server's timeout, or not JSON."""
+        length = self.headers.get("Content-Length") or "0"
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        size = int(length) if length.strip().isdigit() and not chunked else -1
+        if size < 0:
+            self.close_connection = True
+            what = "a chunked body" if chunked else f"the Content-Length {length!r}"
+            raise APIError(411, f"{what} is not read: send the body with its Content-Length")
+        if size > MAX_BODY:
+            self.close_connection = True
+            left = size if size <= 8 * MAX_BODY else 0  # let it finish sending, within reason
+            while left > 0:
+                left -= len(self.rfile.read(min(65536, left))) or left
+            raise APIError(413, f"the request body is over {MAX_BODY} bytes")
+        try:
+            data = self.rfile.read(size)
+        except TimeoutError:  # a client that stopped sending: its thread must not wait forever
+            self.close_connection = True
+            raise APIError(408, f"the body did not arrive within {self.timeout} s") from None
+        try:
+            return json.loads(data or b"null")
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep to read
+            raise APIError(400, f"the request body is not JSON: {e}") from None
+
     def do_POST(self) -> None:  # noqa: N802
         try:
             episode, what = self._route()
-            size = int(self.headers.get("Content-Length") or 0)
-            if size > MAX_BODY:
-                self.close_connection = True
-                left = size if size <= 8 * MAX_BODY else 0  # let it finish sending, within reason
-                while left > 0:
-                    left -= len(self.rfile.read(min(65536, left))) or left
-                raise APIError(413, f"the request body is over {MAX_BODY} bytes")
-            try:
-                body = json.loads(self.rfile.read(size) or b"null")
-            except ValueError as e:
-                raise APIError(400, f"the request body is not JSON: {e}") from None
-            self._send(*self.endpoint.answer(episode, what, body))
+            self._send(*self.endpoint.answer(episode, what, self._body()))
         except APIError as e:
             self._send(e.status, e.body())
         except Exception as e:  # noqa: BLE001 - a bug of ours: a 500 body, not a dead thread

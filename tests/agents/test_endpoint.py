@@ -14,6 +14,7 @@ so every number here is known in advance.
 
 import json
 import re
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -23,9 +24,11 @@ import pytest
 
 from minirl import cli
 from minirl.agents import AgentConfig, AgentRunner, load_agent
+from minirl.agents.server import Endpoint
 from minirl.envs import Turns, demonstration_turns
 from minirl.envs.scripted import ScriptedEngine
 from minirl.inference.scheduler import Request
+from minirl.modeling.sampling import Sampling
 from minirl.modeling.tokenizer import CharTokenizer
 from minirl.tasks.arithmetic import Arithmetic, ArithmeticConfig
 
@@ -319,6 +322,40 @@ def test_bad_requests_get_openai_error_bodies(agents):
     )
     runner.close()  # the agent's waiting call is answered (503) and the agent cancelled
     assert runner.pending() == 0 and ended.score.reward == 1.0
+
+
+def _raw(port: int, request: bytes) -> bytes:
+    """What the endpoint answers to `request`, sent as is, until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_a_body_the_endpoint_cannot_read_is_answered_and_never_holds_a_thread():
+    """No usable length (negative, not a number, chunked), JSON nested past the parser's depth,
+    a body that stops arriving: an OpenAI-style error body, then the connection closes (before,
+    the first and last held their handler thread until the client left, and the others were a
+    500 or a misread). A silent connection is closed after the endpoint's idle time."""
+    answer = lambda r: r.future.set_result((200, {}, False))  # noqa: E731
+    endpoint = Endpoint(answer, lambda episode: True, Sampling(), idle_s=1.0).start()
+    post = b"POST /episodes/a-0-0/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    deep = b"[" * 100_000
+    cases = [
+        (b"Content-Length: -1\r\n\r\n{}", 411, "the Content-Length '-1' is not read"),
+        (b"Content-Length: ten\r\n\r\n{}", 411, "the Content-Length 'ten' is not read"),
+        (b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 411, "a chunked body"),
+        (b"Content-Length: %d\r\n\r\n" % len(deep) + deep, 400, "not JSON: maximum recursion"),
+        (b"Content-Length: 100\r\n\r\n{", 408, "the body did not arrive within 1.0 s"),
+    ]
+    for request, status, words in cases:
+        head, _, body = _raw(endpoint.port, post + request).partition(b"\r\n\r\n")
+        assert head.split()[1] == str(status).encode(), head
+        assert words in json.loads(body)["error"]["message"], body
+    assert _raw(endpoint.port, b"") == b""  # closed after idle_s
+    endpoint.close()
 
 
 def test_agent_mistakes_are_one_line_at_the_start(agents, tmp_path, capsys):
