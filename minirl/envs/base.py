@@ -86,7 +86,10 @@ def as_step(value: Any) -> Step:
     if info is not None and not isinstance(info, dict):
         raise ValueError(f"step returned info of type {type(info).__name__}, not a dict")
     observation = "" if observation is None else observation
-    return Step(observation, float(reward), bool(done), dict(info or {}))
+    info = dict(info or {})
+    if "reason" in info:  # the episode Score's reason: text, as it travels (pickle, JSON)
+        info["reason"] = str(info["reason"])
+    return Step(observation, float(reward), bool(done), info)
 
 
 def failed(reason: str) -> Step:

@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -166,6 +167,10 @@ def test_the_adapter_hands_over_the_row_and_reads_any_step(env_file):
     assert as_step(env.step("ab")) == Step("t2 2", 0.25, True, {"reason": "scripted"})
     assert as_step(Step("x", 1, np.bool_(True))) == Step("x", 1.0, True, {})
     assert as_step(("x", True, 0, None)) == Step("x", 1.0, False, {})
+    lock = threading.Lock()  # a reason that cannot travel to the trainer (pickle) becomes text
+    assert pickle_round_trip(as_step(("x", 1, True, {"reason": lock}))).info == {
+        "reason": str(lock)
+    }
     for bad, why in [
         (("x", 1.0, False), "a 3-tuple"),
         (("x", 1.0, False, False, {}), "a 5-tuple"),
