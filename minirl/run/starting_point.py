@@ -89,7 +89,10 @@ def _tool_stops(cfg, tokenizer) -> tuple:
 
     tools = getattr(load_env(cfg.task.env), "tools", None)
     tools = tools if isinstance(tools, list) else None
-    return tool_calls.stop_sequences(Turns(tokenizer).format, tools, tokenizer)
+    try:
+        return tool_calls.stop_sequences(Turns(tokenizer).format, tools, tokenizer)
+    except ValueError as e:  # a tool name the tokenizer cannot write (its closing tag ends a turn)
+        raise ConfigError(f"--env {cfg.task.env!r}: a tool's closing tag: {e}") from None
 
 
 def check_user_code(cfg) -> None:

@@ -112,6 +112,9 @@ class TwoArgs(Good):
 
 class NoReset:
     def step(self, turn): pass
+
+class Unwritable(Good):  # a tool name the character tokenizer has no letters for
+    tools = [{"type": "function", "function": {"name": "Calc", "parameters": {}}}]
 """
 
 
@@ -151,6 +154,10 @@ def test_minirl_train_refuses_a_wrong_environment_before_any_work(env_file, tmp_
     both = ["--env", f"{env_file}:Good", "--set", "task.tools=calc"]
     assert cli.main([*argv, *both]) == 2
     assert "an episode has one kind" in capsys.readouterr().err
+    assert cli.main([*argv, "--env", f"{env_file}:Unwritable"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a tool's closing tag: character 'C' is not in the tokenizer's alphabet" in err
+    assert len(err.splitlines()) == 1
 
 
 def test_the_adapter_hands_over_the_row_and_reads_any_step(env_file):
