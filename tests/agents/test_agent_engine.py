@@ -22,42 +22,18 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from turn_shapes import CFG, EXACT, TOK
 
 from minirl.agents import AgentConfig, AgentRunner, load_agent
 from minirl.envs import Turns
-from minirl.inference.engine import Engine, EngineConfig, Request
+from minirl.inference.engine import Engine, Request
 from minirl.losses import get_preset
-from minirl.modeling.model import ModelConfig, init_model
-from minirl.modeling.tokenizer import CharTokenizer
+from minirl.modeling.model import init_model
 from minirl.training.batching import make_batch
 from minirl.training.trainer import Trainer, TrainerConfig
 from minirl.types import Prompt
 
-TOK = CharTokenizer()
 TURNS = Turns(TOK)
-CFG = ModelConfig(
-    vocab_size=TOK.vocab_size,
-    dim=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    mlp_dim=128,
-    max_seq_len=128,
-)
-DIGITS = tuple((int(TOK.encode(c, bos=False)[0]),) for c in "0123456789")
-EXACT = EngineConfig(
-    slots=4,
-    cache_len=128,
-    prefill_buckets=(32,),
-    prefill_rows=2,
-    decode_chunk=4,
-    top_k=40,
-    top_p=0.95,
-    stop_sequences=DIGITS,
-    eos_ids=(TOK.eos_id,),
-    exact=True,
-)
 AGENT = '''
 import json
 from pathlib import Path

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from turn_shapes import CFG, EXACT, TOK
 
 from minirl.envs import (
     Calculator,
@@ -32,39 +33,15 @@ from minirl.envs import (
     Turns,
     stop_sequences,
 )
-from minirl.inference.engine import Engine, EngineConfig, Request
+from minirl.inference.engine import Engine, Request
 from minirl.losses import get_preset
-from minirl.modeling.model import ModelConfig, init_model
+from minirl.modeling.model import init_model
 from minirl.modeling.tokenizer import CharTokenizer
 from minirl.tasks.countdown import Countdown
 from minirl.training.batching import make_batch
 from minirl.training.trainer import Trainer, TrainerConfig
 from minirl.types import Prompt
 
-TOK = CharTokenizer()
-CFG = ModelConfig(
-    vocab_size=TOK.vocab_size,
-    dim=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    mlp_dim=128,
-    max_seq_len=128,
-)
-DIGITS = tuple((int(TOK.encode(c, bos=False)[0]),) for c in "0123456789")
-EXACT = EngineConfig(
-    slots=4,
-    cache_len=128,
-    prefill_buckets=(32,),
-    prefill_rows=2,
-    decode_chunk=4,
-    top_k=40,
-    top_p=0.95,
-    stop_sequences=DIGITS,  # a digit ends a turn: short turns from a random model
-    eos_ids=(TOK.eos_id,),
-    exact=True,
-)
 PAGED = dataclasses.replace(EXACT, paged=True, block_size=16, num_blocks=10)  # preempts
 TURNS = EpisodeConfig(max_turns=3)
 PER_TURN = 12  # max_new_tokens of each turn

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from turn_shapes import CFG, EXACT, TOK
 
 from minirl import cli
 from minirl.envs import EpisodeConfig, EpisodeRunner, Step, Turns
@@ -31,37 +32,11 @@ from minirl.envs.base import as_step
 from minirl.envs.scripted import ScriptedEngine
 from minirl.envs.turns import TOY_TEMPLATE
 from minirl.envs.user_env import FileEnv, FileEnvs, load_env
-from minirl.inference.engine import Engine, EngineConfig, Request
-from minirl.modeling.model import ModelConfig, init_model
-from minirl.modeling.tokenizer import CharTokenizer
+from minirl.inference.engine import Engine, Request
+from minirl.modeling.model import init_model
 from minirl.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[2]
-TOK = CharTokenizer()
-# the shapes of tests/envs/test_multiturn.py (one set of compiled functions for both files)
-CFG = ModelConfig(
-    vocab_size=TOK.vocab_size,
-    dim=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    mlp_dim=128,
-    max_seq_len=128,
-)
-DIGITS = tuple((int(TOK.encode(c, bos=False)[0]),) for c in "0123456789")
-ENGINE = EngineConfig(
-    slots=4,
-    cache_len=128,
-    prefill_buckets=(32,),
-    prefill_rows=2,
-    decode_chunk=4,
-    top_k=40,
-    top_p=0.95,
-    stop_sequences=DIGITS,
-    eos_ids=(TOK.eos_id,),
-    exact=True,
-)
 
 ENVS = """
 import time
@@ -205,7 +180,7 @@ def params():
 
 
 def _episodes(params, env_file, kinds, timeout):
-    engine = Engine(CFG, ENGINE, seed=3)
+    engine = Engine(CFG, EXACT, seed=3)
     engine.load_weights(0, params)
     runner = EpisodeRunner(
         engine, FileEnvs(f"{env_file}:Hostile"), Turns(TOK), EpisodeConfig(3, timeout=timeout)
