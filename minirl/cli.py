@@ -119,7 +119,7 @@ def cmd_samples(args) -> int:
     from minirl.measure.metrics_log import read_metrics
     from minirl.run.tracking import SAMPLES_FILE
 
-    rows = [r for r in read_metrics(args.run_dir, SAMPLES_FILE) if isinstance(r.get("step"), int)]
+    rows = [r for r in read_metrics(args.run_dir, SAMPLES_FILE) if _number(r.get("step"), int)]
     if not rows:
         raise ConfigError(
             f"{Path(args.run_dir) / SAMPLES_FILE} holds no samples (they are written "
@@ -134,12 +134,13 @@ def cmd_samples(args) -> int:
             )
     elif not ranked:
         rows = [r for r in rows if r["step"] == rows[-1]["step"]]
-    if ranked:
-        rows = sorted(
-            rows,
-            key=lambda r: (r.get("reward") is None, r.get("reward") or 0.0),
-            reverse=bool(args.best),
+    if ranked:  # samples without a numeric reward last, either way
+        sign = -1.0 if args.best else 1.0
+        rewards = [_number(r.get("reward")) for r in rows]
+        order = sorted(
+            range(len(rows)), key=lambda i: (rewards[i] is None, sign * (rewards[i] or 0))
         )
+        rows = [rows[i] for i in order]
     for r in rows[: args.n]:
         print(
             f"── step {r['step']} · prompt {r.get('uid')} sample {r.get('sample')} · reward "
@@ -149,6 +150,23 @@ def cmd_samples(args) -> int:
         )
         print(f"prompt:\n{r.get('prompt', '')}\ncompletion:\n{r.get('completion', '')}\n")
     return 0
+
+
+def _number(value, kind=(int, float)):
+    """`value` if it is a number of `kind` (not a bool), else None: a line of samples.jsonl
+    edited by hand, or written by another program, may hold anything."""
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+def _at_least_one(text: str) -> int:
+    """-n: a count of samples to print (argparse's type)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
 
 
 def cmd_config(args) -> int:
@@ -211,7 +229,7 @@ def _add_output_commands(sub) -> None:
         "--worst", action="store_true", help="lowest reward first (all steps, or --step's)"
     )
     order.add_argument("--best", action="store_true", help="highest reward first")
-    p.add_argument("-n", type=int, default=8, help="at most this many (default 8)")
+    p.add_argument("-n", type=_at_least_one, default=8, help="at most this many (default 8)")
     p.set_defaults(fn=cmd_samples)
 
 

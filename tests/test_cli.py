@@ -87,6 +87,31 @@ def test_resume_of_a_missing_run_is_a_clear_error(tmp_path, capsys):
     assert "not a minirl run directory" in capsys.readouterr().err
 
 
+def test_samples_ranks_past_lines_it_cannot_read_and_n_counts_from_one(tmp_path, capsys):
+    """samples.jsonl lines edited by hand or written by another program: a reward that is not a
+    number raised TypeError in --worst / --best (a traceback), --best put the samples without a
+    reward first, a "step" of true passed for step 1; -n 0 printed nothing and -n -1 all but one
+    sample, both with exit status 0."""
+    lines = [
+        '{"step": 1, "uid": "a", "reward": 1.0}',
+        '{"step": 1, "uid": "b", "reward": "high"}',
+        '{"step": 1, "uid": "c", "reward": [1]}',
+        '{"step": 1, "uid": "d", "reward": 0.0}',
+        '{"step": true, "uid": "e", "reward": 0.5}',
+    ]
+    (tmp_path / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    for order, first in (("--worst", "prompt d "), ("--best", "prompt a ")):
+        assert main(["samples", str(tmp_path), order, "-n", "1"]) == 0
+        out = capsys.readouterr().out
+        assert first in out and out.count("── step") == 1
+    assert main(["samples", str(tmp_path), "--step", "1"]) == 0
+    assert "prompt e " not in capsys.readouterr().out
+    for n in ("0", "-1", "x"):
+        with pytest.raises(SystemExit):
+            main(["samples", str(tmp_path), "-n", n])
+        assert "expected a whole number >= 1" in capsys.readouterr().err
+
+
 def test_debug_shows_the_traceback_of_a_user_error(tmp_path, capsys):
     missing = str(tmp_path / "nothing")
     assert main(["eval", missing]) == 2
