@@ -34,8 +34,11 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from minirl.config import RunConfig
+from minirl.configlib import ConfigError
 from minirl.control.controller import Controller
 from minirl.control.workers import WorkerDied, to_plain
+from minirl.losses import make_objective
+from minirl.losses.advantages import GroupMean, GroupNorm, LeaveOneOut
 from minirl.measure.metrics_log import truncate_metrics
 from minirl.run.run_dir import (
     RunStopped,
@@ -84,11 +87,35 @@ def train(
     Returns summary.json's contents and the controller. `step_lines`: a line per step in the
     log (for logs read by programs; `progress` draws a bar instead). An OSError on the way (a
     full disk, a read-only directory) says what was kept."""
+    check_batch(cfg)  # before the warm start and the first evaluation, not at step 1
     with lock_run_dir(run_dir):
         try:
             return _train(cfg, Path(run_dir), parts, resume, force, log, progress, step_lines)
         except OSError as e:
             raise RunStopped(run_dir, e) from e
+
+
+def check_batch(cfg: RunConfig) -> None:
+    """A step's batch (rl.prompts_per_step groups of rl.group_size rollouts) can do what the
+    trainer and the loss ask of it, or a ConfigError: more mini-batches than rows fails at the
+    first step, and a group of one under a loss whose advantage is relative to its group (R -
+    mean_g, minirl/losses/advantages.py) is 0 for every rollout, so RL would learn nothing."""
+    rl, parts = cfg.rl, cfg.trainer.num_minibatches
+    rows = rl.prompts_per_step * rl.group_size
+    if parts > rows:
+        raise ConfigError(
+            f"trainer.num_minibatches={parts} is more than the {rows} rows of a step "
+            f"(rl.prompts_per_step={rl.prompts_per_step} x rl.group_size={rl.group_size})"
+        )
+    objective = make_objective(
+        rl.loss, rl.behaviour_cap, rl.kl_coef, rl.router_aux_coef, rl.distill_coef
+    )
+    if rl.group_size == 1 and isinstance(objective.advantage, (GroupNorm, GroupMean, LeaveOneOut)):
+        raise ConfigError(
+            f"rl.group_size=1 with rl.loss={rl.loss}: its advantage is a reward minus its group's "
+            "mean, 0 in a group of one, so RL would learn nothing; use rl.group_size >= 2 "
+            "(or rl.loss=ppo, whose advantage is the reward itself)"
+        )
 
 
 def _train(cfg, run_dir: Path, parts: Parts, resume, force, log, progress, step_lines):

@@ -5,6 +5,7 @@ Also: the cosine schedule's length follows rl.steps unless set."""
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -13,6 +14,7 @@ from minirl.cli import main
 from minirl.control.controller import Controller
 from minirl.measure.metrics_log import replayed
 from minirl.run import run_dir as run_dir_module
+from minirl.run.loop import check_batch
 from minirl.run.presets import make_config
 from minirl.run.runner import Run
 from minirl.store.checkpoints import CheckpointManager
@@ -149,3 +151,23 @@ def test_the_cosine_schedule_follows_rl_steps_unless_set():
     assert make_config("countdown", ["rl.steps=60"]).trainer_config().total_steps == 300
     with pytest.raises(ValueError, match="cosine schedule needs its length"):
         learning_rate(cfg.trainer, 3)  # a TrainerConfig alone must be given the length
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["trainer.num_minibatches=100"], "num_minibatches=100 is more than the 32 rows"),
+        (["rl.group_size=1"], "rl.group_size=1 with rl.loss=grpo: .* RL would learn nothing"),
+        (["rl.group_size=1", "rl.loss=rloo"], "rl.loss=rloo"),
+    ],
+)
+def test_a_batch_the_loss_cannot_use_is_refused_before_any_work(tmp_path, capsys, sets, message):
+    """More mini-batches than a step's rows failed at step 1, after the warm start and the first
+    evaluation; a group of one under a group-relative advantage (GRPO, RLOO, Dr. GRPO, ...) ran
+    to the end with every advantage 0. Both are one-line errors before anything is written; PPO's
+    advantage (GAE of the reward) needs no group."""
+    argv = ["train", "--preset", "fixture", "--quiet", "--run-dir", str(tmp_path / "r")]
+    assert main([*argv, *[a for s in sets for a in ("--set", s)]]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "r").exists()
+    check_batch(make_config("fixture", ["rl.group_size=1", "rl.loss=ppo"]))
