@@ -177,17 +177,18 @@ class RolloutThread(threading.Thread):
             self.ctl.cond.notify_all()
 
 
-def take_when_ready(controller, rollout_thread, timeout: float = 600.0):
+def take_when_ready(ctl, rollout_thread, timeout: float = 600.0):
     """Block until a batch of acceptable groups exists, then take it (trainer thread)."""
-    ctl = controller
     deadline = time.monotonic() + timeout
     with ctl.cond:
+        dropped = ctl.counters.groups_filtered
         while True:
             if rollout_thread.error is not None:
                 raise RuntimeError("the rollout thread failed") from rollout_thread.error
             ctl.discard_stale()
             if len(ctl.buffer) >= ctl.rl.prompts_per_step:
                 return ctl._take_batch()
+            ctl.check_filtering(dropped)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no batch after {timeout:.0f}s: the rollout thread is stuck")
             ctl.cond.wait(timeout=0.1)

@@ -116,11 +116,7 @@ class Controller:
         self.cond = threading.Condition()  # guards buffer and counters under the async scheduler
         self.pending_on_restore: list = []  # prompts in flight at the snapshot (async resume)
         self.times = {"generate": 0.0, "verify": 0.0, "tokens": 0}
-        work = (
-            "decode_tokens",
-            "slot_steps",
-            "route_bytes",
-        )  # those the engine counts (MoE: routes)
+        work = ("decode_tokens", "slot_steps", "route_bytes")  # the engine's counts (MoE: routes)
         self._engine_seen = dict.fromkeys(work, 0)  # engine counters at the last step
         self._frozen = None  # a LoRA run's base weights, for engine_weights
 
@@ -235,8 +231,9 @@ class Controller:
     def _generate(self, upto: int) -> None:
         """Produce groups until `upto` are waiting to be trained on (`unconsumed`)."""
         c, rl = self.counters, self.rl
-        rounds = 0
+        dropped = c.groups_filtered
         while self.unconsumed() < upto:
+            self.check_filtering(dropped)
             need = upto - self.unconsumed()
             prompts = self.usable(self.mixture.next_prompts(need))
             requests = [
@@ -250,13 +247,15 @@ class Controller:
                 rollouts[i : i + rl.group_size] for i in range(0, len(rollouts), rl.group_size)
             ]
             self._add_groups(groups)
-            rounds += 1
-            if self.dynamic_filter and rounds >= 32 and self.unconsumed() < upto:
-                raise RuntimeError(
-                    f"dynamic filtering dropped {c.groups_filtered} groups and could not "
-                    "fill a batch in 32 rounds: every group has equal rewards (the task is "
-                    "too easy or too hard for the current model)"
-                )
+
+    def check_filtering(self, dropped: int) -> None:
+        """ValueError (the run's data and model, not a bug) once the dynamic filter has dropped
+        32 batches' worth of groups since it had dropped `dropped` (both schedulers' wait)."""
+        if (n := self.counters.groups_filtered - dropped) >= 32 * self.rl.prompts_per_step:
+            raise ValueError(
+                f"dynamic filtering dropped {n} groups and could not fill a batch: every group "
+                "has equal rewards (the task is too easy or too hard for the current model)"
+            )
 
     def step_async(self, rollouts) -> dict[str, float]:
         """One train step of the `async` scheduler (minirl/control/async_loop.py): wait for a batch the

@@ -14,6 +14,7 @@ from minirl.run.presets import make_config
 from minirl.run.run_dir import checkpoint_due, open_run_dir
 from minirl.run.runner import Run
 from minirl.store.trees import assert_trees_equal
+from minirl.types import Score
 
 
 def fixture_cfg(**rl):
@@ -169,6 +170,30 @@ def test_dapo_preset_filters_groups_with_equal_rewards(tmp_path):
     assert summary["counters"]["groups_filtered"] > 0
     assert all(r["reward/mixed_groups"] == 1.0 for r in recs)
     assert summary["counters"]["groups_trained"] == 2 * 8
+
+
+class NothingRight:
+    """A verifier under which every group's rewards are equal (all 0)."""
+
+    def score(self, rollouts):
+        return [Score(0.0, "wrong") for _ in rollouts]
+
+
+@pytest.mark.parametrize("scheduler", ["lockstep", "async"])
+def test_a_filter_that_drops_every_group_is_a_clear_error_in_both_schedulers(tmp_path, scheduler):
+    """DAPO on a task the model never (or always) solves: lockstep raised a RuntimeError (a
+    traceback from `minirl train`); async waited 600 s for a batch, then blamed a stuck rollout
+    thread. Both now stop with the same ValueError (a one-line error) after 32 batches' worth of
+    dropped groups."""
+    cfg = make_config(
+        "fixture",
+        [f"rl.scheduler={scheduler}", "rl.loss=dapo", "rl.prompts_per_step=2", "rl.group_size=2"]
+        + ["rl.steps=1", "eval.prompts=2", "eval.samples=1"],
+    )
+    run = quiet_run(cfg, tmp_path)
+    run.verifier = NothingRight()
+    with pytest.raises(ValueError, match="dropped 64 groups and could not fill a batch"):
+        run.train()
 
 
 @pytest.mark.parametrize("task", ["countdown", "arithmetic", "program_synthesis"])
