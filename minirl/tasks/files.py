@@ -254,13 +254,18 @@ def _pyarrow_parquet():
 
 
 def _parquet_rows(path: Path, batch_rows: int = 1024) -> Iterator[tuple[int, object]]:
+    """(row index, row) for every row of a Parquet file; a file pyarrow cannot read (not Parquet,
+    truncated) is a ValueError that names it (pyarrow's own says only what it found)."""
     pq = _pyarrow_parquet()
 
     index = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
-        for row in batch.to_pylist():
-            yield index, row
-            index += 1
+    try:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
+            for row in batch.to_pylist():
+                yield index, row
+                index += 1
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"{path} is not a readable Parquet file: {e}") from None
 
 
 class _Rows:

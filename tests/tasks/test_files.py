@@ -194,6 +194,13 @@ def test_empty_or_wholly_bad_files_are_clear_errors(tmp_path):
         scan(write_jsonl(tmp_path / "junk.jsonl", ["nope"]), TOK)
     with pytest.raises(ValueError, match="unknown dataset format '.csv'"):
         scan(tmp_path / "x.csv", TOK)
+    (tmp_path / "text.parquet").write_text("not parquet")  # pyarrow's error named no file
+    with pytest.raises(ValueError, match="text.parquet is not a readable Parquet file: .*magic"):
+        scan(tmp_path / "text.parquet", TOK)
+    whole = write_parquet(tmp_path / "cut.parquet", ROWS).read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="cut.parquet is not a readable Parquet file"):
+        scan(tmp_path / "cut.parquet", TOK)
     with pytest.raises(FileNotFoundError, match="no dataset file"):
         scan(tmp_path / "missing.jsonl", TOK)
     with pytest.raises(ValueError, match="row 1: character 'T' is not in the tokenizer's alphabet"):
