@@ -193,11 +193,12 @@ class RunStopped(OSError):
             else "no checkpoint was written yet"
         )
         where = f" ({error.filename})" if error.filename else ""
-        super().__init__(
-            error.errno,
+        message = (
             f"the run stopped: {error.strerror or error}{where}; "
-            f"{kept}. Fix the cause, then: minirl train --resume {run_dir}",
+            f"{kept}. Fix the cause, then: minirl train --resume {run_dir}"
         )
+        # an OSError raised with a message alone (TimeoutError("...")) has no errno to show
+        super().__init__(*([message] if error.errno is None else [error.errno, message]))
 
 
 @contextlib.contextmanager

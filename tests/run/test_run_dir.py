@@ -3,6 +3,7 @@ in checkpoint pruning, a full disk, hand-edited or damaged files, a --force resu
 fit. Each case ends in a one-line error that names the file (exit code 2, no traceback) or in a
 directory that still resumes, and nothing of the run is lost or overwritten."""
 
+import errno
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import pytest
 from minirl.cli import main
 from minirl.measure.metrics_log import replayed, truncate_metrics
 from minirl.run.presets import make_config
-from minirl.run.run_dir import lock_run_dir
+from minirl.run.run_dir import RunStopped, lock_run_dir
 from minirl.run.runner import Run
 from minirl.store.checkpoints import CheckpointManager
 
@@ -136,6 +137,15 @@ def test_a_full_disk_says_what_was_kept_and_how_to_resume(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "the run stopped" in proc.stderr and f"minirl train --resume {run_dir}" in proc.stderr
     assert "no checkpoint was written yet" in proc.stderr
+
+
+def test_an_os_error_without_an_errno_is_not_shown_as_errno_none(tmp_path):
+    """A TimeoutError (an OSError) with a message alone, e.g. the async scheduler's "no batch
+    after 600s", read "[Errno None] the run stopped: ..."; an errno that exists is kept."""
+    stopped = RunStopped(tmp_path, TimeoutError("no batch after 600s"))
+    assert str(stopped).startswith("the run stopped: no batch after 600s; no checkpoint")
+    full = RunStopped(tmp_path, OSError(errno.ENOSPC, "No space left on device", "x.tree"))
+    assert full.errno == errno.ENOSPC and "No space left on device (x.tree)" in str(full)
 
 
 def test_a_force_resume_that_cannot_fit_writes_nothing(run_copy, capsys):
