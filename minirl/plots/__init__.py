@@ -3,8 +3,9 @@
 Each function draws only the keys the run actually logged, labels every line with its key, and
 returns the path of the PNG it wrote. A missing or empty metrics file, or a run without the
 keys a plot needs, gives a PNG that says so in words (and a warning) instead of an exception,
-so `minirl plot` always leaves something to look at. Only a run directory that does not exist
-is an error.
+so `minirl plot` always leaves something to look at. Only a run directory that does not exist,
+or one run given twice, is an error. Runs are labelled by directory name, or by path where two
+names are one (runs/a/countdown, runs/b/countdown).
 
   dashboard.py  `plot_dashboard`    reward, pass@k, loss, ratio / correction, clipping, time split
                 `plot_compare`      one metric of several runs against step or wall-clock time

@@ -35,15 +35,28 @@ def as_runs(run_dirs, labels) -> tuple[list[Path], list[str]]:
     if not runs:
         raise ValueError("give at least one run directory")
     runs = [run_dir(r) for r in runs]
-    labels = list(labels) if labels is not None else [r.name for r in runs]
+    if labels is None:  # the names, or the paths where two names are one (a/countdown b/countdown)
+        labels = [r.name for r in runs]
+        labels = labels if len(set(labels)) == len(labels) else [str(r) for r in runs]
+    labels = list(labels)
     if len(labels) != len(runs):
         raise ValueError(f"{len(labels)} labels for {len(runs)} runs")
+    if len(set(labels)) < len(labels):  # one curve per label: a second would hide the first
+        twice = sorted({x for x in labels if labels.count(x) > 1})
+        raise ValueError(f"{', '.join(twice)} given twice (a run is one curve, with its own label)")
     return runs, labels
 
 
 def out_path(run: Path, name: str, out) -> Path:
     """`out`, or run/plots/<name>.png; the parent directory is created."""
-    path = Path(out) if out is not None else run / "plots" / f"{name}.png"
+    return png_path(out if out is not None else run / "plots" / f"{name}.png")
+
+
+def png_path(path) -> Path:
+    """`path` as the file a figure is saved to, its parent directory created: without a suffix,
+    with ".png" (what matplotlib adds when it saves, so the path printed is the file written)."""
+    path = Path(path)
+    path = path if path.suffix else path.with_name(path.name + ".png")
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -57,6 +70,13 @@ def keys(records: list[dict], pattern: str) -> list[str]:
     rx = re.compile(pattern)
     found = {k for r in records for k, v in r.items() if rx.search(k) and num(v) is not None}
     return sorted(found)
+
+
+def step_of(record: dict, index: int) -> float:
+    """The record's "step", or its index in the file where it has no number there (a line
+    written by hand or by another program)."""
+    step = num(record.get("step"))
+    return index if step is None else step
 
 
 def has_key(records: list[dict], key: str) -> bool:
@@ -76,7 +96,7 @@ def series(records: list[dict], key: str, x: str = "step") -> tuple[np.ndarray, 
                 continue
             xs.append(r["wall_time"] - t0)
         else:
-            xs.append(r["step"] if num(r.get("step")) is not None else i)
+            xs.append(step_of(r, i))
         v = num(r[key])
         ys.append(math.nan if v is None else v)
     return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)

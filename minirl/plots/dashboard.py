@@ -18,8 +18,10 @@ from minirl.plots.common import (
     message,
     num,
     out_path,
+    png_path,
     run_dir,
     series,
+    step_of,
     style,
 )
 
@@ -65,7 +67,7 @@ def time_shares(records: list[dict]) -> dict[str, float]:
 
 def _time_split(ax, records):
     """Stacked seconds per step: generate / verify / train / other, each with its share."""
-    xs = np.asarray([r.get("step", i) for i, r in enumerate(records)], dtype=np.float64)
+    xs = np.asarray([step_of(r, i) for i, r in enumerate(records)], dtype=np.float64)
     parts, shares = time_parts(records), time_shares(records)
     labels = [f"{p} {100 * shares[p]:.1f}%" for p in parts]
     ax.stackplot(xs, *[np.nan_to_num(v) for v in parts.values()], labels=labels, alpha=0.8)
@@ -112,8 +114,7 @@ def plot_compare(run_dirs, x: str = "step", y: str = "reward/mean", labels=None,
         raise ValueError(f"x must be 'step' or 'time', got {x!r}")
     runs, labels = as_runs(run_dirs, labels)
     safe = re.sub(r"[^\w@.-]+", "_", y).strip("_")
-    path = Path(out) if out is not None else runs[0].parent / f"compare_{safe}_{x}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = png_path(out if out is not None else runs[0].parent / f"compare_{safe}_{x}.png")
     curves = {
         label: series(read_metrics(run), y, x) for run, label in zip(runs, labels, strict=True)
     }

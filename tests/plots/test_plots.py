@@ -291,3 +291,38 @@ def test_an_exact_run_with_every_ratio_one_and_every_tail_zero_plots(tmp_path):
     assert rows and all(r["p_rho_gt_2"] == 0.0 and r["kl_k3"] == 0.0 for r in rows)
     for path in plot_all(tmp_path):
         assert _is_png(path)
+
+
+def test_runs_of_one_name_keep_a_curve_each(runs, tmp_path, monkeypatch):
+    """`minirl plot a/countdown b/countdown` (runs/<task> is the default run directory): the
+    curves were keyed by directory name, so the second hid the first (and two empty runs of one
+    name raised max() of an empty sequence). Now the paths label them; one run twice is refused."""
+    from matplotlib.figure import Figure
+
+    a, b = _write_run(tmp_path / "a" / "run", 0, 1e-3), _write_run(tmp_path / "b" / "run", 1, 3e-2)
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.append(fig))
+    plot_compare([a, b], out=tmp_path / "c.png")
+    assert [line.get_label() for line in drawn[0].axes[0].get_lines()] == [str(a), str(b)]
+    (tmp_path / "x" / "empty").mkdir(parents=True)
+    (tmp_path / "y" / "empty").mkdir(parents=True)
+    with pytest.warns(UserWarning, match="no run has values"):
+        plot_compare([tmp_path / "x" / "empty", tmp_path / "y" / "empty"])
+    with pytest.raises(ValueError, match=f"{a} given twice"):
+        plot_compare([a, a])
+    with pytest.raises(ValueError, match="same given twice"):
+        plot_mismatch([a, b], labels=["same", "same"])
+
+
+def test_a_step_that_is_not_a_number_and_an_out_without_a_suffix(tmp_path):
+    """A metrics line with "step": "x" (written by hand or by another program) stopped the
+    dashboard with `could not convert string to float`, and with it `minirl train` after a
+    finished run; such a record now sits at its index. `--out cmp` printed "cmp" while matplotlib
+    wrote cmp.png."""
+    run = _write_run(tmp_path / "run", 0, 1e-3, steps=3)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": "x", "time/step": 1.0}\n')
+    assert _is_png(plot_dashboard(run))
+    assert series(read_metrics(run), "time/step")[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    out = plot_compare([run], out=tmp_path / "cmp")
+    assert out == tmp_path / "cmp.png" and _is_png(out)
