@@ -61,9 +61,9 @@ class Engine:
                 f"cache_len {config.cache_len} exceeds the model's max_seq_len "
                 f"{model_config.max_seq_len}"
             )
-        outside = [i for i in config.eos_ids if not 0 <= i < model_config.vocab_size]
-        if outside:
-            raise ValueError(f"eos_ids {outside} are outside the vocabulary")
+        ids = [*config.eos_ids, *(i for seq in config.stop_sequences for i in seq)]
+        if outside := [i for i in ids if not 0 <= i < model_config.vocab_size]:
+            raise ValueError(f"eos_ids / stop_sequences: {outside} are outside the vocabulary")
         # LoRA: both modes apply the adapters unmerged, as the trainer does (merging per reload
         # decoded no faster and cost a copy of the projections: docs/lora.md, "Engine").
         dtype = config.dtype or model_config.dtype

@@ -554,3 +554,7 @@ def test_bad_input_gets_clear_errors(params):
         EngineConfig(paged=True, cache_len=100, block_size=16)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         e.submit([Request(Prompt(0, "t", "", np.array([1, 99], np.int32)), 0, 4)])
+    v = CFG.vocab_size
+    for ids, bad in (({"eos_ids": (v,)}, v), ({"stop_sequences": ((3, v + 5),)}, v + 5)):
+        with pytest.raises(ValueError, match=rf"stop_sequences: \[{bad}\] are outside the vocab"):
+            Engine(CFG, dataclasses.replace(BASE, **ids))  # such a stop could never match
