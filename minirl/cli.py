@@ -119,6 +119,8 @@ def cmd_samples(args) -> int:
     from minirl.measure.metrics_log import read_metrics
     from minirl.run.tracking import SAMPLES_FILE
 
+    if not Path(args.run_dir).is_dir():
+        raise ConfigError(f"{args.run_dir} is not a run directory")
     rows = [r for r in read_metrics(args.run_dir, SAMPLES_FILE) if _number(r.get("step"), int)]
     if not rows:
         raise ConfigError(

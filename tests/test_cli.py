@@ -110,6 +110,11 @@ def test_samples_ranks_past_lines_it_cannot_read_and_n_counts_from_one(tmp_path,
         with pytest.raises(SystemExit):
             main(["samples", str(tmp_path), "-n", n])
         assert "expected a whole number >= 1" in capsys.readouterr().err
+    a_file = tmp_path / "samples.jsonl"  # a file given for the run directory is named as such
+    assert main(["samples", str(a_file)]) == 2
+    assert f"{a_file} is not a run directory" in capsys.readouterr().err
+    assert main(["plot", str(a_file)]) == 2
+    assert "is a file, not a run directory" in capsys.readouterr().err
 
 
 def test_debug_shows_the_traceback_of_a_user_error(tmp_path, capsys):

@@ -25,7 +25,8 @@ def run_dir(path) -> Path:
     """The run directory as a Path; a directory that does not exist is the one error."""
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"run directory {path} does not exist")
+        why = "is a file, not a run directory" if path.exists() else "does not exist"
+        raise FileNotFoundError(f"run directory {path} {why}")
     return path
 
 
