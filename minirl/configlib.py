@@ -100,8 +100,8 @@ def _parse(text: str, tp: Any, key: str) -> Any:
             if origin is dict or tp is dict:  # JSON spelling too: {"enable_thinking": false}
                 with contextlib.suppress(json.JSONDecodeError):
                     return _typed(json.loads(text), tp, key)
-            if args in ((str, ...), (str,)):  # words: calc,py -> ("calc", "py")
-                return tuple(w.strip() for w in text.split(",") if w.strip())
+            if args in ((str, ...), (str,)):  # words: calc,py or (calc, py) -> ("calc", "py")
+                return tuple(w.strip() for w in text.strip("()[]").split(",") if w.strip())
             raise ConfigError(
                 f"{key}: expected a Python literal like (1, 2), got {text!r}"
             ) from None

@@ -41,12 +41,14 @@ def test_bad_overrides_are_clear_errors(capsys, assignment, message):
 
 
 def test_tools_parse_as_words_or_literals_and_need_a_built_in_task(tmp_path, capsys):
-    """task.tools=calc,py and task.tools='("calc",)' both parse; a dataset file is refused."""
+    """task.tools=calc,py, (calc, py) and '("calc",)' all parse; a dataset file is refused."""
     from minirl.run.presets import make_config
 
     assert make_config("fixture", ["task.tools=calc,py"]).task.tools == ("calc", "py")
     assert make_config("fixture", ['task.tools=("calc",)']).task.tools == ("calc",)
     assert make_config("fixture", ['task.tools=["py"]']).task.tools == ("py",)
+    assert make_config("fixture", ["task.tools=(calc, py)"]).task.tools == ("calc", "py")
+    assert make_config("fixture", ["task.tools=[calc]"]).task.tools == ("calc",)
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "1+1?", "answer": "2"}\n')
     args = ["--preset", "fixture", "--data", str(data), "--set", "task.tools=calc"]
