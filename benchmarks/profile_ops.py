@@ -2,6 +2,7 @@
 
     python benchmarks/profile_ops.py decode --shape qwen2.5-0.5b --slots 32
     python benchmarks/profile_ops.py train --shape qwen2.5-0.5b --rows 4 --length 128
+    python benchmarks/profile_ops.py run DIR --step 3     # DIR: trl_side_by_side.py --rounds 0 --dir DIR
 
 It compiles the step with XLA's HLO dump on (`--xla_dump_to`, set before jax is imported; the
 persistent compilation cache is off here, or nothing would be compiled and dumped), runs it under
@@ -11,7 +12,10 @@ Python that produced it (`minirl/modeling/model.py:290 dot_general`); times are 
 printed per call, largest first, with their share of all op time; then the share of each
 module (prefill, decode, the optimizer update...) and of each source file within it. The decode workload is the
 roofline benchmark's (16-token prompts, temperature 1); `train` is one GRPO `Trainer.train_step`.
-Random weights; nothing is downloaded. Run it alone: it measures time.
+Random weights; nothing is downloaded. `run` is one whole step (`--step`, after the earlier ones
+compiled everything) of `minirl train` on the side-by-side benchmark's work in DIR, traced from
+the end of the step before: here a module's op time over the step's wall time is how many of the
+cores it kept busy on average. Run it alone: it measures time.
 """
 
 from __future__ import annotations
@@ -175,9 +179,42 @@ def train_run(cfg: ModelConfig, params, rows: int, length: int):
     return lambda: trainer.train_step(batch)
 
 
+def run_step(directory: str, step: int) -> tuple[collections.Counter, dict]:
+    """`minirl train` on DIR's work (trl_side_by_side.py's files, minirl's defaults), step `step`
+    traced: its microseconds per "module  file:line: primitive -> shape", and its metrics."""
+    from trl_side_by_side import WORK, minirl_argv
+
+    from minirl.cli import main as minirl_main
+    from minirl.measure.metrics_log import MetricsWriter
+
+    trace_dir, write = tempfile.mkdtemp(prefix="minirl-trace-"), MetricsWriter.write
+    traced_step = []  # the traced step's metrics
+
+    def traced(self, metrics, step=None, at=step):  # MetricsWriter.write, then the profiler
+        out = write(self, metrics, step=step)
+        if step == at - 1:
+            jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+        elif step == at:
+            jax.profiler.stop_trace()
+            traced_step.append(dict(metrics))
+        return out
+
+    MetricsWriter.write = traced
+    run_dir = Path(tempfile.mkdtemp(prefix="minirl-run-", dir=directory))
+    argv = minirl_argv(Path(directory), run_dir, dict(WORK, steps=step))
+    if minirl_main(argv) != 0:
+        raise SystemExit("minirl train failed")
+    where, grouped = source_lines(DUMP), collections.Counter()
+    for (module, op), us in op_times(trace_dir).items():
+        grouped[f"{module}  {where.get((module, op), op)}"] += us
+    return grouped, traced_step[0]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("decode", "train"), help="the step to profile")
+    parser.add_argument("what", choices=("decode", "train", "run"), help="the step to profile")
+    parser.add_argument("dir", nargs="?", help="run: the side-by-side benchmark's work directory")
+    parser.add_argument("--step", type=int, default=3, help="run: the step traced (default 3)")
     parser.add_argument("--shape", default="qwen2.5-0.5b", help="a ModelConfig preset")
     parser.add_argument("--dtype", default="float32", help="storage dtype (compute is float32)")
     parser.add_argument("--slots", type=int, default=32, help="decode: slots (default 32)")
@@ -187,6 +224,15 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="traced calls (default 2)")
     parser.add_argument("--top", type=int, default=15, help="lines to print (default 15)")
     args = parser.parse_args(argv)
+    if args.what == "run":
+        if not args.dir or args.step < 2:
+            parser.error("run needs DIR (trl_side_by_side.py --rounds 0 --dir DIR) and --step >= 2")
+        grouped, m = run_step(args.dir, args.step)
+        walls = {k: m[f"time/{k}"] for k in ("step", "generate", "train")}
+        print(f"step {args.step} of minirl train on {args.dir}, wall seconds {walls}")
+        print("ms of op time (summed over threads: over a phase's wall, the cores it kept busy)")
+        print("\n".join(table(grouped, args.top)))
+        return
     cfg = ModelConfig.preset(args.shape, dtype="float32", param_dtype=args.dtype)
     params = nnx.to_pure_dict(nnx.split(init_model(cfg, seed=0))[1])
     if args.what == "decode":

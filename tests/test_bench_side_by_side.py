@@ -6,6 +6,7 @@ compiles; needs the `reference` extra, which builds and runs the TRL side).
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +161,19 @@ def test_both_libraries_run_the_same_work_and_the_ratios_are_same_round(tmp_path
     assert q["train_phase"] == pytest.approx(theirs["train_phase_s"] / mine["train_phase_s"])
     lines = bench.table([res]).splitlines()
     assert len(lines) == 3 and lines[2].startswith("| 1 | minirl / trl |")
+
+
+@pytest.mark.slow
+@pytest.mark.reference
+def test_the_profile_of_a_run_step_names_each_phase_and_its_source_lines(tmp_path):
+    """benchmarks/profile_ops.py run: step 2 of `minirl train` on the tiny work, traced in a fresh
+    process (its HLO dump flag must be set before jax starts): the prefill, decode and train
+    programs' op times, the ops mapped to the lines of minirl that made them."""
+    bench.make_workload(tmp_path, "tiny")
+    script = bench.ROOT / "benchmarks" / "profile_ops.py"
+    argv = [sys.executable, str(script), "run", str(tmp_path), "--step", "2"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True).stdout
+    assert "step 2 of minirl train on" in out
+    for module in ("jit_prefill", "jit_decode", "jit_accumulate"):
+        assert re.search(rf"^ *[\d.]+ ms +[\d.]+% +{module}$", out, re.M), out
+    assert re.search(r"jit_accumulate +exact\.py:\d+ \w+: dot_general -> f32\[", out), out
