@@ -5,8 +5,10 @@
     config_to_hf(cfg)                # and back, for save_hf (readable by transformers 4.x and 5.x)
 
 Strict: a field minirl cannot honour is refused with `CheckpointError` naming the file and the
-field (mixture-of-experts fields outside Qwen2-MoE / Qwen3-MoE, sliding windows, another activation, an unknown architecture, a bad
-token id), never loaded wrongly. The tensors are minirl/hf/model_files.py's business; only the index of
+field (mixture-of-experts fields outside Qwen2-MoE / Qwen3-MoE, sliding windows, another
+activation, a RoPE type but the default and Llama-3's, a quantized checkpoint, attention dropout,
+an unknown architecture or one its `model_type` contradicts, a bad token id), never loaded
+wrongly. The tensors are minirl/hf/model_files.py's business; only the index of
 which file holds which tensor is read here, for `read_model_config`'s tied-embedding check.
 """
 
@@ -74,8 +76,11 @@ def _number(hf: dict, field: str, kind: type, source: str, default=None):
 
 def _rope(hf: dict, source: str = "config.json") -> tuple[float, tuple | None]:
     """(rope_theta, Llama-3 scaling or None) from transformers 5 `rope_parameters` or the older
-    top-level `rope_theta` + `rope_scaling`."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    top-level `rope_theta` + `rope_scaling`. A non-null `rope_scaling` wins over
+    `rope_parameters`, as in transformers 4 (which reads only it) and 5 (measured: a yarn
+    `rope_scaling` added to a config.json that transformers 5 wrote, as Qwen's long-context
+    recipe says, replaces its default `rope_parameters`, top-level `rope_theta` kept)."""
+    params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     if not isinstance(params, dict):
         raise CheckpointError(f"{source}: rope_parameters / rope_scaling is not an object")
     theta = _number({**hf, **params}, "rope_theta", float, source, 10000.0)
@@ -123,14 +128,7 @@ def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelCo
     )
     for field in required:
         _number(hf, field, int, source)
-    if hf.get("hidden_act", "silu") != "silu":
-        raise refuse("hidden_act", "minirl's MLP uses silu")
-    if hf.get("use_sliding_window"):
-        raise refuse("use_sliding_window", "sliding-window attention is not implemented")
-    if not qkv_bias and hf.get("attention_bias"):
-        raise refuse("attention_bias", f"{arch} with an o_proj bias is not implemented")
-    if hf.get("mlp_bias"):
-        raise refuse("mlp_bias", "MLP biases are not implemented")
+    _refuse_what_minirl_lacks(hf, arch, qkv_bias, source)
     heads = hf["num_attention_heads"]
     theta, scaling = _rope(hf, source)
     dtype = _dtype_name("float32" if dtype is None else dtype)
@@ -159,6 +157,28 @@ def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelCo
         )
     except ValueError as e:  # shapes that do not fit together (ModelConfig's own checks)
         raise CheckpointError(f"{source}: {e}") from None
+
+
+def _refuse_what_minirl_lacks(hf: dict, arch: str, qkv_bias: bool, source: str) -> None:
+    """The fields that change what the model computes (or trains) beyond minirl's layers."""
+    refuse = lambda field, why: CheckpointError(f"{source}: {field} = {hf.get(field)!r}: {why}")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise refuse("hidden_act", "minirl's MLP uses silu")
+    if hf.get("use_sliding_window"):
+        raise refuse("use_sliding_window", "sliding-window attention is not implemented")
+    if not qkv_bias and hf.get("attention_bias"):
+        raise refuse("attention_bias", f"{arch} with an o_proj bias is not implemented")
+    if hf.get("mlp_bias"):
+        raise refuse("mlp_bias", "MLP biases are not implemented")
+    quantized = hf.get("quantization_config")  # packed or scaled weights, not plain ones
+    if quantized is not None:
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
+        raise CheckpointError(
+            f"{source}: quantization_config (quant_method {method!r}): quantized checkpoints "
+            "are not supported; load the unquantized model"
+        )
+    if hf.get("attention_dropout", 0.0) not in (0, 0.0):  # transformers drops out in training
+        raise refuse("attention_dropout", "minirl trains without dropout; set it to 0.0")
 
 
 def _moe_fields(hf: dict, arch: str, source: str) -> dict:
@@ -190,6 +210,13 @@ def architecture_of(hf: dict, source: str = "config.json") -> str:
         raise CheckpointError(f"{source}: architectures = {archs!r} is not a list")
     for name in archs:
         if name in ARCHITECTURES:
+            # transformers' AutoModel builds the model of `model_type`, whatever `architectures`
+            # says (measured: Qwen2's q/k/v biases dropped under model_type llama): both or none.
+            if hf.get("model_type", ARCHITECTURES[name][0]) != ARCHITECTURES[name][0]:
+                raise CheckpointError(
+                    f"{source}: model_type {hf['model_type']!r} does not match architectures "
+                    f"{archs!r} (model_type {ARCHITECTURES[name][0]!r})"
+                )
             return name
     if not archs and hf.get("model_type") in by_type:
         return by_type[hf["model_type"]]

@@ -332,6 +332,37 @@ def test_unknown_architecture(checkpoints, tmp_path):
         load_hf(path)
 
 
+def test_rope_scaling_wins_over_rope_parameters_as_in_transformers(checkpoints, tmp_path):
+    """A `rope_scaling` written into a config.json that transformers 5 saved (with its default
+    `rope_parameters`), as Qwen's long-context recipe says: transformers uses rope_scaling, so
+    minirl must too (it used the default RoPE, silently)."""
+    path, _, ref = checkpoints["llama"]  # llama3 scaling, saved as rope_parameters
+    edited = _edited_copy(path, tmp_path / "llama3")
+    config = json.loads((edited / "config.json").read_text())
+    config["rope_scaling"] = config["rope_parameters"]
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e5}
+    (edited / "config.json").write_text(json.dumps(config))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(edited).eval()
+    assert np.abs(_torch_logits(theirs) - ref).max() <= LOGIT_TOL  # transformers' own reading
+    assert np.abs(_forward(load_hf(edited)[1]) - ref).max() <= LOGIT_TOL
+    config["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    (edited / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="unsupported rope_type 'yarn'"):
+        load_hf(edited)
+
+
+def test_a_model_type_that_contradicts_the_architecture_is_refused(checkpoints, tmp_path):
+    # transformers builds the model_type's model (Llama: the q/k/v biases dropped, with a warning)
+    path = _edited_copy(checkpoints["qwen2"][0], tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    with pytest.raises(
+        CheckpointError,
+        match=r"model_type 'llama' does not match architectures \['Qwen2ForCausalLM'\]",
+    ):
+        load_hf(path)
+
+
 def test_missing_files(tmp_path):
     with pytest.raises(CheckpointError, match="has no config.json"):
         load_hf(tmp_path)
@@ -531,6 +562,19 @@ def test_published_configs_give_the_presets(hf, preset):
         ({"mlp_bias": True}, "mlp_bias"),
         ({"hidden_act": "gelu"}, "hidden_act = 'gelu': minirl's MLP uses silu"),
         ({"use_sliding_window": True}, "sliding-window"),
+        # a rope_scaling beside transformers 5's rope_parameters is the one transformers uses
+        (
+            {"rope_parameters": {"rope_type": "default"}, "rope_scaling": {"type": "linear"}},
+            "unsupported rope_type 'linear'",
+        ),
+        (
+            {"quantization_config": {"quant_method": "fp8"}},
+            "quantization_config .quant_method 'fp8'.: quantized checkpoints are not supported",
+        ),
+        ({"attention_dropout": 0.1}, "attention_dropout = 0.1: minirl trains without dropout"),
+        ({"attention_dropout": 0.0}, None),
+        ({"model_type": "qwen2"}, r"model_type 'qwen2' does not match architectures"),
+        ({"model_type": "llama"}, None),
         ({"hidden_size": None}, "hidden_size = None: a positive integer is required"),
         ({"torch_dtype": "float16"}, None),  # loads, as float32
         # every number names the file and the field, never "could not convert string to float"
