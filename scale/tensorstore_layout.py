@@ -11,6 +11,10 @@ skeleton with each array replaced by its index.
 
 from __future__ import annotations
 
+import base64
+import json
+import math
+import re
 from typing import Any
 
 import jax
@@ -18,7 +22,7 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 
 from minirl.configlib import optional_import
-from minirl.store.serialization import to_bytes
+from minirl.store.serialization import from_bytes, to_bytes
 from minirl.store.trees import flatten_tree
 
 ts = optional_import("tensorstore", "scale", "the TensorStore weight store (scale/)")
@@ -31,10 +35,15 @@ def manifest_key(version: int) -> str:
     return f"{MANIFESTS}{version:0{_DIGITS}d}.json"
 
 
+_MANIFEST_KEY = re.compile(rb"manifests/([0-9]+)\.json")
+
+
 def manifest_version(key: bytes) -> int | None:
-    """The version a manifests/ key names, or None for anything else under manifests/."""
-    name = key.decode().removeprefix(MANIFESTS)
-    return int(name[:-5]) if name.endswith(".json") and name[:-5].isdigit() else None
+    """The version a manifests/ key names, or None for anything else under manifests/: only
+    `manifest_key(v)` itself names v (a stray "7.json" would list a version no read finds)."""
+    match = _MANIFEST_KEY.fullmatch(key)
+    version = int(match.group(1)) if match else None
+    return version if version is not None and manifest_key(version).encode() == key else None
 
 
 def data_prefix(version: int) -> str:
@@ -126,4 +135,59 @@ def plan(params: Any, chunk_bytes: int) -> tuple[bytes, list[dict], list[Any]]:
 
 
 def nbytes(entry: dict) -> int:
-    return int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
+    return math.prod(entry["shape"]) * np.dtype(entry["dtype"]).itemsize
+
+
+def check_manifest(version: int, manifest: Any, fmt: str) -> dict:
+    """`manifest` (parsed JSON) if it is a well-formed `fmt` manifest of `version`, else
+    ValueError naming what is wrong. A damaged or hand-edited manifest is refused before any
+    array is opened by it: an entry's name is its index (a name is a path under the version's
+    directory), and shapes must hold the bytes the manifest counts (a stray shape would read a
+    part of an array, or allocate without bound)."""
+
+    def bad(what: str) -> ValueError:
+        return ValueError(f"version {version}: the store's manifest is damaged ({what})")
+
+    if not isinstance(manifest, dict):
+        raise bad(f"a JSON {type(manifest).__name__}, not an object")
+    if manifest.get("format") != fmt:
+        raise ValueError(f"version {version}: unknown manifest format {manifest.get('format')!r}")
+    if manifest.get("version") != version:
+        raise bad(f"it is the manifest of version {manifest.get('version')!r}")
+    arrays = manifest.get("arrays")
+    if not isinstance(arrays, list):
+        raise bad("no list of arrays")
+    for i, e in enumerate(arrays):
+        if not _well_formed(e, i):
+            raise bad(f"array entry {i} is {json.dumps(e)[:200]}")
+    if manifest.get("nbytes") != sum(nbytes(e) for e in arrays):
+        raise bad(
+            f"its arrays hold {sum(nbytes(e) for e in arrays)} bytes, not {manifest.get('nbytes')!r}"
+        )
+    try:
+        skeleton = from_bytes(base64.b64decode(manifest["skeleton"], validate=True))
+    except (KeyError, TypeError, ValueError) as e:
+        raise bad(f"unreadable skeleton: {e}") from None
+    placeholders = [int(x[0]) for x in jax.tree.leaves(skeleton) if isinstance(x, np.ndarray)]
+    if placeholders != list(range(len(arrays))):
+        raise bad(f"the skeleton holds {len(placeholders)} arrays, the entries {len(arrays)}")
+    return manifest
+
+
+def _well_formed(e: Any, i: int) -> bool:
+    def ints(xs: Any, low: int) -> bool:
+        return isinstance(xs, list) and all(type(x) is int and x >= low for x in xs)
+
+    try:
+        dtype_ok = _dtype_name(e["dtype"]) == e["dtype"]
+    except (KeyError, TypeError):
+        return False
+    return (
+        dtype_ok
+        and e.get("name") == f"{i:05d}"
+        and isinstance(e.get("path"), str)
+        and ints(e.get("shape"), 0)
+        and ints(e.get("chunks"), 1)
+        and len(e["chunks"]) == len(e["shape"])
+        and isinstance(e.get("scalar"), bool)
+    )

@@ -31,7 +31,11 @@ The manifest (JSON) holds the tree's structure — the pytree serialized with
 `minirl.store.serialization.to_bytes` after every array leaf is replaced by a one-element int64 array
 holding its index — and one entry per array: leaf path ("layers/0/attn/q_proj"), zarr array
 name, shape, dtype and chunk shape. Readers open arrays with that metadata (`assume_metadata`),
-so reading a version costs one manifest read plus the chunk reads.
+so reading a version costs one manifest read plus the chunk reads. A manifest is checked before
+any array is opened by it (tensorstore_layout.check_manifest): one that is not JSON, names
+another version, or whose entries' names, dtypes, shapes, byte count or skeleton disagree is a
+ValueError naming the version. Only `manifests/<12 digits>.json` keys are versions; any other
+file there is ignored.
 
 Multi-process publishing (scale/mesh.py `publish`): `begin(version)` on one process, a barrier,
 `write(version, params, primary=...)` on every process (each writes the shards it holds, with
@@ -76,6 +80,7 @@ from minirl.store.weights import (
 )
 from scale.tensorstore_layout import (
     MANIFESTS,
+    check_manifest,
     data_prefix,
     manifest_key,
     manifest_version,
@@ -356,11 +361,11 @@ class TensorStoreWeightStore:
         result = self._store().read(manifest_key(version).encode()).result()
         if result.state != "value":
             raise unknown_version(version, self.versions())
-        manifest = json.loads(result.value)
-        if manifest.get("format") != FORMAT:
-            raise ValueError(
-                f"version {version}: unknown manifest format {manifest.get('format')!r}"
-            )
+        try:
+            manifest = json.loads(result.value)
+        except ValueError as e:  # UnicodeDecodeError included
+            raise ValueError(f"version {version}: its manifest is not JSON ({e})") from None
+        check_manifest(version, manifest, FORMAT)
         with self._lock:
             self._manifests[version] = manifest
         return manifest

@@ -223,3 +223,50 @@ def test_the_newest_evicted_mid_read_is_read_again_a_version_by_number_is_not():
     store.put(5, {"w": np.full(4, 5.0, np.float32)})  # version 3 is evicted (keep=2)
     with pytest.raises(UnknownVersionError):
         store.get(3)
+
+
+@pytest.mark.parametrize(
+    "name", ["7.json", "0000000000007.json", "00000000000٣.json", "\udcff.json"]
+)
+def test_a_stray_file_under_manifests_is_no_version(tmp_path, name):
+    """Only manifest_key(v) names version v: a "7.json" had listed a version 7 that no read
+    found, so `get()` retried it forever; a name that is not UTF-8 crashed the listing."""
+    store = TensorStoreWeightStore(tmp_path / "w")
+    store.put(0, {"w": np.arange(4, dtype=np.float32)})
+    with open(os.path.join(os.fsencode(tmp_path / "w" / "manifests"), os.fsencode(name)), "w") as f:
+        f.write("{}")
+    assert store.versions() == [0]
+    assert store.get()[0] == 0
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: "{not json",
+        lambda m: [m],
+        lambda m: {**m, "version": 5},  # another version's manifest copied over this one
+        lambda m: {**m, "arrays": m["arrays"][:1]},  # had been an IndexError
+        lambda m: {**m, "skeleton": "!!"},
+        lambda m: {
+            **m,
+            "arrays": [{**m["arrays"][0], "name": "../../../elsewhere"}, m["arrays"][1]],
+        },
+        lambda m: {
+            **m,
+            "arrays": [{**m["arrays"][0], "shape": [2]}, m["arrays"][1]],
+        },  # had read 2 of 4
+        lambda m: {**m, "arrays": [{**m["arrays"][0], "shape": [10**12]}, m["arrays"][1]]},  # abort
+        lambda m: {**m, "arrays": [{**m["arrays"][0], "dtype": "float64"}, m["arrays"][1]]},
+        lambda m: {**m, "arrays": [{**m["arrays"][0], "dtype": "object"}, m["arrays"][1]]},
+    ],
+)
+def test_a_damaged_or_hand_edited_manifest_is_refused_before_any_read(tmp_path, edit):
+    store = TensorStoreWeightStore(tmp_path / "w")
+    store.put(0, {"a": np.arange(4, dtype=np.float32), "b": np.ones((2, 2), np.float32)})
+    path = tmp_path / "w" / "manifests" / "000000000000.json"
+    edited = edit(json.loads(path.read_text()))
+    path.write_text(edited if isinstance(edited, str) else json.dumps(edited))
+    with pytest.raises(
+        ValueError, match="version 0: (the store's manifest is damaged|its manifest is not JSON)"
+    ):
+        TensorStoreWeightStore(tmp_path / "w").get(0)
