@@ -236,8 +236,8 @@ class MeshConfig:
         sizes = {}
         for item in filter(None, (t.strip() for t in text.split(","))):
             name, _, value = item.partition("=")
-            if name not in AXES or not value.lstrip("-").isdigit():
-                raise ValueError(f"mesh {text!r}: expected axis=size items with axes {AXES}")
+            if name not in AXES or name in sizes or not value.lstrip("-").isdigit():
+                raise ValueError(f"mesh {text!r}: expected axis=size items, each of {AXES} once")
             sizes[name] = int(value)
         return cls(**sizes)
 

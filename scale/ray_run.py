@@ -93,7 +93,9 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     j.add_argument(
         "--weights", default=None, metavar="URL", help="TensorStore store of the weights"
     )
-    j.add_argument("--keep", type=int, default=8, help="weight versions kept in the store")
+    j.add_argument(
+        "--keep", type=int, default=JOB_DEFAULTS["keep"], help="weight versions kept in the store"
+    )
     j.add_argument(
         "--checkpoints",
         default=None,
@@ -106,8 +108,12 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     j.add_argument(
         "--engine-hosts", type=int, default=1, help="processes (hosts) of each engine job"
     )
-    j.add_argument("--trainer-mesh", default="fsdp=-1", help="the trainer job's mesh axes")
-    j.add_argument("--engine-mesh", default="tensor=-1", help="each engine job's mesh axes")
+    j.add_argument(
+        "--trainer-mesh", default=JOB_DEFAULTS["trainer_mesh"], help="the trainer job's mesh axes"
+    )
+    j.add_argument(
+        "--engine-mesh", default=JOB_DEFAULTS["engine_mesh"], help="each engine job's mesh axes"
+    )
     j.add_argument(
         "--cpu-devices", type=int, default=0, help="fake N CPU devices per process (testing)"
     )
@@ -127,21 +133,20 @@ def placement_from_args(args, task=None, teacher: bool = False):
         options[role]["num_gpus"] = getattr(args, f"{role}_gpus")
     for role in options:
         options[role]["cores"] = _cores(role, getattr(args, f"{role}_cores"))
+        for kind in ("cpus", "gpus"):
+            amount = options[role].get(f"num_{kind}", 0.0)
+            if not 0 <= amount < math.inf:  # NaN too
+                raise ValueError(f"--{role}-{kind} {amount}: expected a number >= 0")
     for item in args.resource:
         role, name, value = _resource(item)
         if role not in options:
             raise ValueError(
                 f"--resource {item!r}: expected ROLE:NAME=N with ROLE one of "
-                f"engine, trainer, verifier and N > 0 (e.g. engine:TPU=4)"
+                f"engine, trainer, verifier, N > 0 and NAME not CPU or GPU (--ROLE-cpus, "
+                "--ROLE-gpus ask for those; e.g. engine:TPU=4)"
             )
         options[role]["resources"][name] = value
-    if args.checkpoints and not args.weights:
-        raise ValueError(
-            "--checkpoints is the trainer job's own checkpoints: it needs --weights "
-            "(without it the run directory holds the checkpoints)"
-        )
-    if min(args.trainer_hosts, args.engine_hosts) < 1:
-        raise ValueError("--trainer-hosts and --engine-hosts must be >= 1")
+    check_job_arguments(args)
     hosts = {"trainer": args.trainer_hosts, "engine": args.engine_hosts} if args.weights else {}
     if teacher and args.weights:
         raise ValueError(
@@ -157,6 +162,47 @@ def placement_from_args(args, task=None, teacher: bool = False):
         teacher=teacher_options if teacher else None,
         **options,
     )
+
+
+JOB_DEFAULTS = {  # the multi-host jobs' flags: they mean something only with --weights
+    "checkpoints": None,
+    "keep": 8,
+    "trainer_hosts": 1,
+    "engine_hosts": 1,
+    "trainer_mesh": "fsdp=-1",
+    "engine_mesh": "tensor=-1",
+    "cpu_devices": 0,
+}
+
+
+def check_job_arguments(args) -> None:
+    """ValueError (one line, before Ray starts) for multi-host job flags that cannot work: any
+    of them without --weights (they would change nothing), --keep or --ROLE-hosts below 1,
+    negative --cpu-devices, a mesh that does not parse or, when --cpu-devices says how many
+    devices a job has, does not fit them. (A mesh is otherwise checked by the job itself.)"""
+    from scale.mesh import MeshConfig
+
+    if not args.weights:
+        given = [k for k, default in JOB_DEFAULTS.items() if getattr(args, k) != default]
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise ValueError(
+                f"{flags}: the multi-host jobs' flags need --weights (without it the trainer "
+                "and each engine are one actor, and the run directory holds the checkpoints)"
+            )
+        return
+    if min(args.keep, args.trainer_hosts, args.engine_hosts) < 1 or args.cpu_devices < 0:
+        raise ValueError(
+            "--keep, --trainer-hosts and --engine-hosts must be >= 1, --cpu-devices >= 0"
+        )
+    for role in ("trainer", "engine"):
+        text = getattr(args, f"{role}_mesh")
+        try:
+            mesh = MeshConfig.parse(text)
+            if args.cpu_devices:
+                mesh.shape(args.cpu_devices * getattr(args, f"{role}_hosts"))
+        except ValueError as e:
+            raise ValueError(f"--{role}-mesh {text!r}: {e}") from None
 
 
 def _cores(role: str, text: str) -> tuple[int, ...]:
@@ -180,7 +226,8 @@ def _resource(item: str) -> tuple[str, str, float]:
         value = float(amount)
     except ValueError:
         value = -1.0
-    return (role, name, value) if name and value > 0 else ("", "", 0.0)
+    ok = name and name not in ("CPU", "GPU") and 0 < value < math.inf  # CPU/GPU: --ROLE-cpus
+    return (role, name, value) if ok else ("", "", 0.0)
 
 
 def remote_verifier(args, task=None):

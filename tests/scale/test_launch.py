@@ -147,6 +147,38 @@ def test_a_bad_model_directory_or_data_file_says_so_in_one_line(tmp_path):
         assert r.stderr.startswith("python -m scale.launch ray: error:") and says in r.stderr
 
 
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        # without --weights these had changed nothing, silently
+        (["--trainer-mesh", "fsdp=3"], "--trainer-mesh: the multi-host jobs' flags need --weights"),
+        (["--keep", "2", "--cpu-devices", "2"], "--keep, --cpu-devices: the multi-host"),
+        # with it, these had started Ray and every job, then failed in a traceback from an actor
+        (["--weights", "memory://w", "--trainer-mesh", "fsdp=3", *JOBS], "needs 3 devices, got 4"),
+        (["--weights", "memory://w", "--engine-mesh", "tensr=2"], "--engine-mesh 'tensr=2'"),
+        (["--weights", "memory://w", "--trainer-mesh", "fsdp=2,fsdp=4"], "each of"),
+        (["--weights", "memory://w", "--keep", "0"], "--keep, --trainer-hosts"),
+        (["--weights", "memory://w", "--cpu-devices", "-2"], "--cpu-devices >= 0"),
+        # these had reached Ray: a NaN count, a negative one, CPU asked for twice
+        (["--engine-cpus", "nan"], "--engine-cpus nan: expected a number >= 0"),
+        (["--trainer-gpus", "-1"], "--trainer-gpus -1.0"),
+        (["--resource", "engine:GPU=2", "--engine-gpus", "1"], "NAME not CPU or GPU"),
+    ],
+)
+def test_job_flags_that_cannot_work_are_refused_in_one_line_before_ray_starts(
+    tmp_path, capsys, bad, says
+):
+    import ray
+
+    from scale.launch import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["ray", "--preset", "fixture", "--run-dir", str(tmp_path / "run"), "--quiet", *bad])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("python -m scale.launch ray: error:"), err
+    assert says in err and not ray.is_initialized()
+
+
 @pytest.mark.slow  # ~1-2 min: the verifier service, a local Ray cluster, two RL steps of a tiny Qwen2
 @pytest.mark.reference  # the model directory is written by transformers
 def test_a_users_model_directory_and_dataset_with_the_verifier_service(tmp_path):
