@@ -20,8 +20,8 @@ The service keeps test data in a content-addressed `TestRepository` (the one its
 uploaded once, referenced by sha256 afterwards, checked against its hash on upload.
 
 Limits: `max_body_bytes` per request (an oversized body is drained and answered 413),
-`max_items` rollouts per request, `read_timeout_s` per request for reading it (slow clients are
-cut off), `queue_timeout_s` for waiting for the pool (then 503; the client retries). The pool's
+`max_items` rollouts per request, `read_timeout_s` per request for reading it, headers and body
+together (a client that sends too slowly, even a byte at a time, is cut off), `queue_timeout_s` for waiting for the pool (then 503; the client retries). The pool's
 own per-rollout timeout bounds the scoring.
 
 Simplified on purpose: plain HTTP (put it behind TLS — a reverse proxy or an SSH tunnel — on any
@@ -32,12 +32,14 @@ the pool's workers).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import hmac
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -237,6 +239,29 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet: errors go to the reply
         pass
 
+    def setup(self) -> None:
+        """The socket's timeout bounds each read; a timer bounds reading the whole request, so a
+        client that drips a byte at a time is cut off too (`_read` stops the timer)."""
+        super().setup()
+        self._cutoff = threading.Timer(self.timeout, self._cut_off)
+        self._cutoff.daemon = True
+        self._cutoff.start()
+
+    def _cut_off(self) -> None:
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _read(self) -> None:
+        self._cutoff.cancel()  # the request is read: scoring may take longer
+
+    def handle(self) -> None:
+        with contextlib.suppress(OSError):  # a client cut off, or gone: nobody to answer
+            super().handle()
+
+    def finish(self) -> None:
+        self._cutoff.cancel()
+        super().finish()
+
     def _reply(self, status: int, payload: dict, extra: Mapping[str, str] = {}) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
@@ -251,15 +276,19 @@ class _Handler(BaseHTTPRequestHandler):
         """The request body, or None after replying 411/413."""
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
+            self._read()
             self._reply(411, {"error": "Content-Length is required"})
             return None
         n, limit = int(length), self.service.config.max_body_bytes
         if n > limit:
             while n > 0:  # drain, so the client reads our answer instead of a reset
                 n -= len(self.rfile.read(min(n, 1 << 16)) or b"x" * n)
+            self._read()
             self._reply(413, {"error": f"body of {length} bytes exceeds the limit of {limit}"})
             return None
-        return self.rfile.read(n)
+        body = self.rfile.read(n)
+        self._read()
+        return body if len(body) == n else None  # short: the client was cut off, or left
 
     def _authorized(self) -> bool:
         if self.service.authorized(self.headers.get("Authorization")):
@@ -269,6 +298,7 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def do_GET(self) -> None:
+        self._read()
         if self.path == "/health":
             s = self.service.stats
             self._reply(

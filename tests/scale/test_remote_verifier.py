@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
+import socket
 import threading
 import time
 
@@ -200,6 +202,36 @@ def test_oversized_requests_get_413_and_the_client_splits_them(tmp_path, make_ro
         scores = client.score(rollouts)
     assert [s.reward for s in scores[:12]] == [300.0] * 12
     assert scores[12].reward == 0.0 and "HTTP 413" in scores[12].reason
+
+
+@pytest.mark.parametrize("drip", ["headers", "body"])
+def test_a_client_that_drips_its_request_is_cut_off_after_read_timeout(tmp_path, drip):
+    """read_timeout_s bounds reading the whole request: a byte every 0.2 s had kept a request
+    (and its thread) open as long as the client liked, the socket's timeout being per read."""
+    head = f"POST /score HTTP/1.0\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 99\r\n\r\n"
+    config = ServiceConfig(read_timeout_s=1.0)
+    with VerifierService(_Echo(), TestRepository(tmp_path / "r"), TOKEN, config) as service:
+        host, port = service.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            if drip == "body":
+                conn.sendall(head.encode())
+            start = time.monotonic()
+            for byte in head.encode() if drip == "headers" else b" " * 99:
+                assert time.monotonic() - start < 8, "still reading after 8 s"
+                if _closed(conn):
+                    break
+                conn.sendall(bytes([byte]))
+                time.sleep(0.2)
+        assert 0.9 < time.monotonic() - start < 3
+
+
+def _closed(conn: socket.socket) -> bool:
+    if not select.select([conn], [], [], 0)[0]:
+        return False  # open, nothing to read
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True  # reset
 
 
 def test_data_the_client_cannot_provide_zeroes_only_its_rollouts(tmp_path, make_rollout, local):
