@@ -20,10 +20,10 @@ The service keeps test data in a content-addressed `TestRepository` (the one its
 uploaded once, referenced by sha256 afterwards, checked against its hash on upload.
 
 Limits: `max_body_bytes` per request (an oversized body is drained and answered 413),
-`max_items` rollouts per request, `read_timeout_s` for reading a connection's first request,
-headers and body together (a client that sends too slowly, even a byte at a time, is cut off),
-`queue_timeout_s` for waiting for the pool (then 503; the client retries). The pool's own
-per-rollout timeout bounds the scoring.
+`max_items` rollouts per request, `read_timeout_s` for reading a request, headers and body
+together (HTTP/1.0: one per connection; a client that sends too slowly, a byte at a time, is
+cut off), `queue_timeout_s` for waiting for the pool (then 503; the client retries). The pool's
+own per-rollout timeout bounds the scoring.
 
 Simplified on purpose: plain HTTP (put it behind TLS — a reverse proxy or an SSH tunnel — on any
 untrusted network; the token travels in a header); one batch is scored at a time (parallelism is
