@@ -49,11 +49,20 @@ def _ray():
     return optional_import("ray", "scale", "Ray actors (scale/ray_workers.py)")
 
 
-__all__ = ["BuildFailed", "RayJob", "RayPlacement", "RayWorker"]
+__all__ = ["BuildFailed", "PartRefused", "RayJob", "RayPlacement", "RayWorker"]
 
 
 class BuildFailed(RuntimeError):
     """The actor's factory raised: every call says why (no retry helps)."""
+
+
+class _BuildRefused(BuildFailed):
+    """The factory raised a user's mistake (a ValueError or OSError: a setting, a file)."""
+
+
+class PartRefused(WorkerError, ValueError):
+    """A part could not be built for a user's mistake (a mesh the devices do not fit, a missing
+    model directory): a ValueError too, so `python -m scale.launch` says it in one line."""
 
 
 class _Host:
@@ -65,18 +74,21 @@ class _Host:
         if cores:  # every thread there is now; threads started later (XLA's pool) inherit it
             for tid in os.listdir("/proc/self/task"):
                 os.sched_setaffinity(int(tid), cores)
-        self.obj, self.error = None, None
+        self.obj, self.error, self.refused = None, None, False
 
     def build(self, factory: Callable[[], Any]) -> None:
         try:
             self.obj = factory()
         except BaseException as e:
             self.error = f"{type(e).__name__}: {e}"
+            self.refused = isinstance(e, ValueError | OSError)
             raise
 
     def run(self, message: bytes) -> bytes:
         if self.error is not None:  # every call says why, not only the first
-            raise BuildFailed(f"could not be built: {self.error}")
+            raise (_BuildRefused if self.refused else BuildFailed)(
+                f"could not be built: {self.error}"
+            )
         method, args, kwargs = decode(message)
         if method.startswith("_"):
             raise AttributeError(f"private method {method!r} cannot be called on a worker")
@@ -120,8 +132,10 @@ def _outcome(name: str, ray_future: Future) -> tuple[Any, BaseException | None]:
         return decode(ray_future.result()), None
     except rx.RayTaskError as e:  # the method raised: name the original exception
         cause = e.cause if e.cause is not None else e
-        if isinstance(cause, BuildFailed):
-            return None, WorkerError(f"{name}: {cause}")  # the factory raised: no retry helps
+        if isinstance(cause, BuildFailed):  # the factory raised: no retry helps
+            return None, (PartRefused if isinstance(cause, _BuildRefused) else WorkerError)(
+                f"{name}: {cause}"
+            )
         return None, WorkerError(f"{name}: {type(cause).__name__}: {cause}")
     except (
         rx.RayActorError,

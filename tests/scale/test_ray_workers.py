@@ -23,7 +23,7 @@ from minirl.run.presets import make_config  # noqa: E402
 from minirl.run.runner import Run  # noqa: E402
 from minirl.store.checkpoints import CheckpointManager  # noqa: E402
 from minirl.types import Prompt  # noqa: E402
-from scale.ray_workers import RayPlacement, RayWorker  # noqa: E402
+from scale.ray_workers import PartRefused, RayPlacement, RayWorker  # noqa: E402
 
 CPUS = 4  # logical CPUs of the test cluster: engine x 2, trainer, verifier
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors cannot import tests/
@@ -63,6 +63,11 @@ class Unbuildable:
         raise ValueError("no such model directory: /nope")
 
 
+class Buggy:
+    def __init__(self):
+        raise ZeroDivisionError("a bug of the part's, not a setting")
+
+
 def test_calls_run_in_order_carry_minirl_types_and_name_errors(cluster):
     worker = RayWorker(Counter, name="counter").start()
     futures = [worker.call("add", i, y=10) for i in range(30)]
@@ -80,11 +85,16 @@ def test_calls_run_in_order_carry_minirl_types_and_name_errors(cluster):
         worker.call("__init__").result(60)
     assert worker.alive()
     worker.close()
-    # a part that cannot be built is an error that says why, not a death to restart from
+    # a part that cannot be built is an error that says why, not a death to restart from; for
+    # a user's mistake (a ValueError) a ValueError too: scale.launch's one-line error
     with pytest.raises(
         WorkerError, match="could not be built: ValueError: no such model directory"
-    ):
+    ) as e:
         RayWorker(Unbuildable, name="broken").call("echo", 1).result(60)
+    assert isinstance(e.value, PartRefused) and isinstance(e.value, ValueError)
+    with pytest.raises(WorkerError, match="could not be built: ZeroDivisionError") as e:
+        RayWorker(Buggy, name="buggy").call("echo", 1).result(60)
+    assert not isinstance(e.value, ValueError)  # a bug keeps its traceback
 
 
 def test_a_killed_actor_fails_its_pending_calls_with_worker_died_and_restarts(cluster):
