@@ -308,10 +308,9 @@ class AgentRunner:
             stops = tuple(tuple(tok.encode(s, bos=False).tolist()) for s in call.stop)
             if call.kind == "chat" and call.parse_tools:  # the `tags` format: a call ends a turn
                 stops += tool_calls.stop_sequences(self.turns.format, call.tools, tok)
-        except APIError:
-            raise
-        except Exception as e:  # noqa: BLE001 - what the agent sent: text the tokenizer cannot
-            raise APIError(400, f"{type(e).__name__}: {e}"[:1000]) from None  # encode, ids too big
+        except (ValueError, OverflowError, RecursionError) as e:  # what the agent sent: text the
+            # tokenizer cannot encode, an id past int32, arguments nested past the JSON parser
+            raise APIError(400, f"{type(e).__name__}: {e}"[:1000]) from None
         room = self.engine.config.cache_len - len(tokens)
         if room < 1 or tokens.min() < 0 or tokens.max() >= tok.vocab_size:
             raise APIError(
