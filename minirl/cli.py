@@ -121,7 +121,11 @@ def cmd_samples(args) -> int:
 
     if not Path(args.run_dir).is_dir():
         raise ConfigError(f"{args.run_dir} is not a run directory")
-    rows = [r for r in read_metrics(args.run_dir, SAMPLES_FILE) if _number(r.get("step"), int)]
+    rows = [
+        r
+        for r in read_metrics(args.run_dir, SAMPLES_FILE)
+        if _number(r.get("step"), int) is not None
+    ]
     if not rows:
         raise ConfigError(
             f"{Path(args.run_dir) / SAMPLES_FILE} holds no samples (they are written "

@@ -160,10 +160,9 @@ def check_manifest(version: int, manifest: Any, fmt: str) -> dict:
     for i, e in enumerate(arrays):
         if not _well_formed(e, i):
             raise bad(f"array entry {i} is {json.dumps(e)[:200]}")
-    if manifest.get("nbytes") != sum(nbytes(e) for e in arrays):
-        raise bad(
-            f"its arrays hold {sum(nbytes(e) for e in arrays)} bytes, not {manifest.get('nbytes')!r}"
-        )
+    total = sum(nbytes(e) for e in arrays)
+    if manifest.get("nbytes") != total:
+        raise bad(f"its arrays hold {total} bytes, not {manifest.get('nbytes')!r}")
     try:
         skeleton = from_bytes(base64.b64decode(manifest["skeleton"], validate=True))
     except (KeyError, TypeError, ValueError) as e:
