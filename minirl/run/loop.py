@@ -37,7 +37,7 @@ from minirl.config import RunConfig
 from minirl.configlib import ConfigError
 from minirl.control.controller import Controller
 from minirl.control.workers import WorkerDied, to_plain
-from minirl.losses import make_objective
+from minirl.losses import Objective, make_objective
 from minirl.losses.advantages import GroupMean, GroupNorm, LeaveOneOut
 from minirl.measure.metrics_log import truncate_metrics
 from minirl.run.run_dir import (
@@ -95,6 +95,18 @@ def train(
             raise RunStopped(run_dir, e) from e
 
 
+def run_objective(rl) -> Objective:
+    """The loss the run trains with, from its `rl` settings (minirl/losses/presets.py)."""
+    return make_objective(
+        rl.loss,
+        rl.behaviour_cap,
+        rl.kl_coef,
+        rl.router_aux_coef,
+        rl.distill_coef,
+        rl.distill_discount,
+    )
+
+
 def check_batch(cfg: RunConfig) -> None:
     """A step's batch (rl.prompts_per_step groups of rl.group_size rollouts) can do what the
     trainer and the loss ask of it, or a ConfigError: more mini-batches than rows fails at the
@@ -107,10 +119,8 @@ def check_batch(cfg: RunConfig) -> None:
             f"trainer.num_minibatches={parts} is more than the {rows} rows of a step "
             f"(rl.prompts_per_step={rl.prompts_per_step} x rl.group_size={rl.group_size})"
         )
-    objective = make_objective(
-        rl.loss, rl.behaviour_cap, rl.kl_coef, rl.router_aux_coef, rl.distill_coef
-    )
-    if rl.group_size == 1 and isinstance(objective.advantage, (GroupNorm, GroupMean, LeaveOneOut)):
+    advantage = run_objective(rl).advantage
+    if rl.group_size == 1 and isinstance(advantage, (GroupNorm, GroupMean, LeaveOneOut)):
         raise ConfigError(
             f"rl.group_size=1 with rl.loss={rl.loss}: its advantage is a reward minus its group's "
             "mean, 0 in a group of one, so RL would learn nothing; use rl.group_size >= 2 "

@@ -23,9 +23,8 @@ from minirl.control.workers import LocalPlacement
 from minirl.data.mixture import Mixture
 from minirl.envs.episodes import EpisodeScores
 from minirl.inference.engine import Engine
-from minirl.losses import make_objective
 from minirl.modeling import lora
-from minirl.run.loop import Parts, train
+from minirl.run.loop import Parts, run_objective, train
 from minirl.run.starting_point import (
     check_user_code,
     load_tokenizer,
@@ -145,14 +144,7 @@ class Run:
         `controller.params()`)."""
         cfg, rl = self.cfg, self.cfg.rl
         model_cfg, tokenizer = cfg.model, self.tokenizer
-        loss = make_objective(
-            rl.loss,
-            rl.behaviour_cap,
-            rl.kl_coef,
-            rl.router_aux_coef,
-            rl.distill_coef,
-            rl.distill_discount,
-        )
+        loss = run_objective(rl)
         trainer_cfg, scoring = cfg.trainer_config(), cfg.engine.sampling.scoring
         place = self.placement if self.placement is not None else LocalPlacement(rl.workers)
         make_trainer = lambda: Trainer(model_cfg, base, loss, trainer_cfg, sampling=scoring)  # noqa: E731
