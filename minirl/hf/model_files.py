@@ -203,12 +203,17 @@ class StackedSource:
         return np.stack([self.parts[e].read(index[1:]) for e in experts])
 
 
-def open_checkpoint(path, dtype=None) -> tuple[ModelConfig, dict[tuple, TensorSource]]:
+def open_checkpoint(
+    path, dtype=None, hf: dict | None = None, extra: frozenset = frozenset()
+) -> tuple[ModelConfig, dict[tuple, TensorSource]]:
     """(config, {path in the parameter tree: where its tensor is}) of a checkpoint directory,
     every check done on the files' headers — a missing, unexpected or misshapen tensor is
-    refused before any weight is read."""
+    refused before any weight is read. `hf`: config.json as the caller read and edited it
+    (default: the file's), `extra`: tensor names the caller reads itself (a reward model's
+    head, minirl/hf/reward_model.py)."""
     path = Path(path)
-    cfg = config_from_hf(read_config(path), dtype, str(path / "config.json"))
+    hf = read_config(path) if hf is None else hf
+    cfg = config_from_hf(hf, dtype, str(path / "config.json"))
     files = tensor_files(path)
     cfg = untie_if_needed(cfg, files)
     names = tensor_names(cfg)
@@ -220,7 +225,7 @@ def open_checkpoint(path, dtype=None) -> tuple[ModelConfig, dict[tuple, TensorSo
         )
     # A tied model's file may hold a copy of the head (equal to the embedding, see above).
     copies = {"lm_head.weight"} if cfg.tie_embeddings else set()
-    unexpected = {n for n in files.keys() - names.keys() - copies if not _ignorable(n)}
+    unexpected = {n for n in files.keys() - names.keys() - copies - extra if not _ignorable(n)}
     if unexpected:
         raise CheckpointError(
             f"checkpoint {path} has {len(unexpected)} tensor(s) minirl does "
@@ -270,10 +275,13 @@ def load_hf(path, dtype=None) -> tuple[ModelConfig, Transformer]:
     at a time (peak memory ~ one copy of the parameters). scale/mesh.py's `load_checkpoint`
     reads the same sources straight into a mesh's layout, each process only its own blocks."""
     cfg, sources = open_checkpoint(path, dtype)
-    params = build_params(
-        cfg, sources, lambda _, s: jnp.asarray(s.read().astype(cfg.storage_dtype))
-    )
-    return cfg, nnx.merge(abstract_model(cfg)[0], params)
+    return cfg, nnx.merge(abstract_model(cfg)[0], read_params(cfg, sources))
+
+
+def read_params(cfg: ModelConfig, sources: dict[tuple, TensorSource]) -> dict:
+    """The pure parameter dict of `open_checkpoint`'s sources, each tensor read whole into a
+    device array of cfg's storage dtype."""
+    return build_params(cfg, sources, lambda _, s: jnp.asarray(s.read().astype(cfg.storage_dtype)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -377,6 +385,7 @@ __all__ = [  # the config side is re-exported from minirl.hf.hf_config
     "load_hf",
     "open_checkpoint",
     "build_params",
+    "read_params",
     "TensorSource",
     "StackedSource",
     "save_hf",
