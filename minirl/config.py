@@ -96,7 +96,7 @@ class DataConfig:
         default_factory=dict
     )  # more variables for the template, e.g. {"enable_thinking": False} (Qwen3's non-thinking mode)
     max_new_tokens: int = 256  # completion budget per sample (tokens, EOS included)
-    verifier: str = "math"  # how completions are scored: math | math_verify (the gold answer), code (the row's tests), or path/to/file.py:function (your reward function of the completion and the row)
+    verifier: str = "math"  # how completions are scored: math | math_verify (the gold answer), code (the row's tests), path/to/file.py:function (your reward function of the completion and the row), or rm:DIR (a reward model's score: docs/verifiers.md)
     format_reward: float = 0.0  # reward for a wrong but well-formed (extractable) final answer
 
     def __post_init__(self):

@@ -6,6 +6,8 @@
     make_model_dir(path, arch="qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe", style=...)
                                                         + config.json, model.safetensors and
                                                         generation_config.json (two EOS ids)
+    make_model_dir(path, arch="qwen2_rm")               a reward model: Qwen2ForSequenceClassification
+                                                        with one label (dims={"num_labels": 2}: two)
     make_model_dir(path, vocab_tokens=151_643, max_positions=...)
                                                         Qwen's real vocabulary size (151,936 ids
                                                         in the model), still a tiny network
@@ -271,6 +273,9 @@ def make_model_dir(
     elif arch == "qwen2_moe":  # + the shared expert, unnormalised gates
         model_cfg = transformers.Qwen2MoeConfig(**sizes, **MOE, shared_expert_intermediate_size=64)
         model_cls = transformers.Qwen2MoeForCausalLM
+    elif arch == "qwen2_rm":  # Qwen2 with transformers' `score` head (no LM head)
+        model_cfg = transformers.Qwen2Config(**{"num_labels": 1, **sizes})
+        model_cls = transformers.Qwen2ForSequenceClassification
     else:
         raise ValueError(f"unknown arch {arch!r}")
     torch.manual_seed(seed)

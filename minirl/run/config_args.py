@@ -85,8 +85,10 @@ def _add_input_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="how completions of --data are scored (data.verifier): math (the default; minirl's "
         "own answer extraction and comparison), math_verify (the math-verify library, in a pool "
-        "of worker processes), code (the rows' tests, docs/verifiers.md) or "
-        "path/to/file.py:function (your own reward function of the completion and the row)",
+        "of worker processes), code (the rows' tests, docs/verifiers.md), "
+        "path/to/file.py:function (your own reward function of the completion and the row) or "
+        "rm:DIR (a reward model's score of the conversation: a Hugging Face "
+        "*ForSequenceClassification checkpoint with num_labels=1, run in JAX)",
     )
 
 
@@ -110,8 +112,10 @@ def _add_user_code_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _file_spec(spec: str) -> str:
-    """path/to/file.py:name with the path made absolute (anything else as given: the config
-    check names what is wrong)."""
+    """path/to/file.py:name and rm:DIR with the path made absolute (anything else as given:
+    the config check names what is wrong)."""
+    if spec.startswith("rm:") and spec != "rm:":
+        return f"rm:{Path(spec.removeprefix('rm:')).resolve()}"
     path, sep, name = spec.rpartition(":")
     return f"{Path(path).resolve()}:{name}" if sep and path.endswith(".py") else spec
 

@@ -146,9 +146,27 @@ def make_verifier(cfg: RunConfig):
         from minirl.tasks import get_task
 
         return get_task(cfg.task.name, **cfg.task.args).verifier
-    from minirl.verifiers.registry import dataset_verifier
+    return file_verifier(cfg)
 
-    return dataset_verifier(cfg.data.verifier, cfg.data.format_reward)
+
+def file_verifier(cfg: RunConfig):
+    """`data.verifier`, the verifier of a dataset file's rows: a registered one or your reward
+    function (minirl/verifiers/registry.py), or a reward model "rm:DIR" built here, where the
+    run's verifier lives (minirl/hf/reward_model.py; in the run's compute dtype): a directory it
+    cannot use is one ConfigError line, before any training."""
+    from minirl.verifiers.registry import dataset_verifier, reward_model_dir
+
+    d = cfg.data
+    if not reward_model_dir(d.verifier):
+        return dataset_verifier(d.verifier, d.format_reward)
+    if d.format_reward:
+        raise ConfigError("data.format_reward shapes extracted answers: a reward model has none")
+    from minirl.hf.reward_model import RewardModel
+
+    try:
+        return RewardModel(reward_model_dir(d.verifier), dtype=cfg.model.dtype)
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"data.verifier={d.verifier}: {e}") from None
 
 
 def make_task(cfg: RunConfig, tokenizer):
@@ -160,13 +178,13 @@ def make_task(cfg: RunConfig, tokenizer):
 
         return get_task(cfg.task.name, tokenizer=tokenizer, **cfg.task.args)
     from minirl.tasks.files import FileTask
-    from minirl.verifiers.registry import dataset_verifier, row_targets
+    from minirl.verifiers.registry import row_targets
 
     d = cfg.data
     return FileTask.load(
         d.train,
         tokenizer,
-        dataset_verifier(d.verifier, d.format_reward),
+        file_verifier(cfg),
         eval_path=d.eval or None,
         test_fraction=d.test_fraction,
         max_new_tokens=d.max_new_tokens,
@@ -353,6 +371,9 @@ def describe_inputs(cfg: RunConfig) -> dict:
         if row_targets(cfg.data.verifier) == "row":  # your reward function's file, by content
             path = cfg.data.verifier.rpartition(":")[0]
             out["verifier"] = {"spec": cfg.data.verifier, "sha256": _sha256(path)}
+        if row_targets(cfg.data.verifier) == "messages":  # a reward model's config.json
+            config = Path(cfg.data.verifier.removeprefix("rm:")) / "config.json"
+            out["verifier"] = {"spec": cfg.data.verifier, "config_sha256": _sha256(config)}
     for key in ("env", "agent"):  # your environment's or agent's file, by content
         spec = getattr(cfg.task, key)
         if spec:

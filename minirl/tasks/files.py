@@ -57,7 +57,7 @@ from minirl.verifiers.math_extract import find_boxed
 
 log = logging.getLogger(__name__)
 FORMATS = (".jsonl", ".parquet")
-TARGETS = ("answer", "tests", "row")
+TARGETS = ("answer", "tests", "row", "messages")
 PROMPT_FALLBACKS = (
     "prompt",
     "question",
@@ -83,7 +83,8 @@ class FileFormat:
     chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
     max_prompt_tokens: int | None = None
     # what a row must hold besides its prompt: "answer" (a gold answer), "tests" (a code
-    # problem's tests, tasks/code_rows.py), "row" (nothing: your reward function reads the row)
+    # problem's tests, tasks/code_rows.py), "row" (nothing: your reward function reads the row),
+    # "messages" (nothing: a reward model reads the prompt's chat messages)
     targets: str = "answer"
     with_row: bool = False  # every prompt's meta also holds the row ("fields": your env or agent)
 
@@ -140,14 +141,15 @@ def _bad(reason: str):
 def row_messages(obj, fmt: FileFormat) -> tuple[list[dict], dict, str | None]:
     """(chat messages of the prompt, what the verifier reads, solution) of one decoded row. What
     the verifier reads is {"answer": gold} for answers, the code verifier's meta for tests
-    (tasks/code_rows.py), {"fields": row} for a reward function of your own."""
+    (tasks/code_rows.py), {"fields": row} for a reward function of your own, {"messages": the
+    prompt's messages} for a reward model."""
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     messages, prompt, solution = _prompt_messages(obj, fmt)
     if fmt.targets == "tests":
         targets, solution = code_tests(obj, prompt), code_solution(obj) or solution
-    elif fmt.targets == "row":
-        targets = {"fields": obj}
+    elif fmt.targets in ("row", "messages"):  # messages: this list, with the edits below
+        targets = {"fields": obj} if fmt.targets == "row" else {"messages": messages}
     elif fmt.answer_key in obj:
         gold, worked = gold_answer(obj[fmt.answer_key], fmt.answer_key)
         targets, solution = {"answer": gold}, worked or solution
