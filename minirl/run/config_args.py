@@ -114,8 +114,10 @@ def _add_user_code_arguments(p: argparse.ArgumentParser) -> None:
 def _file_spec(spec: str) -> str:
     """path/to/file.py:name and rm:DIR with the path made absolute (anything else as given:
     the config check names what is wrong)."""
-    if spec.startswith("rm:") and spec != "rm:":
-        return f"rm:{Path(spec.removeprefix('rm:')).resolve()}"
+    from minirl.verifiers.registry import REWARD_MODEL, reward_model_dir
+
+    if reward_model_dir(spec):
+        return f"{REWARD_MODEL}{Path(reward_model_dir(spec)).resolve()}"
     path, sep, name = spec.rpartition(":")
     return f"{Path(path).resolve()}:{name}" if sep and path.endswith(".py") else spec
 

@@ -160,7 +160,10 @@ def file_verifier(cfg: RunConfig):
     if not reward_model_dir(d.verifier):
         return dataset_verifier(d.verifier, d.format_reward)
     if d.format_reward:
-        raise ConfigError("data.format_reward shapes extracted answers: a reward model has none")
+        raise ConfigError(
+            "data.format_reward rewards a well-formed wrong answer, which a reward model does not "
+            "extract: leave it 0 with data.verifier=rm:DIR"
+        )
     from minirl.hf.reward_model import RewardModel
 
     try:
@@ -352,7 +355,7 @@ def make_teacher(cfg: RunConfig, model_cfg):
 
 def describe_inputs(cfg: RunConfig) -> dict:
     """For meta.json: what the model directory and dataset files were, by content."""
-    from minirl.verifiers.registry import row_targets
+    from minirl.verifiers.registry import reward_model_dir, row_targets
 
     out = {}
     if cfg.model.path:
@@ -371,8 +374,8 @@ def describe_inputs(cfg: RunConfig) -> dict:
         if row_targets(cfg.data.verifier) == "row":  # your reward function's file, by content
             path = cfg.data.verifier.rpartition(":")[0]
             out["verifier"] = {"spec": cfg.data.verifier, "sha256": _sha256(path)}
-        if row_targets(cfg.data.verifier) == "messages":  # a reward model's config.json
-            config = Path(cfg.data.verifier.removeprefix("rm:")) / "config.json"
+        if reward_model_dir(cfg.data.verifier):  # a reward model's config.json, by content
+            config = Path(reward_model_dir(cfg.data.verifier)) / "config.json"
             out["verifier"] = {"spec": cfg.data.verifier, "config_sha256": _sha256(config)}
     for key in ("env", "agent"):  # your environment's or agent's file, by content
         spec = getattr(cfg.task, key)
