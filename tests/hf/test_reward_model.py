@@ -31,7 +31,7 @@ from minirl.types import Prompt, Rollout
 pytestmark = pytest.mark.reference
 torch.set_num_threads(1)
 
-SCORE_TOL = 1e-4  # float32, max |minirl - transformers|; scores are a few units
+SCORE_TOL = 1e-4  # float32, max |minirl - transformers|; measured 4e-7 at |scores| < 1
 PAIRS = [  # (user message, completion): 30 to 160 tokens laid out, three length buckets
     ("Tom has 3 apples and buys 4 more. How many apples now?", "7"),
     ("Ana has 12 books.", "She has 12 books. The answer is \\boxed{12}."),
