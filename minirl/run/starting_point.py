@@ -184,6 +184,12 @@ def make_task(cfg: RunConfig, tokenizer):
     from minirl.verifiers.registry import row_targets
 
     d = cfg.data
+    if d.max_new_tokens >= cfg.engine.cache_len:
+        raise ConfigError(
+            f"data.max_new_tokens={d.max_new_tokens} leaves no room for a prompt in "
+            f"engine.cache_len={cfg.engine.cache_len} (a prompt and its completion share the "
+            "cache): raise engine.cache_len or lower data.max_new_tokens"
+        )
     return FileTask.load(
         d.train,
         tokenizer,

@@ -95,6 +95,15 @@ def test_what_you_set_wins_and_config_json_keeps_the_derived_values(dirs, tmp_pa
         _config(dirs, "short", "data.max_new_tokens=300")
 
 
+def test_a_budget_as_long_as_the_cache_you_set_is_one_line_before_the_rows_are_read(dirs, tmp_path):
+    """Both set by hand, nothing derived: a 200-token budget in a 200-position cache leaves a
+    prompt no room. It used to skip every row as "longer than 0 (engine.cache_len -
+    data.max_new_tokens)" (-56 with a 256-token budget) and then report no good row."""
+    cfg = _config(dirs, "long", "engine.cache_len=200", "data.max_new_tokens=200", "rl.steps=2")
+    with pytest.raises(ConfigError, match="data.max_new_tokens=200 leaves no room for a prompt"):
+        Run(cfg, tmp_path, progress=False)
+
+
 def test_the_same_command_again_keeps_what_was_derived(dirs, tmp_path, monkeypatch):
     """A 4-step run evaluates max(8, 4 x 16 x 8 // (2 x 8)) = 32 prompts; the same command
     with rl.steps=5 would derive 40, but continuing the run directory keeps 32 (the evaluation
