@@ -386,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--verifier",
         default="code",
-        help="code | math | task:<built-in task> | path/to/file.py:function",
+        help="code | math | task:<built-in task> | path/to/file.py:function (not a reward "
+        "model, rm:DIR, which runs batched in one process: minirl train --verifier rm:DIR)",
     )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--item-timeout", type=float, default=60.0, help="seconds per rollout")
@@ -399,14 +400,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         token = os.environ.get(TOKEN_ENV, "")
     with private_temp_dir():  # nothing left in the temp dir, even after a SIGKILL
-        serve(args, token)
+        repository = TestRepository(args.repository)
+        try:  # a name it cannot build (unknown, a reward model, a file that fails): one line
+            pool = build_verifier(args.verifier, repository, args.workers, args.item_timeout)
+        except (KeyError, ValueError) as e:
+            p.error(f"--verifier {args.verifier}: {e.args[0] if e.args else e}")
+        serve(args, token, repository, pool)
     sys.exit(0)
 
 
-def serve(args: argparse.Namespace, token: str) -> None:
-    """Build the pool, serve until SIGTERM or SIGINT, then stop both."""
-    repository = TestRepository(args.repository)
-    pool = build_verifier(args.verifier, repository, args.workers, args.item_timeout)
+def serve(args: argparse.Namespace, token: str, repository: TestRepository, pool) -> None:
+    """Serve `pool` until SIGTERM or SIGINT, then stop both."""
     config = ServiceConfig(
         host=args.host, port=args.port, max_body_bytes=int(args.max_body_mb * 2**20)
     )

@@ -295,3 +295,23 @@ def test_the_service_runs_your_reward_function_and_rows_that_carry_their_tests(
             [make_rollout(SUB, inline)] + [make_rollout(ADD, inline)]
         )
     assert [s.reward for s in scores] == [0.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("nope", "unknown verifier 'nope'"),
+        ("rm:/some/reward-model", "a reward model runs in one process"),
+        ("missing.py:score", "missing.py"),
+    ],
+)
+def test_a_verifier_the_service_cannot_build_is_one_line(tmp_path, capsys, name, says):
+    """Before any port is bound: exit 2 and one line naming --verifier (a KeyError or
+    ValueError traceback before)."""
+    from scale.verifier_service import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--repository", str(tmp_path / "tests"), "--verifier", name, "--port", "0"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert f"--verifier {name}: " in err and says in err
