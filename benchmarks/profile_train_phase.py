@@ -122,7 +122,7 @@ def profile(parts: dict, rounds: int) -> dict:
 def main(argv=None) -> int:
     from minirl.hf.model_files import load_hf
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", help="the side-by-side workload directory (DIR/model)")
     p.add_argument("--rows", type=int, default=32)
     p.add_argument("--length", type=int, default=128)

@@ -172,5 +172,7 @@ def _peak_rss_gb() -> float | None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):  # started by hand: say how
+        sys.exit("\n\n".join(__doc__.split("\n\n")[:3]))  # what it is, where, the command
     out = run(Path(sys.argv[1]), json.loads(sys.argv[2]), bf16="bf16" in sys.argv[3:])
     print(RESULT + json.dumps(out))

@@ -265,13 +265,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_parser(sub)
 
     p = sub.add_parser(
-        "sft", help="run (or load from cache) the supervised warm start and evaluate it"
+        "sft",
+        help="run (or load from cache) the supervised warm start and evaluate it",
+        description="The warm start `minirl train` begins with, alone: supervised steps on the "
+        "task's demonstrations (cached, so `minirl train` with the same config reuses them), "
+        "then its held-out pass@1 / pass@k, printed as JSON. Writes no run directory.",
     )
     add_config_arguments(p)
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(fn=cmd_sft)
 
-    p = sub.add_parser("eval", help="held-out pass@1 / pass@k of a run's latest checkpoint")
+    p = sub.add_parser(
+        "eval",
+        help="held-out pass@1 / pass@k of a run's latest checkpoint",
+        description="Evaluate the latest checkpoint of RUN_DIR on the held-out split, with the "
+        "run's own config (eval.prompts x eval.samples), and print the step and the numbers as "
+        "JSON.",
+    )
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_eval)
 

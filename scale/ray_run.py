@@ -85,10 +85,10 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
     j = p.add_argument_group(
         "multi-host jobs (weights by reference)",
         "With --weights, the trainer and each engine replica are JAX jobs of --ROLE-hosts Ray "
-        "actors (one per host, joined by jax.distributed; scale.launch's trainer and engine "
-        "roles), the trainer on an FSDP mesh publishing to the TensorStore store, the engines "
-        "reading from it on tensor-parallel meshes; --checkpoints adds the trainer job's own "
-        "Orbax checkpoints.",
+        "actors (one per host, joined by jax.distributed; the trainer and engine roles of "
+        "scale/roles.py), the trainer on an FSDP mesh publishing to the TensorStore store, the "
+        "engines reading from it on tensor-parallel meshes; --checkpoints adds the trainer "
+        "job's own Orbax checkpoints.",
     )
     j.add_argument(
         "--weights", default=None, metavar="URL", help="TensorStore store of the weights"
@@ -328,7 +328,7 @@ def _reachable(address: str, timeout_s: float = 10.0) -> None:
 
 
 def run_jobs(args, run, placement) -> dict:
-    """--weights: scale.launch's trainer and engine roles as Ray jobs, the step loop here."""
+    """--weights: scale/roles.py's trainer and engine roles as Ray jobs, the step loop here."""
     from minirl.control.workers import Replicas
     from minirl.run.starting_point import make_verifier
     from scale.ray_workers import RayJob, RayWorker
