@@ -24,6 +24,7 @@ Run in a process of its own: scripts set environment variables and JAX options w
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
@@ -31,6 +32,7 @@ import os
 import re
 import runpy
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -123,6 +125,7 @@ def model_dir() -> str:
         from minirl.modeling.model_config import ModelConfig
 
         path = Path(tempfile.mkdtemp(prefix="minirl-doc-model-"))
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
         (path / "config.json").write_text(json.dumps(config_to_hf(ModelConfig.preset("tiny"))))
         (path / "model.safetensors.index.json").write_text('{"weight_map": {}}')
         _MODEL_DIR.append(str(path))
