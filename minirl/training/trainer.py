@@ -129,7 +129,7 @@ class Trainer:
     def params(self, host: bool = False, published: bool = False) -> dict:
         """The current parameters as a pure dict (what `Engine.load_weights` and
         `WeightStore.put` accept). JAX arrays, never mutated or donated afterwards; `host=True`
-        returns numpy copies; `published=True` what a new version holds (with LoRA the
+        read-only numpy (host_view); `published=True` what a new version holds (with LoRA the
         adapters alone: minirl/modeling/lora.py `published`)."""
         params = lora.published(self._params, self.model_cfg) if published else self._params
         return self._row_layout.host(params) if host else params
@@ -241,7 +241,7 @@ class Trainer:
         return self._finish(metrics, [stat], plan, t0, 0.0)
 
     def state_dict(self, host: bool = True) -> dict:
-        """Everything to resume training: params, optimizer state, counters (numpy copies; with
+        """Everything to resume training: params, optimizer state, counters (read-only numpy; with
         `host=False` the device arrays themselves, laid out as they are: what a sharded
         checkpoint writer such as scale/orbax_checkpoints.py saves shard by shard; the optimizer
         state's arrays are valid until the next step, which donates them to the update)."""
