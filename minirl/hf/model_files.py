@@ -33,6 +33,17 @@ emit (generation_config.json's `eos_token_id` list, e.g. Qwen's `<|im_end|>` and
 generation_config.json, so `transformers.generate` on an exported model stops where minirl's
 engine stops.
 
+The rest of config.json: `save_hf(..., source=DIR)` keeps every field of DIR's config.json
+that minirl does not write itself (an MoE model's `router_aux_loss_coef` and
+`output_router_logits`, `initializer_range`, `use_cache`, `layer_types`, ...), so transformers
+reloads the export with the source's settings, not its class defaults. What minirl writes over
+them: the architecture and every shape, the dtype (an export may convert it), the RoPE fields
+(in both transformers 4's and 5's forms) and the tie of the embeddings (untied when the source
+file held a different head). A model with no source gets, beside those, what transformers'
+MoE config classes would write for the router: `output_router_logits` false and
+`router_aux_loss_coef` 0.001 (their defaults; the run's `rl.router_aux_coef` is a setting of
+the RL loss, not of the model).
+
 Simplified on purpose: no torch, no `transformers` import (safetensors' numpy reader, bfloat16
 via ml_dtypes); no float16 compute (float16 checkpoints load as float32); no sliding-window
 attention, o_proj/MLP biases or RoPE types other than the default and Llama-3's — configs that
@@ -76,7 +87,6 @@ from minirl.hf.hf_config import (
 from minirl.modeling.model import ModelConfig, Transformer, abstract_model, param_shapes
 
 _SHOW = 5  # how many offending names an error message lists
-TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def _names(names, show: int = _SHOW) -> str:
@@ -310,10 +320,10 @@ def save_hf(
     into `model-0000i-of-0000n.safetensors` files plus `model.safetensors.index.json`. With
     `token_ids`, config.json and a generation_config.json carry the BOS / EOS / padding ids.
     With `source` (the checkpoint directory the weights came from) instead, its
-    generation_config.json is copied unchanged and config.json carries the source's own token
-    id fields (those it has, as they are)."""
+    generation_config.json is copied unchanged and config.json keeps every field of the
+    source's (token ids, router settings, ...) but the ones `config_to_hf` writes."""
     path = Path(path)
-    hf_config = config_to_hf(cfg, architecture)
+    hf_config = {**_carried(source, cfg), **config_to_hf(cfg, architecture)}
     path.mkdir(parents=True, exist_ok=True)
     hf_config.update(_token_ids(path, token_ids, source))
     params = jax.tree_util.tree_map(np.asarray, _pure_params(model_or_state))
@@ -352,14 +362,23 @@ def save_hf(
     (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
+def _carried(source, cfg: ModelConfig) -> dict:
+    """The config.json fields an export keeps: with `source`, all of the source's (minirl's own
+    fields are written over them: shapes, dtype, RoPE, architecture); without, the fields of
+    transformers' config class that minirl's model does not set, at transformers' defaults."""
+    if source is not None:
+        return read_config(source)
+    return dict(output_router_logits=False, router_aux_loss_coef=0.001) if cfg.num_experts else {}
+
+
 def _token_ids(path: Path, token_ids: TokenIds | None, source) -> dict:
     """config.json's token id fields, writing generation_config.json on the way: the source's
-    (copied unchanged), or one made of `token_ids`, or none."""
+    (copied unchanged; its config.json's ids travel with the rest of it, `_carried`), or one
+    made of `token_ids`, or none."""
     if source is not None:
-        original = read_config(source)
         if (Path(source) / GENERATION_FILE).is_file():
             shutil.copyfile(Path(source) / GENERATION_FILE, path / GENERATION_FILE)
-        return {k: original[k] for k in TOKEN_ID_FIELDS if k in original}
+        return {}
     if token_ids is None:
         return {}
     ids = {

@@ -5,10 +5,12 @@ vLLM load: `config.json`, `model.safetensors`, `generation_config.json` and the 
 (`tokenizer.json`, `tokenizer_config.json` with the chat template). Logits equal minirl's
 (tests/test_user_model.py). For a run started with --model, the source directory's settings
 travel unchanged: its generation_config.json (temperature, top_k, top_p, every EOS id, ...) is
-copied as it is, config.json keeps the source's bos/eos/pad ids (and no others), and the
-tokenizer's special tokens are the source's (no padding token is invented); training changes
-none of them. The architecture is the source's (Qwen2, Qwen3 or Llama); a built-in run gets
-the one whose layer shapes match (minirl/hf/model_files.py) and its tokenizer's ids.
+copied as it is, config.json keeps every field of the source's that minirl does not write
+itself (its bos/eos/pad ids, an MoE model's router_aux_loss_coef and output_router_logits, ...;
+minirl/hf/model_files.py says which it writes), and the tokenizer's special tokens are the
+source's (no padding token is invented); training changes none of them. The architecture is
+the source's (Qwen2, Qwen3, Llama, Qwen2-MoE or Qwen3-MoE); a built-in run gets the one whose
+layer shapes match and its tokenizer's ids.
 
 Nothing the export reads is ever deleted: an --out that is, holds or lies inside the run
 directory (but for the run's own `RUN_DIR/hf`), the model directory (or a file it links to)

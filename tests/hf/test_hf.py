@@ -30,7 +30,7 @@ from minirl.hf.model_files import (
     save_hf,
     tensor_names,
 )
-from minirl.modeling.model import ModelConfig, rope_frequencies
+from minirl.modeling.model import ModelConfig, param_shapes, rope_frequencies
 
 pytestmark = pytest.mark.reference
 torch.set_num_threads(1)
@@ -232,6 +232,49 @@ def test_round_trip_bfloat16(checkpoints, tmp_path):
     assert (cfg3.dtype, cfg3.param_dtype) == ("float32", "float32")
     assert model3.embed[...].dtype == jnp.float32
     assert np.array_equal(np.asarray(model3.embed[...]), np.asarray(model.embed[...], np.float32))
+
+
+# Fields minirl's model does not use, away from transformers' defaults (0.001, false, 0.02,
+# true): an export that dropped them would reload with the defaults.
+CARRIED = dict(
+    router_aux_loss_coef=0.02, output_router_logits=True, initializer_range=0.05, use_cache=False
+)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe", "qwen3"])
+def test_save_with_a_source_keeps_its_config_fields(checkpoints, tmp_path, arch):
+    """`save_hf(..., source=DIR)` had written config.json from minirl's fields alone: a Qwen MoE
+    export lost router_aux_loss_coef and output_router_logits (and any other field minirl does
+    not read), and transformers reloaded it with its class defaults. Every field of the
+    source's config.json comes back as it was; only the dtype follows the weights written."""
+    path = _edited_copy(checkpoints[arch][0], tmp_path / "src")
+    source = {**json.loads((path / "config.json").read_text()), **CARRIED}
+    (path / "config.json").write_text(json.dumps(source))
+    cfg, model = load_hf(path, dtype="bfloat16")  # a dtype other than the file's float32
+    save_hf(model, cfg, tmp_path / "out", source=path)
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (written["dtype"], source["dtype"]) == ("bfloat16", "float32")
+    assert {k: v for k, v in written.items() if k in source and k != "dtype"} == {
+        k: v for k, v in source.items() if k != "dtype"
+    }
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path / "out")
+    for key, value in CARRIED.items():
+        assert getattr(theirs, key) == value, key
+    assert load_hf(tmp_path / "out", dtype="bfloat16")[0] == cfg
+
+
+def test_a_moe_model_made_from_nothing_states_the_router_fields(tmp_path):
+    """No source: the router fields of transformers' MoE config classes, at their defaults."""
+    cfg = ModelConfig.preset("tiny-moe")
+    zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), param_shapes(cfg))
+    save_hf(zeros, cfg, tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert (written["output_router_logits"], written["router_aux_loss_coef"]) == (False, 0.001)
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert type(theirs) is transformers.Qwen3MoeConfig
+    defaults = transformers.Qwen3MoeConfig()
+    assert theirs.router_aux_loss_coef == defaults.router_aux_loss_coef
+    assert theirs.output_router_logits == defaults.output_router_logits
 
 
 def test_sharded_checkpoints(checkpoints, tmp_path):

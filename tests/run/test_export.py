@@ -158,6 +158,38 @@ def test_export_carries_the_source_settings_unchanged(style, tmp_path):
     assert tokenizer.pad_token == want_pad
 
 
+@pytest.mark.reference
+def test_a_moe_export_keeps_the_source_config(tmp_path):
+    """`minirl export` of a run on a Qwen3-MoE directory had dropped the source config.json's
+    router_aux_loss_coef and output_router_logits (set here away from transformers' defaults,
+    0.001 and false): transformers reloaded the export with the defaults. Now transformers
+    reads back the source's config, field for field."""
+    import transformers
+    from flax import nnx
+    from hf_tiny import make_model_dir
+
+    from minirl.hf.model_files import load_hf
+
+    model = make_model_dir(tmp_path / "model", arch="qwen3_moe")
+    config = json.loads((model / "config.json").read_text())
+    config.update(router_aux_loss_coef=0.02, output_router_logits=True)
+    (model / "config.json").write_text(json.dumps(config))
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1 + 1?", "answer": "2"}\n')
+    cfg = make_config("custom", [f"model.path={model}", f"data.train={data}"])
+    _, weights = load_hf(model)
+    run = _run_dir(tmp_path / "run", cfg, nnx.to_pure_dict(nnx.state(weights, nnx.Param)))
+    assert _export(run, tmp_path / "out") == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert {k: written[k] for k in config} == config
+    theirs, source = (
+        transformers.AutoConfig.from_pretrained(d).to_dict() for d in (tmp_path / "out", model)
+    )
+    del theirs["_name_or_path"], source["_name_or_path"]
+    assert theirs == source
+    assert (theirs["router_aux_loss_coef"], theirs["output_router_logits"]) == (0.02, True)
+
+
 def test_a_built_in_run_still_gets_its_tokenizer_ids(tmp_path):
     """No source directory: generation_config.json comes from the character tokenizer."""
     from minirl.modeling.tokenizer import CharTokenizer
