@@ -173,6 +173,26 @@ def check_manifest(version: int, manifest: Any, fmt: str) -> dict:
     return manifest
 
 
+def check_stored(version: int, entry: dict, stored: bytes | None) -> None:
+    """ValueError unless `stored` (the array's own zarr.json; None: missing) records the dtype,
+    shape and chunks of its manifest `entry`. Readers open arrays with the manifest's metadata
+    alone, so a manifest edited from float32 to int32 (or bfloat16 to float16: the same bytes
+    per element) would otherwise read every weight as another type."""
+    where = f"version {version}: array {entry['path']!r} (data/.../{entry['name']}/)"
+    try:
+        meta = json.loads(stored)
+        grid = meta["chunk_grid"]["configuration"]["chunk_shape"]
+        found = f"{meta['data_type']} {meta['shape']} (chunks {grid})"
+    except (TypeError, ValueError, KeyError) as e:  # None, not JSON, not zarr v3 metadata
+        raise ValueError(f"{where}: its zarr.json is missing or unreadable ({e!r})") from None
+    said = f"{entry['dtype']} {entry['shape']} (chunks {entry['chunks']})"
+    if found != said:
+        raise ValueError(
+            f"{where} is stored as {found}, but the version's manifest says {said}: the "
+            "manifest was edited or damaged, and the version cannot be read"
+        )
+
+
 def _well_formed(e: Any, i: int) -> bool:
     def ints(xs: Any, low: int) -> bool:
         return isinstance(xs, list) and all(type(x) is int and x >= low for x in xs)

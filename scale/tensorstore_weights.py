@@ -31,11 +31,14 @@ The manifest (JSON) holds the tree's structure — the pytree serialized with
 `minirl.store.serialization.to_bytes` after every array leaf is replaced by a one-element int64 array
 holding its index — and one entry per array: leaf path ("layers/0/attn/q_proj"), zarr array
 name, shape, dtype and chunk shape. Readers open arrays with that metadata (`assume_metadata`),
-so reading a version costs one manifest read plus the chunk reads. A manifest is checked before
-any array is opened by it (tensorstore_layout.check_manifest): one that is not JSON, names
-another version, or whose entries' names, dtypes, shapes, byte count or skeleton disagree is a
-ValueError naming the version. Only `manifests/<12 digits>.json` keys are versions; any other
-file there is ignored.
+so reading a version costs one manifest read, a read of each array's zarr.json the first time a
+store object reads the version, and the chunk reads. A manifest is checked before any array is
+opened by it (tensorstore_layout.check_manifest): one that is not JSON, names another version,
+or whose entries' names, dtypes, shapes, byte count or skeleton disagree is a ValueError naming
+the version; so is an entry whose dtype, shape or chunks differ from what the array's own
+zarr.json records (check_stored: a dtype edited to another of the same width, float32 to int32,
+would otherwise read every weight as garbage), naming the array too. Only
+`manifests/<12 digits>.json` keys are versions; any other file there is ignored.
 
 Multi-process publishing (scale/mesh.py `publish`): `begin(version)` on one process, a barrier,
 `write(version, params, primary=...)` on every process (each writes the shards it holds, with
@@ -81,6 +84,7 @@ from minirl.store.weights import (
 from scale.tensorstore_layout import (
     MANIFESTS,
     check_manifest,
+    check_stored,
     data_prefix,
     manifest_key,
     manifest_version,
@@ -366,9 +370,22 @@ class TensorStoreWeightStore:
         except ValueError as e:  # UnicodeDecodeError included
             raise ValueError(f"version {version}: its manifest is not JSON ({e})") from None
         check_manifest(version, manifest, FORMAT)
+        self._check_stored(version, manifest)
         with self._lock:
             self._manifests[version] = manifest
         return manifest
+
+    def _check_stored(self, version: int, manifest: dict) -> None:
+        """Every array's own zarr.json (read concurrently) agrees with the manifest's entry
+        (tensorstore_layout.check_stored), or ValueError naming the array and the version; a
+        version evicted meanwhile is unknown."""
+        kv = self._store()
+        keys = [f"{data_prefix(version)}{e['name']}/zarr.json".encode() for e in manifest["arrays"]]
+        found = [f.result() for f in [kv.read(key) for key in keys]]
+        if any(r.state != "value" for r in found) and not self._committed(version):
+            raise unknown_version(version, self.versions())
+        for entry, r in zip(manifest["arrays"], found, strict=True):
+            check_stored(version, entry, r.value if r.state == "value" else None)
 
     def _manifest_for(self, version: int | None) -> tuple[int, dict]:
         available = self.versions()

@@ -270,3 +270,49 @@ def test_a_damaged_or_hand_edited_manifest_is_refused_before_any_read(tmp_path, 
         ValueError, match="version 0: (the store's manifest is damaged|its manifest is not JSON)"
     ):
         TensorStoreWeightStore(tmp_path / "w").get(0)
+
+
+# (leaf, manifest fields as edited, what the array's zarr.json records): same bytes per element
+# or the same number of elements, so the manifest's own byte count still adds up.
+SAME_SIZE_EDITS = [
+    ("w", {"dtype": "int32"}, r"float32 \[4\] \(chunks \[4\]\)"),
+    ("h", {"dtype": "float16"}, r"bfloat16 \[2, 3\] \(chunks \[2, 3\]\)"),
+    ("h", {"shape": [3, 2], "chunks": [3, 2]}, r"bfloat16 \[2, 3\] \(chunks \[2, 3\]\)"),
+    ("h", {"chunks": [1, 3]}, r"bfloat16 \[2, 3\] \(chunks \[2, 3\]\)"),
+]
+
+
+@pytest.mark.parametrize(
+    ("leaf", "edit", "stored"), SAME_SIZE_EDITS, ids=["f32-i32", "bf16-f16", "shape", "chunks"]
+)
+def test_a_manifest_that_disagrees_with_the_stored_array_is_refused(tmp_path, leaf, edit, stored):
+    """A manifest entry whose dtype was edited to another of the same width (float32 -> int32,
+    bfloat16 -> float16), or whose shape or chunks were edited keeping the byte count, passed
+    every check of the manifest alone, and the weights were read as garbage (readers open
+    arrays with the manifest's metadata). Each array's zarr.json says what it really is: the
+    read is refused, naming the version and the array, by get, read_slices and get_sharded."""
+    params = {"w": np.arange(4, dtype=np.float32), "h": np.ones((2, 3), BF16)}
+    TensorStoreWeightStore(tmp_path / "w").put(3, params)
+    path = tmp_path / "w" / "manifests" / "000000000003.json"
+    manifest = json.loads(path.read_text())
+    for entry in manifest["arrays"]:
+        if entry["path"] == leaf:
+            entry.update(edit)
+    path.write_text(json.dumps(manifest))
+    match = f"version 3: array '{leaf}' .* is stored as {stored}, but the version's manifest says"
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    for read in (
+        lambda s: s.get(3),
+        lambda s: s.read_slices(None, {"w": ()}),
+        lambda s: s.get_sharded(3, cpu),
+    ):
+        with pytest.raises(ValueError, match=match):
+            read(TensorStoreWeightStore(tmp_path / "w"))
+
+
+def test_a_missing_zarr_json_of_a_committed_version_is_named(tmp_path):
+    store = TensorStoreWeightStore(tmp_path / "w")
+    store.put(0, {"a": np.arange(4, dtype=np.float32), "b": np.ones((2, 2), np.float32)})
+    (tmp_path / "w" / "data" / "000000000000" / "00001" / "zarr.json").unlink()
+    with pytest.raises(ValueError, match="version 0: array 'b' .*zarr.json is missing"):
+        TensorStoreWeightStore(tmp_path / "w").get(0)
