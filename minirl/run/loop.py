@@ -40,6 +40,7 @@ from minirl.control.workers import WorkerDied, to_plain
 from minirl.losses import Objective, make_objective
 from minirl.losses.advantages import GroupMean, GroupNorm, LeaveOneOut
 from minirl.measure.metrics_log import truncate_metrics
+from minirl.run.memory import machine_memory_bytes
 from minirl.run.run_dir import (
     RunStopped,
     StepRecorder,
@@ -107,13 +108,36 @@ def run_objective(rl) -> Objective:
     )
 
 
+# The controller's memory per rollout of a step, which it holds all at once with their batch:
+# 36 bytes a position of the row (the batch's five [B, T] arrays and the trainer's log pi_prox, 4
+# bytes each, and the rollout's own token, log-prob and version: minirl/types.py), plus 8 KB of
+# Python objects (the Rollout, its arrays, text, score and group). Measured: a step's peak memory
+# (memory/peak_rss_gb) grew by 9.3 KB a rollout on countdown and 9.7 KB on the fixture preset
+# (16,000 more rollouts a step, rows of 32 positions: 8,000 + 32 x 36 = 9.2 KB).
+ROLLOUT_BYTES, POSITION_BYTES = 8_000, 36
+
+
 def check_batch(cfg: RunConfig) -> None:
     """A step's batch (rl.prompts_per_step groups of rl.group_size rollouts) can do what the
     trainer and the loss ask of it, or a ConfigError: more mini-batches than rows fails at the
     first step, and a group of one under a loss whose advantage is relative to its group (R -
-    mean_g, minirl/losses/advantages.py) is 0 for every rollout, so RL would learn nothing."""
+    mean_g, minirl/losses/advantages.py) is 0 for every rollout, so RL would learn nothing.
+    And it fits in this machine's memory: the controller holds a step's rollouts and its batch
+    at once, the batch padded to its longest row (up to engine.cache_len positions); a step
+    that cannot fit had generated every rollout, with nothing shown, and then died out of
+    memory."""
     rl, parts = cfg.rl, cfg.trainer.num_minibatches
     rows = rl.prompts_per_step * rl.group_size
+    need = rows * (ROLLOUT_BYTES + cfg.engine.cache_len * POSITION_BYTES)
+    have = machine_memory_bytes()
+    if have is not None and need > have:
+        raise ConfigError(
+            f"a step of rl.prompts_per_step={rl.prompts_per_step} x rl.group_size="
+            f"{rl.group_size} = {rows:,} rollouts of up to engine.cache_len="
+            f"{cfg.engine.cache_len} positions needs about {need / 1e9:,.2f} GB of memory for "
+            f"its rollouts and batch alone, more than this machine's {have / 1e9:,.2f} GB; "
+            "lower rl.group_size or rl.prompts_per_step"
+        )
     if parts > rows:
         raise ConfigError(
             f"trainer.num_minibatches={parts} is more than the {rows} rows of a step "

@@ -1,4 +1,5 @@
-"""The process's peak resident memory: metrics.jsonl's `memory/peak_rss_gb`.
+"""The process's peak resident memory: metrics.jsonl's `memory/peak_rss_gb`; and the machine's
+memory, which a step's batch must fit in (minirl/run/loop.py `check_batch`).
 
 Peak RSS (resident set size) is the most physical memory the operating system has seen this
 process hold at once since it started: on Linux `VmHWM` in /proc/self/status, elsewhere
@@ -15,6 +16,7 @@ Standard library only, on purpose.
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -34,3 +36,11 @@ def peak_rss_gb() -> float | None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak * (1 if sys.platform == "darwin" else 1024) / 1e9
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # Windows has no sysconf
+        return None

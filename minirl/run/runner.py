@@ -148,6 +148,8 @@ class Run:
         trainer_cfg, scoring = cfg.trainer_config(), cfg.engine.sampling.scoring
         place = self.placement if self.placement is not None else LocalPlacement(rl.workers)
         make_trainer = lambda: Trainer(model_cfg, base, loss, trainer_cfg, sampling=scoring)  # noqa: E731
+        if self.progress:  # an engine in this process shows the rollouts of a long step
+            engine = RolloutBar(engine)
         controller = Controller(
             cfg,
             engine=place.engine(lambda: make_engine(cfg, tokenizer), engine),
@@ -168,6 +170,24 @@ class Run:
             return None
         cfg, teacher_cfg = self.cfg, self.teacher_cfg
         return place.teacher(lambda: make_teacher(cfg, teacher_cfg))
+
+
+class RolloutBar:
+    """An engine whose `generate` draws a bar of the rollouts it finishes, from 5 seconds on: a
+    step's rl.prompts_per_step x rl.group_size rollouts are one engine call, which the RL bar
+    counts only when the step ends, so a large step would show nothing for as long as it
+    runs. Every other attribute is the engine's."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+    def generate(self, requests):
+        requests = list(requests)
+        with tqdm(total=len(requests), desc="rollouts", delay=5, leave=False) as bar:
+            return self.engine.generate(requests, progress=bar.update)
 
 
 def start_engine(controller: Controller) -> None:

@@ -11,6 +11,7 @@ import signal
 import pytest
 
 from minirl.cli import main
+from minirl.configlib import ConfigError
 from minirl.control.controller import Controller
 from minirl.measure.metrics_log import replayed
 from minirl.run import run_dir as run_dir_module
@@ -171,3 +172,53 @@ def test_a_batch_the_loss_cannot_use_is_refused_before_any_work(tmp_path, capsys
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "r").exists()
     check_batch(make_config("fixture", ["rl.group_size=1", "rl.loss=ppo"]))
+
+
+def test_a_step_that_cannot_fit_in_memory_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """rl.group_size=100000 ran "forever": the rollouts of a step are one engine call, and the
+    batch they make is held at once (on countdown, 3.2 million rollouts: 25 minutes of rollouts
+    with nothing shown, and about 30 GB). Fixture: 8 prompts x 100,000 = 800,000 rollouts of
+    8,000 bytes + up to 32 positions x 36 bytes = 7.3216 GB; refused on a machine of 7 GB,
+    taken on one of 8 GB."""
+    from minirl.run import loop
+
+    cfg = make_config("fixture", ["rl.group_size=100000"])
+    monkeypatch.setattr(loop, "machine_memory_bytes", lambda: 7_000_000_000)
+    with pytest.raises(ConfigError, match=r"= 800,000 rollouts .* about 7\.32 GB .* 7\.00 GB"):
+        check_batch(cfg)
+    monkeypatch.setattr(loop, "machine_memory_bytes", lambda: 8_000_000_000)
+    check_batch(cfg)
+    monkeypatch.setattr(loop, "machine_memory_bytes", lambda: None)  # not reported: no check
+    check_batch(cfg)
+    monkeypatch.undo()  # this machine's own memory: a billion samples fit on none
+    argv = ["train", "--preset", "fixture", "--quiet", "--run-dir", str(tmp_path / "r")]
+    assert main([*argv, "--set", "rl.group_size=1000000000"]) == 2
+    err = capsys.readouterr().err
+    assert "lower rl.group_size or rl.prompts_per_step" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_long_generation_shows_a_bar_of_its_rollouts(capsys, monkeypatch):
+    """A step's rollouts are one engine call: the RL bar moved only when it ended. RolloutBar
+    (what `minirl train` wraps an engine in this process with) counts them as they finish,
+    once a call has run 5 seconds; a shorter one draws nothing."""
+    from minirl.run.runner import RolloutBar
+
+    clock = [0.0]  # tqdm's clock: every rollout takes 1.5 s
+
+    class Engine:
+        slots = 8
+
+        def generate(self, requests, progress=None):
+            for _ in requests:
+                clock[0] += 1.5
+                progress(1)
+            return [r * 10 for r in requests]
+
+    monkeypatch.setattr("tqdm.std.time", lambda: clock[0])
+    engine = RolloutBar(Engine())
+    assert engine.slots == 8  # everything else is the engine's
+    assert engine.generate(iter([1, 2])) == [10, 20]  # 3 s: no bar
+    assert "rollouts" not in capsys.readouterr().err
+    assert engine.generate(range(6)) == [0, 10, 20, 30, 40, 50]  # 9 s
+    assert re.search(r"rollouts: +\d+%.*\| [4-6]/6", capsys.readouterr().err)
