@@ -1,7 +1,10 @@
 """A tool-using agent written with the `openai` SDK, as for any OpenAI-compatible server: it
 declares a `calc` tool, runs the calls the model makes itself, and returns the model's final
 answer for the task's verifier. Trained by `minirl train --agent experiments/calc_agent.py:solve`
-(experiments/agent.py, lesson 16)."""
+(experiments/agent.py); the end-to-end tests of `minirl train --agent` run this same file
+(tests/agents/test_agent_runs.py, tests/run/test_preemption.py, tests/scale/test_ray_workers.py).
+Lesson 16 writes its own copy (the same tool and `solve`, beside an `edits` variant the lesson
+needs), so that the lesson shows the agent it trains."""
 
 import json
 

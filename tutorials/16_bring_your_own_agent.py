@@ -116,7 +116,7 @@ TOK = CharTokenizer()
 AGENT = '''"""A tool-using agent written with the openai SDK (lesson 16)."""
 import json
 
-CALC = {"type": "function", "function": {"name": "calc", "description": "Add integers: 12+345+6.",
+CALC = {"type": "function", "function": {"name": "calc", "description": "Add integers, e.g. 12+345+6.",
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
 
 

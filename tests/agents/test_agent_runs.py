@@ -1,5 +1,5 @@
 """`minirl train --agent` end to end (slow): the fixture model on arithmetic, the calculator agent
-of tests/agents/calc_agent.py (the real `openai` client), warm-started on demonstrations the
+of experiments/calc_agent.py (the real `openai` client), warm-started on demonstrations the
 agent lays out itself. With the engine (and so the endpoint and the agents) in this process and
 in a worker process, the two runs are bitwise equal, and the episodes are multi-turn. Resume
 after kill -9 and the async bounds: tests/run/test_preemption.py."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-AGENT = ROOT / "tests" / "agents" / "calc_agent.py"
+AGENT = ROOT / "experiments" / "calc_agent.py"
 AGENT_RUN = [
     *("--agent", f"{AGENT}:solve"),
     *("--set", "task.name=arithmetic", "--set", 'task.args={"max_digits":1,"max_operands":3}'),

@@ -128,10 +128,10 @@ TOOL_RUN = [
     *("--set", "task.tools=calc", "--set", "engine.cache_len=64"),
     *("--set", "engine.prefill_buckets=(16,32)", "--set", "sft.steps=40"),
 ]
-# Your own agent (issue #47, minirl/agents/): the calculator agent of tests/agents/calc_agent.py
+# Your own agent (issue #47, minirl/agents/): the calculator agent of experiments/calc_agent.py
 # with the real openai client, warm-started on demonstrations it lays out itself.
 AGENT_RUN = [
-    *("--agent", f"{ROOT}/tests/agents/calc_agent.py:solve"),
+    *("--agent", f"{ROOT}/experiments/calc_agent.py:solve"),
     *("--set", "task.name=arithmetic", "--set", 'task.args={"max_digits":1,"max_operands":3}'),
     *("--set", "engine.cache_len=64", "--set", "engine.prefill_buckets=(16,32)"),
     *("--set", "sft.steps=40"),

@@ -402,11 +402,11 @@ def test_a_killed_driver_resumes_and_ends_where_an_undisturbed_run_does(referenc
 def test_an_agent_run_on_ray_actors_equals_the_in_process_run(cluster, tmp_path):
     """Issue #47: with `task.agent` each engine actor holds an AgentRunner, so the endpoint and
     the agents live in the actor's process, beside its engine. Two engine replicas, the
-    calculator agent of tests/agents/calc_agent.py: the same rewards every step and the same
+    calculator agent of experiments/calc_agent.py: the same rewards every step and the same
     final weights as the in-process run (keys per episode, call and position)."""
     from pathlib import Path
 
-    agent = Path(__file__).resolve().parents[1] / "agents" / "calc_agent.py"
+    agent = Path(__file__).resolve().parents[2] / "experiments" / "calc_agent.py"
     sets = ["rl.steps=2", "rl.checkpoint_every=1", "task.name=arithmetic", "sft.steps=20"]
     sets += ['task.args={"max_digits":1,"max_operands":3}', f"task.agent={agent}:solve"]
     sets += ["engine.cache_len=64", "engine.prefill_buckets=(16,32)", "eval.prompts=8"]
