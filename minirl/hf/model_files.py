@@ -365,9 +365,11 @@ def save_hf(
 def _carried(source, cfg: ModelConfig) -> dict:
     """The config.json fields an export keeps: with `source`, all of the source's (minirl's own
     fields are written over them: shapes, dtype, RoPE, architecture); without, the fields of
-    transformers' config class that minirl's model does not set, at transformers' defaults."""
+    transformers' config class that minirl's model does not set, at transformers' defaults.
+    A source's `auto_map` (custom model code beside its weights) is left out: the export is
+    transformers' own architecture, and the code it names is not copied with it."""
     if source is not None:
-        return read_config(source)
+        return {k: v for k, v in read_config(source).items() if k != "auto_map"}
     return dict(output_router_logits=False, router_aux_loss_coef=0.001) if cfg.num_experts else {}
 
 

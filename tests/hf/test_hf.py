@@ -249,10 +249,12 @@ def test_save_with_a_source_keeps_its_config_fields(checkpoints, tmp_path, arch)
     source's config.json comes back as it was; only the dtype follows the weights written."""
     path = _edited_copy(checkpoints[arch][0], tmp_path / "src")
     source = {**json.loads((path / "config.json").read_text()), **CARRIED}
-    (path / "config.json").write_text(json.dumps(source))
+    custom = {"AutoConfig": "modeling_custom.CustomConfig"}  # code the export does not copy
+    (path / "config.json").write_text(json.dumps({**source, "auto_map": custom}))
     cfg, model = load_hf(path, dtype="bfloat16")  # a dtype other than the file's float32
     save_hf(model, cfg, tmp_path / "out", source=path)
     written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert "auto_map" not in written  # trust_remote_code=True would look for modeling_custom.py
     assert (written["dtype"], source["dtype"]) == ("bfloat16", "float32")
     assert {k: v for k, v in written.items() if k in source and k != "dtype"} == {
         k: v for k, v in source.items() if k != "dtype"
