@@ -122,10 +122,10 @@ def check_batch(cfg: RunConfig) -> None:
     trainer and the loss ask of it, or a ConfigError: more mini-batches than rows fails at the
     first step, and a group of one under a loss whose advantage is relative to its group (R -
     mean_g, minirl/losses/advantages.py) is 0 for every rollout, so RL would learn nothing.
-    And it fits in this machine's memory: the controller holds a step's rollouts and its batch
-    at once, the batch padded to its longest row (up to engine.cache_len positions); a step
-    that cannot fit had generated every rollout, with nothing shown, and then died out of
-    memory."""
+    And it fits in the memory the run may use (the machine's, or its container's limit): the
+    controller holds a step's rollouts and its batch at once, the batch padded to its longest
+    row (up to engine.cache_len positions); a step that cannot fit had generated every
+    rollout, with nothing shown, and then died out of memory."""
     rl, parts = cfg.rl, cfg.trainer.num_minibatches
     rows = rl.prompts_per_step * rl.group_size
     need = rows * (ROLLOUT_BYTES + cfg.engine.cache_len * POSITION_BYTES)
@@ -135,8 +135,8 @@ def check_batch(cfg: RunConfig) -> None:
             f"a step of rl.prompts_per_step={rl.prompts_per_step} x rl.group_size="
             f"{rl.group_size} = {rows:,} rollouts of up to engine.cache_len="
             f"{cfg.engine.cache_len} positions needs about {need / 1e9:,.2f} GB of memory for "
-            f"its rollouts and batch alone, more than this machine's {have / 1e9:,.2f} GB; "
-            "lower rl.group_size or rl.prompts_per_step"
+            f"its rollouts and batch alone, more than the {have / 1e9:,.2f} GB this machine (or "
+            "its container) has; lower rl.group_size or rl.prompts_per_step"
         )
     if parts > rows:
         raise ConfigError(

@@ -1,5 +1,6 @@
-"""The process's peak resident memory: metrics.jsonl's `memory/peak_rss_gb`; and the machine's
-memory, which a step's batch must fit in (minirl/run/loop.py `check_batch`).
+"""The process's peak resident memory: metrics.jsonl's `memory/peak_rss_gb`; and the memory it
+may use (the machine's, or its container's limit), which a step's batch must fit in
+(minirl/run/loop.py `check_batch`).
 
 Peak RSS (resident set size) is the most physical memory the operating system has seen this
 process hold at once since it started: on Linux `VmHWM` in /proc/self/status, elsewhere
@@ -38,9 +39,22 @@ def peak_rss_gb() -> float | None:
     return peak * (1 if sys.platform == "darwin" else 1024) / 1e9
 
 
-def machine_memory_bytes() -> int | None:
-    """This machine's physical memory in bytes, or None where the platform does not say."""
+# A container's memory limit (cgroup v2, then v1); "max" or a huge number means none is set.
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def machine_memory_bytes(limits=CGROUP_LIMITS) -> int | None:
+    """The memory this process may use, in bytes: the machine's physical memory, or the
+    container's limit where that is lower; None where the platform says neither."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # Windows has no sysconf
-        return None
+        physical = None
+    for path in limits:
+        try:
+            with open(path) as f:
+                limit = int(f.read().strip())
+        except (OSError, ValueError):  # no such file, or "max"
+            continue
+        return limit if physical is None else min(limit, physical)
+    return physical
