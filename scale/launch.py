@@ -109,14 +109,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         description=ray_run.__doc__.split("\n\n")[0],
     )
     ray_run.add_arguments(r)
-    v = roles.add_parser("verifier", help="serve a verifier pool over HTTP")
-    v.add_argument("--host", default="0.0.0.0")
-    v.add_argument("--port", type=int, default=8470)
-    v.add_argument("--repository", default="verifier-data", help="content-addressed test data dir")
-    v.add_argument(
-        "--verifier", default="code", help="code | math | task:<name> | file.py:function"
+    v = roles.add_parser(
+        "verifier",
+        help="serve a verifier pool over HTTP",
+        description="Serve a verifier pool over HTTP (scale/verifier_service.py). Its bearer "
+        "token is $MINIRL_TOKEN, the secret every job of the run shares.",
     )
-    v.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    v.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    v.add_argument("--port", type=int, default=8470, help="port to listen on (default: 8470)")
+    v.add_argument(
+        "--repository",
+        default="verifier-data",
+        help="directory of the content-addressed test data (default: verifier-data)",
+    )
+    v.add_argument(
+        "--verifier",
+        default="code",
+        help="code (the default) | math | task:<built-in task> | path/to/file.py:function",
+    )
+    v.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="verifier processes (default: this machine's cores)",
+    )
     args = p.parse_args(argv)
     from minirl.configlib import ConfigError
     from minirl.hf.hf_config import CheckpointError
