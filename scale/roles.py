@@ -288,8 +288,10 @@ def trainer_role(args) -> TrainerRole:
 
 
 def engine_role(args) -> EngineRole:
-    """This process's part of the engine job: minirl's Engine on the tensor-parallel mesh
-    `args.mesh`, loading weights from the TensorStore store `args.weights`."""
+    """This process's part of the engine job: minirl's Engine on the mesh `args.mesh`, its
+    weights split over "tensor" (`tensor_parallel()`) and its slots over "data" (`MeshSlots`:
+    a ValueError for an axis that would change nothing or slots that do not split evenly),
+    loading weights from the TensorStore store `args.weights`."""
     from scale import mesh as mesh_lib
     from scale.tensorstore_weights import TensorStoreWeightStore
 
@@ -297,9 +299,11 @@ def engine_role(args) -> EngineRole:
     from minirl.run.starting_point import make_engine
 
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.parse(args.mesh))
-    store = TensorStoreWeightStore(args.weights, keep=args.keep)
     rules = mesh_lib.tensor_parallel()
-    return EngineRole(make_engine(cfg, tokenizer), store, mesh, rules, base_store(cfg, args))
+    slot_layout = mesh_lib.MeshSlots(mesh, rules, cfg.engine.slots)
+    engine = make_engine(cfg, tokenizer, slot_layout=slot_layout)
+    store = TensorStoreWeightStore(args.weights, keep=args.keep)
+    return EngineRole(engine, store, mesh, rules, base_store(cfg, args))
 
 
 def _evaluate_stored(run, store, base, version: int, weights: StoredWeights) -> dict:

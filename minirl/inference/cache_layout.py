@@ -123,6 +123,14 @@ class PagedLayout:
     write_back = staticmethod(paged_cache.write_back)
 
 
+class OneDevice:
+    """The slots' rows on jit's default device (scale.mesh.MeshSlots: split over a mesh)."""
+
+    empty = staticmethod(lambda make: make())  # the empty cache `make` returns
+    put = staticmethod(lambda tree: tree)  # the cache and [B, ...] arrays, as jit takes them
+    host = staticmethod(jax.device_get)  # results -> numpy
+
+
 def layout_of(engine_cfg) -> type:
     """The layout class `engine_cfg` asks for."""
     return PagedLayout if engine_cfg.paged else ContiguousLayout

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from minirl.inference import decoding, paged_cache
-from minirl.inference.cache_layout import cache_dtype, layout_of
+from minirl.inference.cache_layout import OneDevice, cache_dtype, layout_of
 from minirl.inference.decoding import Settings, cast_params, check_params, compiled
 from minirl.inference.engine_config import EngineConfig
 from minirl.inference.scheduler import Request, Scheduler, finish_reason, prefill_groups
@@ -47,12 +47,11 @@ POLICIES = ("discard", "continue")
 class Engine:
     """Continuous-batching rollout engine over `config.slots` slots (see the module docstring)."""
 
-    def __init__(
-        self, model_config: ModelConfig, config: EngineConfig | None = None, seed: int = 0
-    ):
-        """`seed` keys every sampling draw (a run passes rl.seed): with the request's ids it
-        makes each token's key (minirl/modeling/sampling.py)."""
-        config = config or EngineConfig()
+    def __init__(self, model_config: ModelConfig, config=None, seed: int = 0, slot_layout=None):
+        """`config`: an EngineConfig (default: its defaults). `seed` keys every sampling draw (a
+        run passes rl.seed; minirl/modeling/sampling.py). `slot_layout` places the slots' rows
+        (default `OneDevice`: one device; scale.mesh.MeshSlots splits them over a mesh)."""
+        c = config = config or EngineConfig()
         if not 0 <= seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {seed}")
         self.seed = seed
@@ -70,12 +69,12 @@ class Engine:
         self._lora = lora.EngineBase() if model_config.lora_rank else None  # adapters-only
         self.config = config
         self.model_config = dataclasses.replace(model_config, dtype=dtype, param_dtype=dtype)
-        c = config
         m = self.model_config  # untied where work_params lays a tied head out per work
         run = dataclasses.replace(m, tie_embeddings=False) if decoding.head_laid_out(m) else m
         self._static = Settings(run, c.sampling, c.decode_chunk, layout_of(c))
         self._sched = Scheduler(config.slots)
         self._kv = layout_of(c)(self.model_config, c)  # where keys and values live
+        self._slot_layout = slot_layout or OneDevice()
         self._given = self._params = None  # as loaded; cast, while work is in flight
         self._version: int | None = None
         self._cache = None  # allocated at the first step (no work in the constructor)
@@ -132,7 +131,7 @@ class Engine:
         if self._params is None:  # what the work reads (docs/engine.md, "Memory between calls")
             self._params = decoding.work_params(self._given, self.model_config)
         if self._cache is None:
-            self._cache = self._kv.empty()
+            self._cache = self._slot_layout.empty(self._kv.empty)
         self._rebuild()
         finished = self._extend() + self._admit()
         if self._sched.decoding():
@@ -250,7 +249,7 @@ class Engine:
     # ---- the work ------------------------------------------------------------------------
 
     def _device_cache(self):
-        return self._kv.for_device(self._cache)
+        return self._slot_layout.put(self._kv.for_device(self._cache))
 
     def _prefill(self, slots: list[int], rows: int, length: int, kind: str):
         """One prefill call for `slots`; `kind` says what each runs (`Sequence.feed`): "prompt",
@@ -278,12 +277,11 @@ class Engine:
             u = min(1 << (len(prompts) - 1).bit_length(), rows)  # distinct rows: a power of two
             rows_in = (tokens[:u], lengths[:u], src, slot_ids)
             out = fns.prefill(self._params, cache, *rows_in, *keys_in)
-        self._cache, tok, logp, routes = out
+        self._cache, (tok, logp, routes) = out[0], self._slot_layout.host(out[1:])
         self.stats["prefill_calls"] += 1
         self.stats["prefill_rows"] += len(slots)
         self.stats["prefill_shared"] += len(slots) - len(prompts)
         if routes is not None:  # what each row ran: replaces (rebuild) or extends its record
-            routes = np.asarray(routes)
             for r, b in enumerate(slots):
                 self._sched.slots[b].add_routes(routes[r, : lengths[src[r]]], kind == "rebuild")
         return tok, logp
@@ -314,7 +312,6 @@ class Engine:
                 break
             for length, rows, group in prefill_groups(admitted, c.buckets, c.prefill_rows):
                 tok, logp = self._prefill(group, rows, length, "prompt")
-                tok, logp = np.asarray(tok), np.asarray(logp)
                 for r, b in enumerate(group):
                     finished += self._append(b, tok[r : r + 1], logp[r : r + 1])
         return finished
@@ -331,7 +328,7 @@ class Engine:
         self._reserve(budget)  # may preempt (re-queue) some of them
         todo = [(b, 1 + len(slots[b].observation)) for b in todo if slots[b] is not None]
         for length, rows, group in prefill_groups(todo, c.buckets, c.prefill_rows):
-            tok, logp = map(np.asarray, self._prefill(group, rows, length, "extend"))
+            tok, logp = self._prefill(group, rows, length, "extend")
             for r, b in enumerate(group):
                 slots[b].observation_cached()
                 finished += self._append(b, tok[r : r + 1], logp[r : r + 1])
@@ -358,8 +355,7 @@ class Engine:
             budget[b] = min(c.decode_chunk, slots[b].remaining)
         self._reserve(budget)
         active = self._sched.decoding()
-        last, index = np.zeros(c.slots, np.int32), np.zeros(c.slots, np.int32)
-        ids = np.zeros((c.slots, 3), np.uint32)
+        ids, last, index = np.zeros((c.slots, 3), np.uint32), *np.zeros((2, c.slots), np.int32)
         for b in active:
             last[b], index[b] = slots[b].tokens[-1], len(slots[b].tokens)
             ids[b] = request_ids(slots[b].request.prompt.uid, slots[b].request.sample_index)
@@ -367,12 +363,9 @@ class Engine:
         self._peak_tokens = max(self._peak_tokens, sum(ends))
         width = next(w for w in c.windows if w >= max(ends))
         decode = compiled(self._static).decode
-        args = (last, index, ids, budget, np.uint32(self.seed))
-        self._cache, toks, logps, routes = decode(
-            self._params, self._device_cache(), *args, width=width
-        )
-        toks, logps = np.asarray(toks), np.asarray(logps)  # [B, N] the one sync per chunk
-        routes = None if routes is None else np.asarray(routes)  # [B, N, M, k]
+        args = (*self._slot_layout.put((last, index, ids, budget)), np.uint32(self.seed))
+        self._cache, *out = decode(self._params, self._device_cache(), *args, width=width)
+        toks, logps, routes = self._slot_layout.host(out)  # [B, N], routes [B, N, M, k]: one sync
         self.stats["decode_calls"] += 1
         self.stats["slot_steps"] += c.slots * c.decode_chunk  # computed, whether used or not
         finished, before = [], self.stats["tokens"]

@@ -32,21 +32,23 @@ from minirl.modeling import lora
 from minirl.modeling.tokenizer import CharTokenizer
 
 
-def make_engine(cfg, tokenizer, task=None):
+def make_engine(cfg, tokenizer, task=None, slot_layout=None):
     """The rollout engine of a run: `cfg.engine`, its EOS ids (engine.eos_ids, or the
     tokenizer's when that is empty), sampling keyed by rl.seed. With episodes (`task.tools`,
     `task.env` or `task.agent`) it is wrapped by `episode_runner` (the same interface), and its
     turns also end after a tool call's closing tag where the call format has one; `task` is the
-    run's (built from cfg when None, e.g. inside an engine process)."""
+    run's (built from cfg when None, e.g. inside an engine process). `slot_layout`: where the
+    engine's slot rows live (`Engine`'s hook: None is one device; scale/ passes a mesh's)."""
     ecfg = (
         cfg.engine
         if cfg.engine.eos_ids
         else dataclasses.replace(cfg.engine, eos_ids=tuple(tokenizer.eos_ids))
     )
     if not cfg.task.episodes:
-        return Engine(cfg.model, ecfg, seed=cfg.rl.seed)
+        return Engine(cfg.model, ecfg, seed=cfg.rl.seed, slot_layout=slot_layout)
     stops = tuple(dict.fromkeys(ecfg.stop_sequences + _tool_stops(cfg, tokenizer)))
-    engine = Engine(cfg.model, dataclasses.replace(ecfg, stop_sequences=stops), seed=cfg.rl.seed)
+    ecfg = dataclasses.replace(ecfg, stop_sequences=stops)
+    engine = Engine(cfg.model, ecfg, seed=cfg.rl.seed, slot_layout=slot_layout)
     return episode_runner(cfg, tokenizer, engine, task)
 
 

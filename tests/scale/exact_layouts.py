@@ -9,8 +9,9 @@ One model (the "tiny" preset cut to 2 layers, or "tiny-moe"), exact mode, comput
 and each layout named ("one": one device; else a mesh over the first devices, "tensor=2" on 2):
   1. engines: each generates the same single-turn rollouts and multi-turn episodes (a scripted
      environment; each turn after the first continues the slot's KV cache), its weights placed
-     by `tensor_parallel()` (experts over "tensor" with --experts) and its cache paged on a
-     mesh, contiguous on one device. The first engine is the reference: every other one's
+     by `tensor_parallel()` (experts over "tensor" with --experts), its slots split over "data"
+     (`MeshSlots`, as the launcher's engine role does) and its cache paged on a mesh,
+     contiguous on one device. The first engine is the reference: every other one's
      tokens and behaviour log-probs are compared with its
   2. trainers: each (weights by `fsdp()`, experts over "fsdp" with --experts; rows split by
      `MeshRows`) computes the recompute and the training forward (under the gradient, with
@@ -130,16 +131,17 @@ def prompts(n: int, first_uid: int) -> list[Prompt]:
     ]
 
 
-def generate(params, config: EngineConfig) -> list:
+def generate(params, config: EngineConfig, slots=None) -> list:
     """Single-turn rollouts (4 prompts x 2, 12 tokens) and episodes of up to 3 turns (3 prompts
-    x 2; a digit ends a turn) on engines with these weights and config (the same compiled
-    functions: stop sequences are the host's business)."""
-    engine = Engine(CFG, dataclasses.replace(config, stop_sequences=()), seed=3)
+    x 2; a digit ends a turn) on engines with these weights, config and slot layout (the same
+    compiled functions: stop sequences are the host's business)."""
+    single_turn = dataclasses.replace(config, stop_sequences=())
+    engine = Engine(CFG, single_turn, seed=3, slot_layout=slots)
     engine.load_weights(0, params)
     single = engine.generate([Request(p, s, 12) for p in prompts(4, 10) for s in range(2)])
     for r in single:
         r.score = Score(float(r.sample_index))
-    engine = Engine(CFG, config, seed=3)
+    engine = Engine(CFG, config, seed=3, slot_layout=slots)
     engine.load_weights(0, params)
     runner = EpisodeRunner(engine, Scripted, Turns(TOK), EpisodeConfig(max_turns=3))
     multi = runner.generate([Request(p, s, 8) for p in prompts(3, 20) for s in range(2)])
@@ -168,10 +170,11 @@ def engines(params) -> tuple[list, dict]:
     rules = mesh_lib.tensor_parallel()
     if args.experts:
         rules = mesh_lib.expert_parallel(rules, "tensor")
-    runs = {
-        t: generate(placed(params, t, rules)[0], ENGINE if t == "one" else PAGED)
-        for t in args.engine
-    }
+    runs = {}
+    for t in args.engine:
+        p, rows = placed(params, t, rules)
+        slots = None if rows is None else mesh_lib.MeshSlots(rows.mesh, rules, ENGINE.slots)
+        runs[t] = generate(p, ENGINE if t == "one" else PAGED, slots)
     reference, *_ = runs.values()
     out = {}
     for text, got in list(runs.items())[1:]:

@@ -14,10 +14,11 @@ Default lane: the MoE model in bfloat16 with LoRA and experts over a mesh axis, 
 vs trainer fsdp=2,tensor=2; the async run (fixture model, float32), engine tensor=4 vs trainer
 fsdp=4. (tests/scale/test_diagnose.py adds the dense float32 decode on tensor=4 vs the recompute
 on fsdp=2,tensor=2, and shows that fast mode differs there.) Slow lane: every layout pair of the
-issue (one device, tensor=2, tensor=4 engines; one device, fsdp=2, fsdp=4, fsdp=2,tensor=2
-trainers), dense and MoE, float32 and bfloat16, LoRA, experts split or whole, shared prompts (a
-group's prompt run once per micro-batch, derived on for a user's dense model); and the same run
-through Ray (`python -m scale.launch ray --weights`, a two-process trainer job).
+issue (one device, tensor=2, tensor=4 engines, and data=2,tensor=2 with the slots split over
+"data"; one device, fsdp=2, fsdp=4, fsdp=2,tensor=2 trainers), dense and MoE, float32 and
+bfloat16, LoRA, experts split or whole, shared prompts (a group's prompt run once per
+micro-batch, derived on for a user's dense model); and the same run through Ray (`python -m
+scale.launch ray --weights`, a two-process trainer job).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ MATRIX = [  # (model, dtype, flags): every layout pair on each
     "model, dtype, flags", MATRIX, ids=["-".join([m, d, *f]) for m, d, f in MATRIX]
 )
 def test_every_layout_pair_is_bitwise(tmp_path, model, dtype, flags):
-    engines = ["one", "tensor=2", "tensor=4"]
+    engines = ["one", "tensor=2", "tensor=4", "data=2,tensor=2"]
     trainers = ["one", "fsdp=2", "fsdp=4", "fsdp=2,tensor=2"]
     r = _layouts(tmp_path, "--model", model, "--dtype", dtype, *flags, *_flags(engines, trainers))
     _check_bitwise(r, engines, trainers)
