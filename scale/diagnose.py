@@ -11,8 +11,9 @@ the same way by any other program.
 
 The "sharding" rows score the table's rollouts with the trainer's recompute on an FSDP mesh
 (weights split by `scale.mesh.fsdp()`, batch rows split over data x fsdp by `MeshRows`) and
-with the engine's decode on a tensor-parallel mesh (`tensor_parallel()`), the meshes RLAX uses,
-and compare them with each other and with the same computations on one device:
+with the engine's decode on a tensor-parallel mesh (`tensor_parallel()`: weights over "tensor",
+each call's engine.slots rows over "data" by `MeshSlots`, no "fsdp"), the meshes RLAX uses, and
+compare them with each other and with the same computations on one device:
 
   recompute on the train mesh vs one device     the trainer's layout alone
   decode on the engine mesh vs one device       the engine's layout alone
@@ -53,6 +54,7 @@ def sharding_rows(ctx, train_mesh: str = "fsdp=2,tensor=2", engine_mesh: str = "
     emesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.parse(engine_mesh))
     t_name = "FSDP " + ",".join(f"{a}={n}" for a, n in tmesh.shape.items() if n > 1)
     e_name = "TP " + ",".join(f"{a}={n}" for a, n in emesh.shape.items() if n > 1)
+    slots = mesh_lib.MeshSlots(emesh, mesh_lib.tensor_parallel(), ctx.cfg.engine.slots)
     t_params = mesh_lib.place_params(ctx.params, tmesh, mesh_lib.fsdp())
     e_params = mesh_lib.place_params(ctx.params, emesh, mesh_lib.tensor_parallel())
     rows = mesh_lib.MeshRows(tmesh, mesh_lib.fsdp())
@@ -64,7 +66,7 @@ def sharding_rows(ctx, train_mesh: str = "fsdp=2,tensor=2", engine_mesh: str = "
 
     @functools.cache
     def decode(exact: bool):  # [B, T] on the engine mesh
-        return ctx.compute(Decode(d, exact), params=e_params)
+        return ctx.compute(Decode(d, exact), params=e_params, row_layout=slots)
 
     out = []
     if not ctx.fast:  # each layout alone
@@ -109,8 +111,19 @@ def main(argv=None) -> int:
     )
     add_diagnose_arguments(p)
     p.add_argument("--cpu-devices", type=int, default=0, help="fake N CPU devices (set first)")
-    p.add_argument("--train-mesh", default="fsdp=2,tensor=2", help="the trainer's mesh")
-    p.add_argument("--engine-mesh", default="tensor=-1", help="the engine's mesh (-1: fill)")
+    p.add_argument(
+        "--train-mesh",
+        default="fsdp=2,tensor=2",
+        help="the trainer's mesh (-1: the devices left): fsdp=N splits the weights along the "
+        "model width and the batch rows, tensor=N attention heads and MLP columns, data=N the "
+        "batch rows only",
+    )
+    p.add_argument(
+        "--engine-mesh",
+        default="tensor=-1",
+        help="the engine's mesh (-1: the devices left): tensor=N splits the weights, data=N the "
+        "decode's rows (engine.slots a multiple of N); no fsdp",
+    )
     args = p.parse_args(argv)
     register(args.train_mesh, args.engine_mesh)
     from minirl.configlib import ConfigError

@@ -109,10 +109,18 @@ def _add_job_arguments(p: argparse.ArgumentParser) -> None:
         "--engine-hosts", type=int, default=1, help="processes (hosts) of each engine job"
     )
     j.add_argument(
-        "--trainer-mesh", default=JOB_DEFAULTS["trainer_mesh"], help="the trainer job's mesh axes"
+        "--trainer-mesh",
+        default=JOB_DEFAULTS["trainer_mesh"],
+        help="the trainer job's mesh (-1: the devices left): fsdp=N splits the weights along "
+        "the model width and the batch rows, tensor=N attention heads and MLP columns, data=N "
+        "the batch rows only",
     )
     j.add_argument(
-        "--engine-mesh", default=JOB_DEFAULTS["engine_mesh"], help="each engine job's mesh axes"
+        "--engine-mesh",
+        default=JOB_DEFAULTS["engine_mesh"],
+        help="each engine job's mesh (-1: the devices left): tensor=N splits the weights "
+        "(attention and KV heads, MLP columns), data=N the slots and their KV cache "
+        "(engine.slots a multiple of N); no fsdp. More engines: --engines",
     )
     j.add_argument(
         "--cpu-devices", type=int, default=0, help="fake N CPU devices per process (testing)"
@@ -259,6 +267,8 @@ def run(args) -> None:
     log = functools.partial(print, flush=True)  # read line by line by scripts
     run = Run(cfg, run_dir, log=log, progress=not args.quiet)
     run.placement = placement = placement_from_args(args, run.task, bool(cfg.rl.teacher))
+    if args.weights:
+        check_engine_mesh(args, cfg)
     if args.weights and cfg.engine.exact:
         check_exact_meshes(args, cfg)
     if args.address:
@@ -285,6 +295,21 @@ def run(args) -> None:
         placement.close()
         ray.shutdown()
     print(summary_json(run_dir, summary))
+
+
+def check_engine_mesh(args, cfg) -> None:
+    """The engine job's mesh against what an engine splits (scale.mesh.check_slots: weights over
+    "tensor", its engine.slots slots over "data", nothing over "fsdp"), before any job starts.
+    A "-1" size is resolved when --cpu-devices says how many devices the job has; otherwise the
+    job checks it once it has its devices (scale.roles.engine_role)."""
+    from scale import mesh as mesh_lib
+
+    mesh_cfg = mesh_lib.MeshConfig.parse(args.engine_mesh)
+    sizes = (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor)
+    if args.cpu_devices:
+        sizes = mesh_cfg.shape(args.cpu_devices * args.engine_hosts)
+    named = dict(zip(mesh_lib.AXES, sizes, strict=True))
+    mesh_lib.check_slots(named, mesh_lib.tensor_parallel(), cfg.engine.slots)
 
 
 def check_exact_meshes(args, cfg) -> None:

@@ -31,6 +31,7 @@ from flax import nnx
 
 from minirl.modeling.model import KVCache, ModelConfig, abstract_model, token_logprobs
 from minirl.modeling.sampling import Sampling
+from minirl.training.row_layout import HostRows
 from minirl.training.trainer import Trainer, TrainerConfig
 from minirl.types import Batch
 
@@ -85,14 +86,17 @@ def decode_logprobs(
     rows_per_call: int = 8,
     cache_len: int = 256,
     buckets: tuple[int, ...] = (32, 64, 128),
+    row_layout=None,
 ) -> np.ndarray:
     """log p of `batch.targets` as the rollout engine computes it: [B, T] float32, 0 off the mask.
 
     Rows are processed `rows_per_call` at a time (the engine's slot count): the prompt is
     prefilled (right-padded to a bucket length) into a cache of `cache_len` positions, then each
     completion token is fed back one per call, teacher-forced. `dtype` overrides the compute
-    and storage dtype as `EngineConfig.dtype` does (weights cast to it once).
+    and storage dtype as `EngineConfig.dtype` does (weights cast to it once). `row_layout` (a
+    Trainer row layout, e.g. scale.mesh.MeshSlots; default one device) places each call's rows.
     """
+    layout = row_layout or HostRows()
     dtype = dtype or model_cfg.dtype
     cfg = dataclasses.replace(model_cfg, dtype=dtype, param_dtype=dtype)
     params = jax.tree.map(lambda x: jnp.asarray(x, cfg.storage_dtype), params)
@@ -118,16 +122,16 @@ def decode_logprobs(
         for k, b in enumerate(rows):
             tokens[k, : p[k]] = batch.tokens[b, : p[k]]
             first[k] = batch.targets[b, p[k] - 1]
-        cache, lp = prefill(params, tokens, p, first)
-        got = [np.asarray(lp)]
+        cache, lp = prefill(params, *map(layout.rows, (tokens, p, first)))
+        got = [layout.host(lp)]
         for j in range(int(c.max()) - 1):  # completion token j goes in, token j + 1 is scored
             live = (j < c - 1).astype(np.int32)
             tok, tgt = np.zeros(r, np.int32), np.zeros(r, np.int32)
             for k, b in enumerate(rows):
                 if live[k]:
                     tok[k], tgt[k] = batch.tokens[b, p[k] + j], batch.targets[b, p[k] + j]
-            cache, lp = step(params, cache, tok, tgt, live)
-            got.append(np.asarray(lp))
+            cache, lp = step(params, cache, *map(layout.rows, (tok, tgt, live)))
+            got.append(layout.host(lp))
         got = np.stack(got, axis=1)  # [R, max C]
         for k, b in enumerate(rows):
             out[b, p[k] - 1 : p[k] - 1 + c[k]] = got[k, : c[k]]

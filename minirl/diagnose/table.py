@@ -139,8 +139,8 @@ class Context:
 
     def compute(self, side, params=None, row_layout=None) -> np.ndarray:
         """[B, T] log-probs computed the `side` way with `params` (default: the diagnosed
-        model's), not memoised. `row_layout` goes to the Trainer of Recompute / Train sides
-        (`minirl.training.trainer.Trainer`'s row-layout hook); the engine's decode needs none."""
+        model's), not memoised. `row_layout` lays out the rows of Recompute sides (the Trainer's
+        row-layout hook) and of Decode sides (each call's rows: the engine's slots)."""
         cfg, batch = self.cfg, self.batch
         params = self.params if params is None else params
         if side is ENGINE:
@@ -156,6 +156,7 @@ class Context:
                 rows_per_call=e.slots,
                 cache_len=e.cache_len,
                 buckets=e.buckets,
+                row_layout=row_layout,
             )
         if isinstance(side, Recompute):
             model = dataclasses.replace(cfg.model, dtype=side.dtype)  # master weights kept, cast

@@ -158,6 +158,12 @@ def test_a_bad_model_directory_or_data_file_says_so_in_one_line(tmp_path):
         (["--weights", "memory://w", "--engine-mesh", "tensr=2"], "--engine-mesh 'tensr=2'"),
         (["--weights", "memory://w", "--trainer-mesh", "fsdp=2,fsdp=4"], "each of"),
         (["--weights", "memory://w", "--keep", "0"], "--keep, --trainer-hosts"),
+        # an engine mesh axis that would change nothing; slots that do not split over "data"
+        (["--weights", "memory://w", "--engine-mesh", "fsdp=2,tensor=2"], "engine mesh fsdp=2"),
+        (
+            ["--weights", "memory://w", "--cpu-devices", "3", "--engine-mesh", "data=-1"],
+            "engine.slots=32 cannot be split over 3 data replicas",
+        ),
         (["--weights", "memory://w", "--cpu-devices", "-2"], "--cpu-devices >= 0"),
         # these had reached Ray: a NaN count, a negative one, CPU asked for twice
         (["--engine-cpus", "nan"], "--engine-cpus nan: expected a number >= 0"),
