@@ -355,7 +355,8 @@ class Engine:
             budget[b] = min(c.decode_chunk, slots[b].remaining)
         self._reserve(budget)
         active = self._sched.decoding()
-        ids, last, index = np.zeros((c.slots, 3), np.uint32), *np.zeros((2, c.slots), np.int32)
+        last, index = np.zeros(c.slots, np.int32), np.zeros(c.slots, np.int32)  # [B] each
+        ids = np.zeros((c.slots, 3), np.uint32)  # [B, 3]: each slot's sampling key ids
         for b in active:
             last[b], index[b] = slots[b].tokens[-1], len(slots[b].tokens)
             ids[b] = request_ids(slots[b].request.prompt.uid, slots[b].request.sample_index)
