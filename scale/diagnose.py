@@ -44,6 +44,7 @@ def sharding_rows(ctx, train_mesh: str = "fsdp=2,tensor=2", engine_mesh: str = "
 
     from minirl.diagnose import Decode, Recompute
     from scale import mesh as mesh_lib
+    from scale import slots as slots_lib
 
     if jax.device_count() < 2:
         raise ValueError(
@@ -54,7 +55,7 @@ def sharding_rows(ctx, train_mesh: str = "fsdp=2,tensor=2", engine_mesh: str = "
     emesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.parse(engine_mesh))
     t_name = "FSDP " + ",".join(f"{a}={n}" for a, n in tmesh.shape.items() if n > 1)
     e_name = "TP " + ",".join(f"{a}={n}" for a, n in emesh.shape.items() if n > 1)
-    slots = mesh_lib.MeshSlots(emesh, mesh_lib.tensor_parallel(), ctx.cfg.engine.slots)
+    slots = slots_lib.MeshSlots(emesh, mesh_lib.tensor_parallel(), ctx.cfg.engine.slots)
     t_params = mesh_lib.place_params(ctx.params, tmesh, mesh_lib.fsdp())
     e_params = mesh_lib.place_params(ctx.params, emesh, mesh_lib.tensor_parallel())
     rows = mesh_lib.MeshRows(tmesh, mesh_lib.fsdp())

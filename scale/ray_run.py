@@ -298,18 +298,19 @@ def run(args) -> None:
 
 
 def check_engine_mesh(args, cfg) -> None:
-    """The engine job's mesh against what an engine splits (scale.mesh.check_slots: weights over
+    """The engine job's mesh against what an engine splits (scale.slots.check_slots: weights over
     "tensor", its engine.slots slots over "data", nothing over "fsdp"), before any job starts.
     A "-1" size is resolved when --cpu-devices says how many devices the job has; otherwise the
     job checks it once it has its devices (scale.roles.engine_role)."""
     from scale import mesh as mesh_lib
+    from scale import slots as slots_lib
 
     mesh_cfg = mesh_lib.MeshConfig.parse(args.engine_mesh)
     sizes = (mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor)
     if args.cpu_devices:
         sizes = mesh_cfg.shape(args.cpu_devices * args.engine_hosts)
     named = dict(zip(mesh_lib.AXES, sizes, strict=True))
-    mesh_lib.check_slots(named, mesh_lib.tensor_parallel(), cfg.engine.slots)
+    slots_lib.check_slots(named, mesh_lib.tensor_parallel(), cfg.engine.slots)
 
 
 def check_exact_meshes(args, cfg) -> None:

@@ -293,6 +293,7 @@ def engine_role(args) -> EngineRole:
     a ValueError for an axis that would change nothing or slots that do not split evenly),
     loading weights from the TensorStore store `args.weights`."""
     from scale import mesh as mesh_lib
+    from scale import slots as slots_lib
     from scale.tensorstore_weights import TensorStoreWeightStore
 
     cfg, tokenizer, _ = role_config(args)
@@ -300,7 +301,7 @@ def engine_role(args) -> EngineRole:
 
     mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig.parse(args.mesh))
     rules = mesh_lib.tensor_parallel()
-    slot_layout = mesh_lib.MeshSlots(mesh, rules, cfg.engine.slots)
+    slot_layout = slots_lib.MeshSlots(mesh, rules, cfg.engine.slots)
     engine = make_engine(cfg, tokenizer, slot_layout=slot_layout)
     store = TensorStoreWeightStore(args.weights, keep=args.keep)
     return EngineRole(engine, store, mesh, rules, base_store(cfg, args))

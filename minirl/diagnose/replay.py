@@ -94,7 +94,7 @@ def decode_logprobs(
     prefilled (right-padded to a bucket length) into a cache of `cache_len` positions, then each
     completion token is fed back one per call, teacher-forced. `dtype` overrides the compute
     and storage dtype as `EngineConfig.dtype` does (weights cast to it once). `row_layout` (a
-    Trainer row layout, e.g. scale.mesh.MeshSlots; default one device) places each call's rows.
+    Trainer row layout, e.g. scale.slots.MeshSlots; default one device) places each call's rows.
     """
     layout = row_layout or HostRows()
     dtype = dtype or model_cfg.dtype

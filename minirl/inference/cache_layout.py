@@ -124,7 +124,7 @@ class PagedLayout:
 
 
 class OneDevice:
-    """The slots' rows on jit's default device (scale.mesh.MeshSlots: split over a mesh)."""
+    """The slots' rows on jit's default device (scale.slots.MeshSlots: split over a mesh)."""
 
     empty = staticmethod(lambda make: make())  # the empty cache `make` returns
     put = staticmethod(lambda tree: tree)  # the cache and [B, ...] arrays, as jit takes them

@@ -50,7 +50,7 @@ class Engine:
     def __init__(self, model_config: ModelConfig, config=None, seed: int = 0, slot_layout=None):
         """`config`: an EngineConfig (default: its defaults). `seed` keys every sampling draw (a
         run passes rl.seed; minirl/modeling/sampling.py). `slot_layout` places the slots' rows
-        (default `OneDevice`: one device; scale.mesh.MeshSlots splits them over a mesh)."""
+        (default `OneDevice`: one device; scale.slots.MeshSlots splits them over a mesh)."""
         c = config = config or EngineConfig()
         if not 0 <= seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {seed}")

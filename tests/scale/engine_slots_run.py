@@ -42,6 +42,7 @@ from minirl.inference.engine import Engine, EngineConfig, Request  # noqa: E402
 from minirl.modeling.model import ModelConfig, init_model  # noqa: E402
 from minirl.types import Prompt  # noqa: E402
 from scale import mesh as mesh_lib  # noqa: E402
+from scale import slots as slots_lib  # noqa: E402
 
 CFG = ModelConfig(
     vocab_size=32, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64,
@@ -65,7 +66,7 @@ def engine_on(layout: str, config: EngineConfig) -> Engine:
     mesh_cfg = mesh_lib.MeshConfig.parse(layout)
     devices = jax.devices()[: mesh_cfg.data * mesh_cfg.fsdp * mesh_cfg.tensor]
     mesh, rules = mesh_lib.make_mesh(mesh_cfg, devices), mesh_lib.tensor_parallel()
-    slots = mesh_lib.MeshSlots(mesh, rules, config.slots)
+    slots = slots_lib.MeshSlots(mesh, rules, config.slots)
     engine = Engine(CFG, config, seed=3, slot_layout=slots)
     engine.load_weights(0, mesh_lib.place_params(PARAMS, mesh, rules))
     return engine

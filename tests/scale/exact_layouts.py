@@ -61,6 +61,7 @@ from minirl.training.batching import make_batch  # noqa: E402
 from minirl.training.trainer import Trainer, TrainerConfig  # noqa: E402
 from minirl.types import Prompt, Score  # noqa: E402
 from scale import mesh as mesh_lib  # noqa: E402
+from scale import slots as slots_lib  # noqa: E402
 
 TOK = CharTokenizer()
 shape = {"dense": dict(num_layers=2), "moe": {}}[args.model]
@@ -173,7 +174,7 @@ def engines(params) -> tuple[list, dict]:
     runs = {}
     for t in args.engine:
         p, rows = placed(params, t, rules)
-        slots = None if rows is None else mesh_lib.MeshSlots(rows.mesh, rules, ENGINE.slots)
+        slots = None if rows is None else slots_lib.MeshSlots(rows.mesh, rules, ENGINE.slots)
         runs[t] = generate(p, ENGINE if t == "one" else PAGED, slots)
     reference, *_ = runs.values()
     out = {}

@@ -1,4 +1,4 @@
-"""The engine's slots over a mesh's "data" axis (scale.mesh.MeshSlots, what the launcher's engine
+"""The engine's slots over a mesh's "data" axis (scale.slots.MeshSlots, what the launcher's engine
 role uses): on 4 fake CPU devices in a subprocess (tests/scale/engine_slots_run.py; the devices
 are configured before JAX starts), and `check_slots`' one-line refusals in-process.
 
@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from scale import mesh as mesh_lib
+from scale import slots as slots_lib
 
 HERE = Path(__file__).parent
 TIMEOUT = 900  # seconds: cold compiles on a loaded 2-core machine
@@ -98,12 +99,12 @@ class FakeMesh:
 def test_an_axis_the_engine_would_not_use_or_slots_that_do_not_split_are_refused():
     tp = mesh_lib.tensor_parallel()
     for sizes in ({"tensor": 8}, {"data": 4}, {"data": 2, "tensor": 2}, {"data": -1}):
-        mesh_lib.check_slots({"fsdp": 1, **sizes}, tp, 8)  # accepted (-1: not known yet)
+        slots_lib.check_slots({"fsdp": 1, **sizes}, tp, 8)  # accepted (-1: not known yet)
     with pytest.raises(ValueError, match=r"^engine mesh fsdp=2: the engine splits its weights "):
-        mesh_lib.check_slots({"data": 1, "fsdp": 2, "tensor": 2}, tp, 8)
+        slots_lib.check_slots({"data": 1, "fsdp": 2, "tensor": 2}, tp, 8)
     with pytest.raises(ValueError, match=r"engine mesh fsdp=-1: .*--engines N"):
-        mesh_lib.check_slots({"data": 1, "fsdp": -1, "tensor": 1}, tp, 8)
+        slots_lib.check_slots({"data": 1, "fsdp": -1, "tensor": 1}, tp, 8)
     with pytest.raises(ValueError, match=r"engine.slots=6 cannot be split over 4 data replicas"):
-        mesh_lib.MeshSlots(FakeMesh(data=4), tp, 6)
+        slots_lib.MeshSlots(FakeMesh(data=4), tp, 6)
     experts = mesh_lib.expert_parallel(tp, "fsdp")  # an axis the rules use is fine
-    mesh_lib.check_slots({"data": 2, "fsdp": 2, "tensor": 1}, experts, 8)
+    slots_lib.check_slots({"data": 2, "fsdp": 2, "tensor": 1}, experts, 8)
