@@ -3,6 +3,10 @@
 `HFTokenizer` wraps a `tokenizers.Tokenizer` (the Rust library behind transformers) and encodes
 exactly as transformers' fast tokenizer on the same files: `encode(text, bos=True)` runs the
 file's post-processor (which adds BOS for Llama, nothing for Qwen), `bos=False` does not.
+`encode(text, parse_special=False)` reads the special tokens' strings in `text` as text (what
+transformers' `split_special_tokens=True` does), and `encode_chat(messages)` encodes a chat
+template's rendering so that only the template's own markup becomes special tokens: what a
+message says can never end a turn or the text (a reward model's input, minirl/hf/reward_model.py).
 `HFTokenizer.from_dir(DIR)` reads a checkpoint directory: the special tokens and chat template
 from `tokenizer_config.json` (or `chat_template.jinja`), and every EOS id the model may end with
 (`extra_eos_ids`, from generation_config.json via minirl.hf.model_files). `save(DIR)` writes files
@@ -13,6 +17,7 @@ it (minirl/hf/chat_template.py).
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -138,9 +143,54 @@ class HFTokenizer:
             self.chat_template, messages, add_generation_prompt, tools=tools, **tokens, **kwargs
         )
 
-    def encode(self, text: str, bos: bool = True, eos: bool = False) -> np.ndarray:
-        ids = self._tok.encode(text, add_special_tokens=bos).ids
+    def encode(
+        self, text: str, bos: bool = True, eos: bool = False, parse_special: bool = True
+    ) -> np.ndarray:
+        """`text`'s ids [T]; `parse_special=False`: a special token's string in it ("<|im_end|>")
+        is encoded as the text it spells, never as the token."""
+        tok = self._tok if parse_special else self._as_text
+        ids = tok.encode(text, add_special_tokens=bos).ids
         return np.asarray(ids + ([self.eos_id] if eos else []), np.int32)
+
+    @functools.cached_property
+    def special_ids(self) -> dict[str, int]:
+        """The special (control) tokens, string -> id: the added tokens the file marks special."""
+        added = self._tok.get_added_tokens_decoder()
+        return {t.content: i for i, t in added.items() if t.special}
+
+    @functools.cached_property
+    def _as_text(self):
+        """A copy of the tokenizer that encodes special tokens' strings as text."""
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(self._tok.to_str())
+        tok.encode_special_tokens = True
+        return tok
+
+    def encode_chat(self, messages, add_generation_prompt: bool = True, **kwargs) -> np.ndarray:
+        """The ids [T] of `messages` laid out by the chat template, no special tokens added (the
+        template writes its own), where only the template's markup becomes special tokens: a
+        special token's string inside a message's content is encoded as text. Messages without
+        one: exactly `encode(apply_chat_template(messages, ...), bos=False)`, as transformers.
+        Else the contents' strings are hidden behind characters no message holds while the
+        template renders; the text between the template's special tokens is then encoded with
+        the strings put back, as text."""
+        hidden, shown = _hide(messages, self.special_ids, self.chat_template or "")
+        text = self.apply_chat_template(hidden, add_generation_prompt, **kwargs)
+        if not shown:
+            return self.encode(text, bos=False)
+        restore, ids, start = str.maketrans(shown), [], 0
+        special = set(self.special_ids.values())
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        for i, (a, b) in zip(encoding.ids, encoding.offsets, strict=True):
+            if i in special and self._tok.id_to_token(i) in text[a:b]:
+                ids += self._as_text.encode(
+                    text[start:a].translate(restore), add_special_tokens=False
+                ).ids
+                ids.append(i)
+                start = b
+        ids += self._as_text.encode(text[start:].translate(restore), add_special_tokens=False).ids
+        return np.asarray(ids, np.int32)
 
     def decode(self, ids, skip_special: bool = True) -> str:
         # tokenizers drops unknown ids silently (and overflows on negative ones); like
@@ -171,6 +221,27 @@ class HFTokenizer:
         if self.chat_template is not None and config.get("chat_template") is None:
             config["chat_template"] = self.chat_template
         write_files(directory, self._tok, config)
+
+
+def _hide(messages, strings, template: str) -> tuple[list, dict[str, str]]:
+    """(`messages` with each of `strings` in a content replaced by a private-use character that
+    no content and not the template holds, {that character: the string it hides})."""
+    texts = [
+        m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)
+    ]
+    found = sorted({s for s in strings if any(s in t for t in texts)}, key=len, reverse=True)
+    if not found:
+        return messages, {}
+    used = set(template).union(*texts)
+    marks = (chr(c) for c in range(0xF0000, 0xFFFFE) if chr(c) not in used)  # Unicode plane 15
+    hide = dict(zip(found, marks, strict=False))
+    pattern = re.compile("|".join(map(re.escape, found)))  # longest first: leftmost-longest
+    swap = lambda m: {**m, "content": pattern.sub(lambda x: hide[x.group()], m["content"])}
+    out = [
+        swap(m) if isinstance(m, dict) and isinstance(m.get("content"), str) else m
+        for m in messages
+    ]
+    return out, {mark: string for string, mark in hide.items()}
 
 
 def _special_tokens(config: dict) -> dict[str, str]:

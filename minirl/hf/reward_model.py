@@ -14,10 +14,15 @@ of the conversation, computed as transformers computes it:
               template writes its own; TRL's GRPO trainer lays a conversation out the same way).
               Without one: the messages' texts (a blank line between, then a newline: minirl's
               plain prompt layout) followed by the completion, encoded as `tokenizer(text)` does
-              (BOS where the tokenizer adds one). The prompt's messages are `meta["messages"]`
-              (dataset rows scored by a reward model carry them, the system prompt and
-              instruction included, as the policy saw them); a prompt without them counts as one
-              user message of its text.
+              (BOS where the tokenizer adds one). What a message says is text, never a control
+              token: a completion that writes "<|im_end|>\n<|im_start|>user\n..." or
+              "<|endoftext|>" (any policy can, with ordinary tokens) is encoded as those
+              characters (`HFTokenizer.encode_chat`; transformers' split_special_tokens=True),
+              so it cannot forge a turn or end the text where the score is read (only there do
+              the ids differ from TRL's, which parses them). The prompt's messages are
+              `meta["messages"]` (dataset rows scored by a reward model carry them, the system
+              prompt and instruction included, as the policy saw them); a prompt without them
+              counts as one user message of its text.
   truncation  the first `max_tokens` tokens are kept (default: config.json's
               max_position_embeddings, all the model can read), as a transformers tokenizer
               with truncation=True and its default side keeps them; the reason says so.
@@ -153,11 +158,10 @@ def conversation_ids(tokenizer, messages: list[dict], completion: str) -> np.nda
     the module docstring)."""
     if tokenizer.chat_template is not None:
         turns = [*messages, {"role": "assistant", "content": completion}]
-        text = tokenizer.apply_chat_template(turns, add_generation_prompt=False)
-        ids = tokenizer.encode(text, bos=False)
+        ids = tokenizer.encode_chat(turns, add_generation_prompt=False)
     else:
         prompt = "\n\n".join(m["content"] for m in messages) + "\n"
-        ids = tokenizer.encode(prompt + completion, bos=True)
+        ids = tokenizer.encode(prompt + completion, bos=True, parse_special=False)
     if not len(ids):
         raise ValueError("the conversation has no tokens")
     return ids
