@@ -409,9 +409,35 @@ def untie_if_needed(cfg: ModelConfig, files: dict[str, Path]) -> ModelConfig:
     return dataclasses.replace(cfg, tie_embeddings=False)
 
 
-def read_model_config(path, dtype=None) -> ModelConfig:
+def read_model_config(path, dtype=None, hf: dict | None = None) -> ModelConfig:
     """The ModelConfig `load_hf(path, dtype)` builds, without reading the weights (but for the
-    tie check above)."""
-    path = Path(path)
-    cfg = config_from_hf(read_config(path), dtype, source=str(path / "config.json"))
-    return untie_if_needed(cfg, tensor_files(path))
+    tie check above); `hf`: config.json as the caller read and edited it (default: the file's).
+    Its layer and expert counts are checked against the tensors the files hold first, before
+    anything loops over them: a config.json claiming 10**9 layers is one line, not a hang."""
+    path, source = Path(path), str(Path(path) / "config.json")
+    hf = read_config(path) if hf is None else hf
+    cfg = config_from_hf(hf, dtype, source=source)
+    files = tensor_files(path)
+    layers, experts = _held(files)
+    claims = [("num_hidden_layers", cfg.num_layers, layers)]
+    if cfg.num_experts:
+        field = "num_experts" if "num_experts" in hf else "num_local_experts"
+        claims.append((field, cfg.num_experts, experts))
+    for field, claimed, held in claims:
+        if claimed > held:
+            raise CheckpointError(
+                f"{source}: {field} = {claimed}, but the checkpoint's tensors hold {held}"
+            )
+    return untie_if_needed(cfg, files)
+
+
+def _held(files: dict[str, Path]) -> tuple[int, int]:
+    """How many decoder layers (model.layers.{i}.) and experts (model.layers.{i}.mlp.experts.{e}.)
+    the tensor names hold."""
+    layers, experts = set(), set()
+    for parts in (name.split(".") for name in files):
+        if parts[:2] == ["model", "layers"] and len(parts) > 3:
+            layers.add(parts[2])
+            if parts[3:5] == ["mlp", "experts"] and len(parts) > 6:
+                experts.add(parts[5])
+    return len(layers), len(experts)

@@ -82,7 +82,6 @@ from minirl.hf.hf_config import (
     read_model_config,
     read_token_ids,
     tensor_files,
-    untie_if_needed,
 )
 from minirl.modeling.model import ModelConfig, Transformer, abstract_model, param_shapes
 
@@ -222,10 +221,8 @@ def open_checkpoint(
     (default: the file's), `extra`: tensor names the caller reads itself (a reward model's
     head, minirl/hf/reward_model.py)."""
     path = Path(path)
-    hf = read_config(path) if hf is None else hf
-    cfg = config_from_hf(hf, dtype, str(path / "config.json"))
+    cfg = read_model_config(path, dtype, hf)
     files = tensor_files(path)
-    cfg = untie_if_needed(cfg, files)
     names = tensor_names(cfg)
     missing = names.keys() - files.keys()
     if missing:

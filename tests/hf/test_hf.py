@@ -27,6 +27,7 @@ from minirl.hf.model_files import (
     config_to_hf,
     load_hf,
     open_checkpoint,
+    read_model_config,
     save_hf,
     tensor_names,
 )
@@ -464,6 +465,23 @@ def test_mixture_of_experts_is_refused(checkpoints, tmp_path, field, value):
         CheckpointError, match=f"config.json: {field} = {value}: mixture-of-experts"
     ):
         load_hf(path)
+
+
+@pytest.mark.parametrize(
+    "arch, field, held", [("llama", "num_hidden_layers", 2), ("qwen3_moe", "num_experts", 4)]
+)
+def test_absurd_counts_are_refused_before_anything_loops_over_them(
+    checkpoints, tmp_path, arch, field, held
+):
+    """A broken or hostile config.json claiming 10**9 layers or experts: one line at once (the
+    per-layer tensor names were enumerated first: it hung)."""
+    path = _edited_copy(checkpoints[arch][0], tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, field: 10**9}))
+    words = f"config.json: {field} = 1000000000, but the checkpoint's tensors hold {held}$"
+    for read in (read_model_config, load_hf):  # the config alone, then the whole checkpoint
+        with pytest.raises(CheckpointError, match=words):
+            read(path)
 
 
 def test_token_ids_are_read_and_written(checkpoints, tmp_path):

@@ -215,6 +215,8 @@ def bad_dirs(rm_dir, tmp_path_factory):
             model_type="gpt2",
         ): "GPT2ForSequenceClassification is not one minirl loads",
         no_tokenizer: "no usable tokenizer",
+        _edited(rm_dir, tmp / "deep", num_hidden_layers=10**9): "num_hidden_layers = 1000000000, ",
+        _edited(rm_dir, tmp / "wide", hidden_size=2**40): r"config.json implies \(320, 109",
         tmp / "nothing": "has no config.json",
     }
 
