@@ -155,6 +155,8 @@ def config_from_hf(hf: dict, dtype=None, source: str = "config.json") -> ModelCo
             param_dtype=dtype,
             **moe,
         )
+    except CheckpointError:  # a field's own error (_number), which names the file already
+        raise
     except ValueError as e:  # shapes that do not fit together (ModelConfig's own checks)
         raise CheckpointError(f"{source}: {e}") from None
 

@@ -647,6 +647,7 @@ def test_published_configs_give_the_presets(hf, preset):
         ({"max_position_embeddings": 1.5}, "max_position_embeddings = 1.5: a positive integer"),
         ({"num_key_value_heads": "2"}, "num_key_value_heads = '2': a positive integer"),
         ({"head_dim": True}, "head_dim = True: a positive integer"),
+        ({"max_position_embeddings": 0}, "^m/config.json: max_position_embeddings = 0: a pos"),
         ({"tie_word_embeddings": "yes"}, "tie_word_embeddings = 'yes': true or false"),
         ({"num_key_value_heads": 3}, "m/config.json: .*num_heads"),  # shapes that do not fit
         (
