@@ -33,8 +33,10 @@ of the conversation, computed as transformers computes it:
 The forward is minirl's own decoder (`Transformer.hidden`) plus that head, jitted once: rows are
 padded to a power-of-two length bucket (64 tokens up to max_tokens) and `batch_tokens // bucket`
 rows a call, so a run compiles a few shapes, each once. Construction reads config.json, the
-tensor headers and the tokenizer, so a directory that is not a one-label sequence classifier
-minirl can load is a one-line ValueError before any training (`minirl train`: a ConfigError);
+tensor headers and the tokenizer, and lays out a trial conversation with the chat template
+(`check_template`), so a directory that is not a one-label sequence classifier minirl can load,
+or a template it cannot lay conversations out with, is a one-line ValueError before any
+training (`minirl train`: a ConfigError);
 the weights are read, in `dtype` (`minirl train`: the run's model.dtype), on the first `score`.
 What a completion holds never raises: a conversation the template cannot render, or a score
 that is NaN or infinite, is reward 0 with the reason.
@@ -80,6 +82,10 @@ from minirl.types import Rollout, Score
 HEAD = "score.weight"  # transformers' `score` Linear: [num_labels, hidden], no bias
 SUFFIX = "ForSequenceClassification"
 MIN_BUCKET = 64  # tokens: the shortest padded row length
+# The chat template's trial at the start (`check_template`): a conversation, and its bounds.
+PROBE = ({"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4."})
+PROBE_SECONDS = 10.0  # real templates take milliseconds
+PROBE_CHARS = 1 << 20  # real templates write a few thousand characters around it
 
 
 def backbone_architecture(hf: dict, source: str) -> str:
@@ -153,6 +159,36 @@ def load_tokenizer(path, vocab_size: int):
     return tokenizer
 
 
+def check_template(tokenizer, path) -> None:
+    """The reward model's chat template lays out the PROBE conversation within PROBE_SECONDS and
+    PROBE_CHARS, its assistant message included, or a one-line error: a template that raises,
+    loops, writes without end or drops the completion would otherwise make every reward 0, hang
+    the first score, or score every completion alike. (A template that loops for good leaves
+    its thread running, in a process that then stops.)"""
+    if tokenizer.chat_template is None:
+        return
+    out = {}
+
+    def render():
+        try:
+            out["text"] = tokenizer.apply_chat_template(list(PROBE), add_generation_prompt=False)
+        except Exception as e:  # noqa: BLE001 - said below, in one line
+            out["error"] = f"{type(e).__name__}: {e}"
+
+    trial = threading.Thread(target=render, daemon=True, name="chat-template-probe")
+    trial.start()
+    trial.join(PROBE_SECONDS)
+    text, why = out.get("text"), out.get("error")
+    if trial.is_alive():
+        why = f"it did not finish in {PROBE_SECONDS:g} s"
+    elif text is not None and len(text) > PROBE_CHARS:
+        why = f"it wrote {len(text)} characters (more than {PROBE_CHARS})"
+    elif text is not None and PROBE[-1]["content"] not in text:
+        why = "the assistant's message is not in what it writes: every completion would score alike"
+    if why:
+        raise CheckpointError(f"{path}: its chat template cannot lay out a conversation ({why})")
+
+
 def conversation_ids(tokenizer, messages: list[dict], completion: str) -> np.ndarray:
     """The token ids [T] the reward model reads for a completion of `messages` (the layout of
     the module docstring)."""
@@ -206,6 +242,7 @@ class RewardModel:
         self.path, self.dtype, self.batch_tokens = str(path), dtype, batch_tokens
         self.cfg, self._sources, self._head, self.pad_id = open_reward_model(path, dtype)
         self.tokenizer = load_tokenizer(path, self.cfg.vocab_size)
+        check_template(self.tokenizer, path)
         self.max_tokens = max_tokens or self.cfg.max_seq_len
         if not 0 < self.max_tokens <= self.cfg.max_seq_len or batch_tokens < 1:
             raise ValueError(

@@ -22,6 +22,7 @@ from safetensors.numpy import load_file, save_file
 
 from minirl import cli
 from minirl.configlib import ConfigError
+from minirl.hf import reward_model
 from minirl.hf.reward_model import RewardModel
 from minirl.run.config_args import input_overrides
 from minirl.run.presets import make_config
@@ -227,6 +228,34 @@ def test_a_directory_it_cannot_use_is_a_one_line_error_before_any_work(bad_dirs,
         with pytest.raises(ConfigError, match=words) as e:
             make_verifier(cfg)
         assert str(e.value).startswith(f"data.verifier=rm:{path}: ") and "\n" not in str(e.value)
+
+
+LOOP = "{% for i in range(100000) %}{% for j in range(100) %}{% endfor %}{% endfor %}"  # ~1 s
+TEMPLATES = {  # a chat template the reward model cannot use -> the words of its one-line error
+    "{{ raise_exception('a system message first') }}": "refused these messages: a system message",
+    "{% for m in messages if m.role == 'user' %}{{ m.content }}{% endfor %}": "score alike",
+    "{{ 'x' * 2000000 }}{% for m in messages %}{{ m.content }}{% endfor %}": "wrote 2000016 char",
+    LOOP + "{% for m in messages %}{{ m.content }}{% endfor %}": "did not finish in 0.2 s",
+}
+
+
+def test_a_chat_template_it_cannot_use_is_a_one_line_error_at_the_start(
+    rm_dir, tmp_path, monkeypatch
+):
+    """Checked on a trial conversation when the run starts; at the first score, a template
+    that raises made every reward 0, one that drops the completion scored all alike, and one
+    that writes 2M characters or loops took minutes to encode or hung."""
+    for i, (template, words) in enumerate(TEMPLATES.items()):
+        path = shutil.copytree(rm_dir, tmp_path / f"t{i}")
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        config["chat_template"] = template
+        (path / "tokenizer_config.json").write_text(json.dumps(config))
+        if template.startswith(LOOP):
+            monkeypatch.setattr(reward_model, "PROBE_SECONDS", 0.2)
+        with pytest.raises(ConfigError, match=words) as e:
+            make_verifier(_file_config(rm_dir, tmp_path, f"rm:{path}"))
+        assert "its chat template cannot lay out a conversation (" in str(e.value)
+        assert "\n" not in str(e.value)
 
 
 def test_the_command_line_says_what_is_wrong_in_one_line(bad_dirs, rm_dir, tmp_path, capsys):
