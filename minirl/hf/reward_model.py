@@ -36,10 +36,11 @@ rows a call, so a run compiles a few shapes, each once. Construction reads confi
 tensor headers and the tokenizer, and lays out a trial conversation with the chat template
 (`check_template`), so a directory that is not a one-label sequence classifier minirl can load,
 or a template it cannot lay conversations out with, is a one-line ValueError before any
-training (`minirl train`: a ConfigError);
-the weights are read, in `dtype` (`minirl train`: the run's model.dtype), on the first `score`.
-What a completion holds never raises: a conversation the template cannot render, or a score
-that is NaN or infinite, is reward 0 with the reason.
+training (`minirl train`: a ConfigError); the weights are read, in `dtype` (`minirl train`: the
+run's model.dtype), on the first `score`, and weights that hold a NaN or an infinity (every
+score would be NaN) are a one-line ValueError then. What a completion holds never raises: a
+conversation the template cannot render, or a score that is NaN or infinite, is reward 0 with
+the reason.
 
 Where it runs, and why: in ONE process, the one that calls `score`, on a whole batch at once. A
 `VerifierPool` would be the wrong place: each forked worker would load its own copy of the
@@ -203,6 +204,23 @@ def conversation_ids(tokenizer, messages: list[dict], completion: str) -> np.nda
     return ids
 
 
+def check_finite(params: dict, sources: dict, head, path) -> None:
+    """Weights that hold a NaN or an infinity would make every score one, so every reward 0:
+    a one-line error naming the first few tensors, when the weights are read."""
+    leaves = [
+        (functools.reduce(lambda d, k: d[k], where, params), s) for where, s in sources.items()
+    ]
+    names = [
+        getattr(s, "name", None) or s.parts[0].name for x, s in leaves if not jnp.isfinite(x).all()
+    ]
+    names += [HEAD] if not jnp.isfinite(head).all() else []
+    if names:
+        raise CheckpointError(
+            f"reward model {path}: {len(names)} tensor(s) hold NaN or infinite values, so every "
+            f"score would be: {', '.join(names[:3])}"
+        )
+
+
 def scored_index(ids: np.ndarray, pad_id: int | None) -> int:
     """Where the score is read: the rightmost token that is not `pad_id` (0 if every token is
     one), the last token without a pad id — as transformers picks it."""
@@ -264,6 +282,7 @@ class RewardModel:
             if self._loaded is None:
                 params = read_params(self.cfg, self._sources)
                 head = jnp.asarray(self._head.read())  # [D, 1]
+                check_finite(params, self._sources, head, self.path)
                 self._loaded = (params, head, scores_function(self.cfg))
         return self._loaded
 

@@ -181,16 +181,36 @@ def test_a_prompt_without_messages_is_one_user_message_of_its_text(rm):
     assert with_messages.reward == without.reward
 
 
-def test_nan_scores_and_unrenderable_conversations_are_reward_0_with_a_reason(rm_dir, tmp_path):
-    nan_dir = shutil.copytree(rm_dir, tmp_path / "nan")
-    tensors = load_file(nan_dir / "model.safetensors")
-    tensors["score.weight"] = np.full_like(tensors["score.weight"], np.nan)
-    save_file(tensors, nan_dir / "model.safetensors", metadata={"format": "pt"})
+def _with_weight(rm_dir, path, name, value, where=(0, 0)):
+    path = shutil.copytree(rm_dir, path)
+    tensors = load_file(path / "model.safetensors")
+    tensors[name][where] = value
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+def test_overflowing_scores_and_unrenderable_conversations_are_reward_0_with_a_reason(
+    rm_dir, tmp_path
+):
+    # finite weights whose product overflows float32: the score is NaN (+inf + -inf) or inf
+    huge = _with_weight(rm_dir, tmp_path / "huge", "score.weight", 3e38, (0, slice(None)))
     bad = _rollout(Prompt(0, "t", "", np.zeros(1, np.int32), {"messages": [{"role": "user"}]}), "")
-    nan, broken = RewardModel(nan_dir).score([*_rollouts(PAIRS[:1]), bad])
-    assert (nan.reward, nan.reason) == (0.0, "reward model scored nan")
+    overflow, broken = RewardModel(huge).score([*_rollouts(PAIRS[:1]), bad])
+    assert overflow.reward == 0.0 and overflow.reason.startswith("reward model scored ")
+    assert overflow.reason.removeprefix("reward model scored ") in ("nan", "inf", "-inf")
     assert broken.reward == 0.0
     assert broken.reason.startswith("reward model: the conversation cannot be laid out: ")
+
+
+@pytest.mark.parametrize("name", ["model.layers.1.mlp.up_proj.weight", "score.weight"])
+def test_weights_that_hold_nan_are_refused_when_read(rm_dir, tmp_path, name):
+    """Every score would be NaN, every reward 0: the run trained on nothing (measured: a
+    whole `minirl train` with reward/mean 0.0 and exit 0). Now one line at the first score."""
+    rm = RewardModel(_with_weight(rm_dir, tmp_path / "nan", name, np.nan))
+    with pytest.raises(
+        ValueError, match=f"1 tensor\\(s\\) hold NaN or infinite values, .*: {name}$"
+    ):
+        rm.score(_rollouts(PAIRS[:1]))
 
 
 def _edited(src, dst, **config):
