@@ -362,7 +362,9 @@ def make_teacher(cfg: RunConfig, model_cfg):
 
 
 def describe_inputs(cfg: RunConfig) -> dict:
-    """For meta.json: what the model directory and dataset files were, by content."""
+    """For meta.json: what the model directories and dataset files were, by content. A model
+    directory (--model, --teacher, a reward model) by its config.json alone: hashing its weights
+    would read the whole checkpoint at every start and resume (docs/your_own_model.md)."""
     from minirl.verifiers.registry import reward_model_dir, row_targets
 
     out = {}

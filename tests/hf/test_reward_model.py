@@ -324,8 +324,8 @@ def test_the_config_spelling_reaches_the_verifier_and_the_prompts_carry_their_me
         make_verifier(_file_config(rm_dir, tmp_path, extra=["data.format_reward=0.5"]))
 
 
-def test_one_train_step_logs_the_reward_models_scores(rm, rm_dir, tmp_path):
-    run_dir = tmp_path / "run"
+def test_one_train_step_logs_the_reward_models_scores(rm, rm_dir, tmp_path, capsys):
+    run_dir, rm_dir = tmp_path / "run", shutil.copytree(rm_dir, tmp_path / "rm")
     sets = ["rl.steps=1", "data.max_new_tokens=8", "eval.prompts=2", "eval.samples=1"]
     sets += ["log.samples_every=1", "log.samples_per_step=8"]
     argv = ["train", "--preset", "fixture", "--data", str(_rows(tmp_path)), "--eval-data"]
@@ -340,3 +340,9 @@ def test_one_train_step_logs_the_reward_models_scores(rm, rm_dir, tmp_path):
     assert len(set(logged)) > 1  # completions told apart, not one constant
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["inputs"]["verifier"]["spec"] == f"rm:{rm_dir}"
+    # a resume on a reward model whose config.json changed is refused (as for --model's)
+    _edited(rm_dir, tmp_path / "edited", use_cache=False)
+    shutil.copy(tmp_path / "edited" / "config.json", rm_dir / "config.json")
+    capsys.readouterr()
+    assert cli.main(["train", "--quiet", "--resume", str(run_dir), "--set", "rl.steps=2"]) == 2
+    assert "started on other data or model files" in capsys.readouterr().err
