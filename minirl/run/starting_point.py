@@ -25,7 +25,7 @@ import functools
 import hashlib
 from pathlib import Path
 
-from minirl.config import FILE_TASK, RunConfig
+from minirl.config import FILE_TASK, DataConfig, RunConfig
 from minirl.configlib import ConfigError
 from minirl.inference.engine import Engine
 from minirl.modeling import lora
@@ -159,6 +159,11 @@ def file_verifier(cfg: RunConfig):
     from minirl.verifiers.registry import dataset_verifier, reward_model_dir
 
     d = cfg.data
+    if cfg.task.env and d.verifier != DataConfig.verifier:
+        raise ConfigError(
+            f"data.verifier={d.verifier} does nothing with task.env: your environment's rewards "
+            "score the episodes (leave --verifier out)"
+        )
     if not reward_model_dir(d.verifier):
         return dataset_verifier(d.verifier, d.format_reward)
     if d.format_reward:

@@ -288,6 +288,31 @@ def test_the_command_line_says_what_is_wrong_in_one_line(bad_dirs, rm_dir, tmp_p
     assert not (run_dir / "metrics.jsonl").exists()
 
 
+ENV = """
+class Env:
+    def reset(self, row):
+        return row["prompt"]
+
+    def step(self, turn):
+        return "", 1.0, True, {}
+"""
+
+
+def test_a_reward_model_beside_your_own_environment_is_refused(rm_dir, tmp_path, capsys):
+    """--env scores its episodes itself: a reward model there was built and never asked."""
+    env = tmp_path / "my_env.py"
+    env.write_text(ENV)
+    argv = ["train", "--preset", "fixture", "--data", str(_rows(tmp_path)), "--eval-data"]
+    argv += [str(_rows(tmp_path)), "--env", f"{env}:Env", "--verifier", f"rm:{rm_dir}"]
+    argv += ["--set", "data.max_new_tokens=8"]
+    assert cli.main([*argv, "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"minirl train: error: data.verifier=rm:{rm_dir} does nothing with task.env: your "
+        "environment's rewards score the episodes (leave --verifier out)"
+    )
+
+
 ROWS = [{"prompt": "add 2 3"}, {"prompt": "print a+b"}, {"prompt": "say hi"}, {"prompt": "1+1"}]
 
 
