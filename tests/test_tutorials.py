@@ -315,6 +315,33 @@ EXPECTED = {
             and all(len(k) == r["steps"] for k in r["summary"]["reverse_kl"])
         ),
     ),
+    "18_reward_model_overoptimization.py": dict(
+        files=[
+            "overoptimization.png",
+            "gold.py",
+            "data/train.jsonl",
+            "reward_model/config.json",
+            "reward_model/model.safetensors",
+            "reward_model/tokenizer.json",
+        ],
+        prints=[
+            "Bradley-Terry steps",
+            "saved as Qwen2ForSequenceClassification",
+            "GRPO with data.verifier=rm:",
+            "RewardModel(",
+            "the reward model loads through RewardModel and scores as trained     True",
+        ],
+        check=lambda r: (
+            all(r["claims"].values())
+            and r["reward_model"]["export_max_abs_error"] < 1e-4
+            and r["reward_model"]["comparisons"] > 0
+            and sorted(r["curves"]) == ["gold seed 0", "proxy seed 0"]
+            and all(
+                [p["step"] for p in c["points"]] == [0, r["steps"]] for c in r["curves"].values()
+            )
+            and all(abs(c["points"][0]["kl"]) < 1e-3 for c in r["curves"].values())
+        ),
+    ),
 }
 
 
