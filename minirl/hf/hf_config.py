@@ -415,7 +415,8 @@ def read_model_config(path, dtype=None, hf: dict | None = None) -> ModelConfig:
     """The ModelConfig `load_hf(path, dtype)` builds, without reading the weights (but for the
     tie check above); `hf`: config.json as the caller read and edited it (default: the file's).
     Its layer and expert counts are checked against the tensors the files hold first, before
-    anything loops over them: a config.json claiming 10**9 layers is one line, not a hang."""
+    anything loops over them: a config.json claiming 10**9 layers is one line, not a hang (a
+    directory without weight files is left to the loader, which says so)."""
     path, source = Path(path), str(Path(path) / "config.json")
     hf = read_config(path) if hf is None else hf
     cfg = config_from_hf(hf, dtype, source=source)
@@ -426,7 +427,7 @@ def read_model_config(path, dtype=None, hf: dict | None = None) -> ModelConfig:
         field = "num_experts" if "num_experts" in hf else "num_local_experts"
         claims.append((field, cfg.num_experts, experts))
     for field, claimed, held in claims:
-        if claimed > held:
+        if files and claimed > held:  # no weights at all: the loader names what is missing
             raise CheckpointError(
                 f"{source}: {field} = {claimed}, but the checkpoint's tensors hold {held}"
             )
