@@ -417,6 +417,11 @@ def read_model_config(path, dtype=None, hf: dict | None = None) -> ModelConfig:
     Its layer and expert counts are checked against the tensors the files hold first, before
     anything loops over them: a config.json claiming 10**9 layers is one line, not a hang (a
     directory without weight files is left to the loader, which says so)."""
+    return config_and_files(path, dtype, hf)[0]
+
+
+def config_and_files(path, dtype=None, hf: dict | None = None) -> tuple[ModelConfig, dict]:
+    """`read_model_config`'s config and the `tensor_files` it was checked against."""
     path, source = Path(path), str(Path(path) / "config.json")
     hf = read_config(path) if hf is None else hf
     cfg = config_from_hf(hf, dtype, source=source)
@@ -431,7 +436,7 @@ def read_model_config(path, dtype=None, hf: dict | None = None) -> ModelConfig:
             raise CheckpointError(
                 f"{source}: {field} = {claimed}, but the checkpoint's tensors hold {held}"
             )
-    return untie_if_needed(cfg, files)
+    return untie_if_needed(cfg, files), files
 
 
 def _held(files: dict[str, Path]) -> tuple[int, int]:

@@ -74,6 +74,7 @@ from minirl.hf.hf_config import (
     CheckpointError,
     TokenIds,
     architecture_of,
+    config_and_files,
     config_from_hf,
     config_to_hf,
     default_architecture,
@@ -81,7 +82,6 @@ from minirl.hf.hf_config import (
     read_config,
     read_model_config,
     read_token_ids,
-    tensor_files,
 )
 from minirl.modeling.model import ModelConfig, Transformer, abstract_model, param_shapes
 
@@ -221,8 +221,7 @@ def open_checkpoint(
     (default: the file's), `extra`: tensor names the caller reads itself (a reward model's
     head, minirl/hf/reward_model.py)."""
     path = Path(path)
-    cfg = read_model_config(path, dtype, hf)
-    files = tensor_files(path)
+    cfg, files = config_and_files(path, dtype, hf)
     names = tensor_names(cfg)
     missing = names.keys() - files.keys()
     if missing:

@@ -148,8 +148,10 @@ def row_messages(obj, fmt: FileFormat) -> tuple[list[dict], dict, str | None]:
     messages, prompt, solution = _prompt_messages(obj, fmt)
     if fmt.targets == "tests":
         targets, solution = code_tests(obj, prompt), code_solution(obj) or solution
-    elif fmt.targets in ("row", "messages"):  # messages: this list, with the edits below
-        targets = {"fields": obj} if fmt.targets == "row" else {"messages": messages}
+    elif fmt.targets == "row":
+        targets = {"fields": obj}
+    elif fmt.targets == "messages":  # this list, with the edits below
+        targets = {"messages": messages}
     elif fmt.answer_key in obj:
         gold, worked = gold_answer(obj[fmt.answer_key], fmt.answer_key)
         targets, solution = {"answer": gold}, worked or solution
